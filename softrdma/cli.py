@@ -1,0 +1,107 @@
+"""The ``softrdma`` command line.
+
+Each subcommand lives in a small function; errors the user can fix (a missing file, a file
+that is not a capture) print one line to stderr and exit with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+__all__ = ["main"]
+
+
+class CliError(Exception):
+    """An error to report in one line, exit status 2."""
+
+
+def _cmd_dissect(args: argparse.Namespace) -> int:
+    from .wire.dissect import DissectStats, dissect_records, format_record
+    from .wire.pcap import PcapError, read_pcap
+
+    stats = DissectStats()
+    failed = False
+    out = sys.stdout
+    try:
+        with open(args.pcap, "rb") as f:
+            for rec in dissect_records(read_pcap(f), stats):
+                if "error" in rec:
+                    failed = True
+                    if args.json:
+                        out.write(json.dumps(rec) + "\n")
+                    else:
+                        out.write(f"{rec['index']:5d} {rec['src']} > {rec['dst']} "
+                                  f"DECODE ERROR ({rec['reason']}): {rec['error']}\n")
+                    continue
+                if args.verify and not rec["icrc_ok"]:
+                    failed = True
+                out.write((json.dumps(rec) if args.json else format_record(rec)) + "\n")
+    except FileNotFoundError:
+        raise CliError(f"{args.pcap}: no such file")
+    except IsADirectoryError:
+        raise CliError(f"{args.pcap}: is a directory")
+    except PermissionError:
+        raise CliError(f"{args.pcap}: permission denied")
+    except PcapError as e:
+        raise CliError(f"{args.pcap}: {e}")
+    except BrokenPipeError:
+        return 0
+    if not args.quiet:
+        print(stats.summary(), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_wire_bench
+
+    run_wire_bench(payload=args.size, seconds=args.seconds)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="softrdma", description="A pure-Python software RoCEv2 stack.")
+    p.add_argument("--version", action="version", version=f"softrdma {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    d = sub.add_parser("dissect", help="decode the RoCEv2 frames of a pcap/pcapng file",
+                       description="One line per RoCEv2 frame (UDP port 4791). Exit status 1 "
+                                   "if a RoCE frame does not decode (or, with --verify, has a "
+                                   "bad ICRC), 2 if the file cannot be read.")
+    d.add_argument("pcap", help="capture file (pcap or pcapng)")
+    d.add_argument("--json", action="store_true", help="one JSON object per frame (docs/dissect.md)")
+    d.add_argument("--verify", action="store_true", help="fail (exit 1) on any bad ICRC")
+    d.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
+    d.set_defaults(func=_cmd_dissect)
+
+    b = sub.add_parser("bench", help="benchmark the wire layer against bare zlib.crc32")
+    b.add_argument("--size", type=int, default=4096, help="payload bytes (default 4096)")
+    b.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
+    b.set_defaults(func=_cmd_bench)
+    return p
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"softrdma {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
