@@ -1,0 +1,174 @@
+"""The soft RoCE device: what rxe keeps per ``rxe_dev``, minus the I/O.
+
+A :class:`SoftDevice` is made for one IP address. It owns the GID table, the port and
+device attributes (rxe's limits), QP numbers, the memory key table, and the list of
+packets waiting to leave. It opens no socket and reads no clock: a driver (the in-memory
+link for tests, the UDP transport for real traffic) feeds it packets and the time, and
+takes its outgoing packets.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..verbs_api.enums import bytes_to_mtu, ibv_mtu
+from .memory import KeyTable
+from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..verbs_api.qp import QP
+
+__all__ = ["SoftDevice", "DeviceLimits", "RXE_MAX_HDR_LENGTH", "active_mtu_for"]
+
+RXE_MAX_HDR_LENGTH = 80  # rxe subtracts this from the netdev MTU before picking an IB MTU
+RXE_MIN_QP_INDEX = 16  # first QPN handed to users; 0 (SMI) and 1 (GSI) are reserved
+
+
+def active_mtu_for(netdev_mtu: int) -> ibv_mtu:
+    """rxe_set_mtu: the IB MTU below ``netdev_mtu - 80``, clamped to 256..4096 (1500 -> 1024)."""
+    return bytes_to_mtu(max(256, min(4096, netdev_mtu - RXE_MAX_HDR_LENGTH)))
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """rxe_param.h limits (the values of the 5.x/6.1 kernels Debian 12 ships)."""
+
+    max_qp: int = 0x10000
+    max_qp_wr: int = 0x4000
+    max_sge: int = 32
+    max_sge_rd: int = 32
+    max_cq: int = 16384
+    max_cqe: int = (1 << 15) - 1
+    max_mr: int = 256 * 1024
+    max_mw: int = 256 * 1024
+    max_pd: int = 0x7FFC
+    max_qp_rd_atom: int = 128
+    max_qp_init_rd_atom: int = 128
+    max_res_rd_atom: int = 0x3F000
+    max_srq: int = 0x10000
+    max_srq_wr: int = 0x4000
+    max_srq_sge: int = 27
+    max_ah: int = 0x7FFF
+    max_pkeys: int = 64
+    max_inline_data: int = 400
+    max_msg_sz: int = 0x800000
+    max_mr_size: int = 0xFFFFFFFFFFFFFFFF
+    page_size_cap: int = 0xFFFFF000
+    local_ca_ack_delay: int = 15
+    vendor_id: int = 0xFFFFFF
+    gid_tbl_len: int = 1024
+
+
+@dataclass
+class Counters:
+    """Like rxe's hw_counters (``rdma statistic show``): every drop is counted somewhere."""
+
+    sent_pkts: int = 0
+    rcvd_pkts: int = 0
+    duplicate_request: int = 0
+    out_of_seq_request: int = 0
+    rcvd_rnr_err: int = 0
+    send_rnr_err: int = 0
+    rcvd_seq_err: int = 0
+    ack_deferred: int = 0
+    retry_exceeded_err: int = 0
+    retry_rnr_exceeded_err: int = 0
+    completer_retry_err: int = 0
+    send_err: int = 0
+    link_downed: int = 0
+    rdma_sends: int = 0
+    rdma_recvs: int = 0
+    icrc_err: int = 0
+    malformed_pkts: int = 0
+    dropped_pkts: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, reason: str) -> None:
+        self.dropped_pkts += 1
+        self.drops[reason] = self.drops.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "drops"}
+        d.update({f"drop_{k}": v for k, v in sorted(self.drops.items())})
+        return d
+
+
+class SoftDevice:
+    """A software RoCE device bound (logically) to one IP address.
+
+    ``transmit`` is called with ``(packet_bytes, dst_ip, src_port)`` for every packet the
+    engines send; drivers replace it. ``lock`` serialises verbs calls and the progress
+    engine, like rxe's per-object spinlocks but coarser.
+    """
+
+    def __init__(self, name: str, ip: str, *, mtu: int | None = None, mac: bytes | None = None,
+                 netdev: NetdevInfo | None = None, seed: int | None = None) -> None:
+        self.name = name
+        self.ip = str(ipaddress.ip_address(ip))
+        self.ip_packed = ipaddress.ip_address(ip).packed
+        self.ip_version = ipaddress.ip_address(ip).version
+        self.netdev = netdev or netdev_for_ip(self.ip)
+        self.mac = mac or self.netdev.mac
+        self.netdev_mtu = mtu or self.netdev.mtu
+        self.active_mtu = active_mtu_for(self.netdev_mtu)
+        self.max_mtu = ibv_mtu.IBV_MTU_4096
+        self.limits = DeviceLimits()
+        self.rng = random.Random(seed)
+        self.gid_table: list[bytes] = [eui64_link_local(self.mac)]
+        if self.ip_version == 4:
+            self.gid_table.append(ipv4_mapped_gid(self.ip))
+        else:
+            self.gid_table.append(ipaddress.IPv6Address(self.ip).packed)
+        self.node_guid = self.gid_table[0][8:]
+        self.keys = KeyTable(self.rng)
+        self.qps: dict[int, "QP"] = {}
+        self._next_qpn = RXE_MIN_QP_INDEX
+        self.counters = Counters()
+        self.lock = threading.RLock()
+        self.contexts: int = 0
+        self.pd_count = 0
+        self.cq_count = 0
+        self.srq_count = 0
+        self.ah_count = 0
+        self.transmit: Callable[[bytes, bytes, int], None] = self._no_transport
+        self.async_listeners: list[Callable[[Any], None]] = []
+        self.port_active = True
+
+    # -- addressing ------------------------------------------------------------------
+    def gid_for_ip(self, ip: str) -> bytes:
+        a = ipaddress.ip_address(ip)
+        return ipv4_mapped_gid(str(a)) if a.version == 4 else a.packed
+
+    @staticmethod
+    def ip_of_gid(gid: bytes) -> bytes:
+        """rdma_gid2ip: IPv4-mapped GIDs give 4 bytes, anything else the 16 bytes."""
+        if gid[:12] == bytes(10) + b"\xff\xff":
+            return gid[12:]
+        return bytes(gid)
+
+    def is_local_ip(self, ip_packed: bytes) -> bool:
+        return ip_packed == self.ip_packed
+
+    # -- QP numbers --------------------------------------------------------------------
+    def alloc_qpn(self) -> int:
+        """QPNs like rxe's pool: from 16 upward, skipping numbers in use, wrapping at 2^24."""
+        for _ in range(self.limits.max_qp + 1):
+            qpn = self._next_qpn
+            self._next_qpn = qpn + 1 if qpn + 1 < (1 << 24) else RXE_MIN_QP_INDEX
+            if qpn not in self.qps:
+                return qpn
+        raise MemoryError("no free QP number")
+
+    def _no_transport(self, pkt: bytes, dst: bytes, sport: int) -> None:
+        self.counters.drop("no_transport")
+
+    def emit_async(self, event: Any) -> None:
+        for fn in list(self.async_listeners):
+            fn(event)
+
+    def __repr__(self) -> str:
+        return f"<SoftDevice {self.name} {self.ip} mtu={self.netdev_mtu}>"

@@ -1,0 +1,170 @@
+"""Memory keys: the one table of MRs and MWs that every access goes through.
+
+Like rxe (rxe_mr.c, rxe_mw.c), a key is ``index << 8 | key_byte``; MR and MW indices come
+from disjoint ranges, and a lookup checks, in order: the key names a live object, the
+whole 32-bit key matches, the protection domain matches, the access rights allow the
+operation, and ``[iova, iova + length)`` lies inside the registered range. Only then is a
+memoryview of exactly that range handed out, so no access can ever reach bytes outside a
+registered, permitted range.
+
+Addresses are I/O virtual addresses (iova) chosen by the device: page-aligned, unique per
+device, so captures are reproducible and a peer can target them like real addresses.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MemKind", "MemEntry", "KeyTable", "AccessError", "Access"]
+
+
+class Access(enum.IntFlag):
+    """Access needed by an operation (same bits as IBV_ACCESS_*)."""
+
+    LOCAL_WRITE = 1
+    REMOTE_WRITE = 2
+    REMOTE_READ = 4
+    REMOTE_ATOMIC = 8
+    MW_BIND = 16
+    NONE = 0
+
+
+class MemKind(enum.Enum):
+    MR = "mr"
+    MW = "mw"
+
+
+class AccessError(Exception):
+    """A key lookup failed; ``reason`` says which check (for counters and messages)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+MR_MIN_INDEX = 0x1
+MR_MAX_INDEX = 0x10000
+MW_MIN_INDEX = 0x10001
+MW_MAX_INDEX = 0x20000
+IOVA_BASE = 0x7F5000000000
+PAGE = 4096
+
+
+@dataclass(eq=False)
+class MemEntry:
+    kind: MemKind
+    index: int
+    key: int  # the low 8 bits of lkey/rkey
+    pd: Any
+    access: int
+    iova: int = 0
+    length: int = 0
+    buf: memoryview | None = None  # MR: the registered bytes (format 'B')
+    valid: bool = True
+    # MW only
+    mw_type: int = 0
+    mr: "MemEntry | None" = None  # MR a bound MW points into
+    qp: Any = None  # type 2 MW: the QP it was bound through
+    refs: int = 0  # MWs bound to this MR
+    owner: Any = field(default=None, repr=False)  # the verbs object (MR / MW)
+
+    @property
+    def lkey(self) -> int:
+        return (self.index << 8) | self.key
+
+    rkey = lkey
+
+
+class KeyTable:
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.entries: dict[int, MemEntry] = {}  # index -> entry
+        self._next_mr = MR_MIN_INDEX
+        self._next_mw = MW_MIN_INDEX
+        self._next_iova = IOVA_BASE
+
+    def _alloc_index(self, kind: MemKind) -> int:
+        lo, hi = (MR_MIN_INDEX, MR_MAX_INDEX) if kind is MemKind.MR else (MW_MIN_INDEX, MW_MAX_INDEX)
+        nxt = self._next_mr if kind is MemKind.MR else self._next_mw
+        for _ in range(hi - lo + 1):
+            idx = nxt
+            nxt = idx + 1 if idx < hi else lo
+            if idx not in self.entries:
+                if kind is MemKind.MR:
+                    self._next_mr = nxt
+                else:
+                    self._next_mw = nxt
+                return idx
+        raise MemoryError(f"no free {kind.value} index")
+
+    def alloc_iova(self, length: int) -> int:
+        base = self._next_iova
+        self._next_iova += (max(length, 1) + 2 * PAGE - 1) // PAGE * PAGE  # a guard page between MRs
+        return base
+
+    def register_mr(self, pd: Any, buf: memoryview, access: int, iova: int | None = None) -> MemEntry:
+        idx = self._alloc_index(MemKind.MR)
+        e = MemEntry(MemKind.MR, idx, self.rng.randrange(256), pd, access,
+                     iova=self.alloc_iova(len(buf)) if iova is None else iova,
+                     length=len(buf), buf=buf)
+        self.entries[idx] = e
+        return e
+
+    def alloc_mw(self, pd: Any, mw_type: int) -> MemEntry:
+        idx = self._alloc_index(MemKind.MW)
+        e = MemEntry(MemKind.MW, idx, self.rng.randrange(256), pd, 0, mw_type=mw_type, valid=False)
+        self.entries[idx] = e
+        return e
+
+    def remove(self, e: MemEntry) -> None:
+        self.entries.pop(e.index, None)
+        e.valid = False
+
+    def get(self, key: int) -> MemEntry | None:
+        e = self.entries.get(key >> 8)
+        if e is None or e.key != (key & 0xFF):
+            return None
+        return e
+
+    # -- checks used by the data path -------------------------------------------------
+    def resolve(self, key: int, pd: Any, iova: int, length: int, need: int, *, remote: bool,
+                qp: Any = None) -> memoryview:
+        """Return the bytes ``[iova, iova+length)`` of the MR or MW named by ``key``, or raise
+        :class:`AccessError`. ``need`` is the Access bits the operation requires; ``remote``
+        selects rkey semantics (MWs allowed; LOCAL_WRITE of the MR not implied)."""
+        e = self.entries.get(key >> 8)
+        if e is None:
+            raise AccessError("no_key", f"key 0x{key:x} names no memory region or window")
+        if e.key != (key & 0xFF):
+            raise AccessError("stale_key", f"key 0x{key:x} does not match the current key "
+                                           f"0x{e.lkey:x}")
+        if not e.valid:
+            raise AccessError("invalid", f"key 0x{key:x} has been invalidated or is unbound")
+        if e.kind is MemKind.MW:
+            if not remote:
+                raise AccessError("mw_as_lkey", f"key 0x{key:x} is a memory window, not an lkey")
+            if e.mw_type == 2 and e.qp is not None and qp is not None and e.qp is not qp:
+                raise AccessError("mw_qp", f"type 2 window 0x{key:x} is bound to another QP")
+            mr = e.mr
+            if mr is None or not mr.valid:
+                raise AccessError("invalid", f"window 0x{key:x} is not bound to a valid MR")
+            pd_obj = e.pd if e.mw_type == 1 else mr.pd
+        else:
+            mr = e
+            pd_obj = e.pd
+        if pd is not None and pd_obj is not pd:
+            raise AccessError("pd", f"key 0x{key:x} belongs to another protection domain")
+        if need & ~e.access:
+            raise AccessError("access", f"key 0x{key:x} does not allow this access "
+                                        f"(needs 0x{int(need):x}, has 0x{int(e.access):x})")
+        if length == 0:
+            return memoryview(b"")
+        if iova < e.iova or iova + length > e.iova + e.length or length < 0:
+            raise AccessError("range", f"[0x{iova:x}, +{length}) is outside key 0x{key:x} "
+                                       f"[0x{e.iova:x}, +{e.length})")
+        off = iova - mr.iova
+        assert mr.buf is not None
+        return mr.buf[off:off + length]

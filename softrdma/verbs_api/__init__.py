@@ -1,0 +1,33 @@
+"""softrdma.verbs_api: the objects users program against, shaped like pyverbs.
+
+    from softrdma.verbs_api import *          # Context, PD, MR, CQ, QP, ... and IBV_* names
+
+Classes: :class:`Context` (device), :class:`PD`, :class:`MR`, :class:`MW`, :class:`CQ`,
+:class:`CompChannel`, :class:`SRQ`, :class:`AH`, :class:`QP`, attribute objects
+(:class:`QPInitAttr`, :class:`QPCap`, :class:`QPAttr`, :class:`AHAttr`,
+:class:`GlobalRoute`, :class:`GID`, :class:`SrqAttr`, :class:`SrqInitAttr`), work requests
+(:class:`SGE`, :class:`SendWR`, :class:`RecvWR`) and completions (:class:`WC`). Errors are
+:class:`PyverbsRDMAError` with an errno. docs/verbs.md lists the differences from pyverbs.
+"""
+
+from ..errors import PyverbsError, PyverbsRDMAError, PyverbsUserError
+from .ah import AH
+from .attr import GID, AHAttr, GlobalRoute, QPAttr, QPCap, QPInitAttr, SrqAttr, SrqInitAttr
+from .cq import CQ, CompChannel
+from .device import (AsyncEvent, Context, Device, DeviceAttr, PortAttr, add_device,
+                     get_device_list, remove_device)
+from .enums import *  # noqa: F401,F403
+from .enums import __all__ as _enum_names
+from .mr import MR, MW, MWBind
+from .pd import PD
+from .qp import QP
+from .srq import SRQ
+from .wr import SGE, WC, MWBindInfo, RecvWR, SendWR
+
+__all__ = [
+    "PyverbsError", "PyverbsRDMAError", "PyverbsUserError", "AH", "GID", "AHAttr",
+    "GlobalRoute", "QPAttr", "QPCap", "QPInitAttr", "SrqAttr", "SrqInitAttr", "CQ",
+    "CompChannel", "AsyncEvent", "Context", "Device", "DeviceAttr", "PortAttr", "add_device",
+    "get_device_list", "remove_device", "MR", "MW", "MWBind", "PD", "QP", "SRQ", "SGE", "WC",
+    "MWBindInfo", "RecvWR", "SendWR",
+] + list(_enum_names)

@@ -1,0 +1,65 @@
+"""Shared lifetime rules for verbs objects.
+
+Every object knows its context and its parents; a parent cannot be destroyed while a
+child uses it (EBUSY, as the kernel refuses to dealloc a PD that still has MRs, or to
+destroy a CQ a QP still uses). ``close()`` is idempotent and objects are context managers.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from ..errors import PyverbsRDMAError
+
+__all__ = ["Resource"]
+
+
+class Resource:
+    _kind = "resource"
+
+    def __init__(self, context: Any) -> None:
+        context._check()
+        self.context = context
+        self.device = context.device
+        self.closed = False
+        self.users: set[Any] = set()  # objects that depend on this one
+        context.children.append(self)
+
+    def _check(self) -> None:
+        if self.closed:
+            raise PyverbsRDMAError(f"the {self._kind} is closed", errno.EBADF)
+
+    def _use(self, *parents: Any) -> None:
+        for p in parents:
+            if p is not None:
+                p.users.add(self)
+
+    def _release(self, *parents: Any) -> None:
+        for p in parents:
+            if p is not None:
+                p.users.discard(self)
+
+    def close(self) -> None:
+        """Destroy the object; EBUSY if another object still uses it."""
+        if self.closed:
+            return
+        with self.device.lock:
+            live = [u for u in self.users if not u.closed]
+            if live:
+                names = ", ".join(sorted({type(u).__name__ for u in live}))
+                raise PyverbsRDMAError(f"Failed to destroy {self._kind}: still in use by "
+                                       f"{len(live)} object(s) ({names})", errno.EBUSY)
+            self._destroy()
+
+    def _destroy(self) -> None:
+        """Release the object unconditionally (children first is the caller's duty)."""
+        self.closed = True
+        if self in self.context.children:
+            self.context.children.remove(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

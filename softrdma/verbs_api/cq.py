@@ -1,0 +1,221 @@
+"""Completion queues and completion channels.
+
+``CQ(ctx, cqe, cq_context=None, channel=None, comp_vector=0)``. The capacity is ``cqe``
+rounded up the way rxe sizes its rings (a power of two minus one: 100 -> 127), reported in
+``cq.cqe``. When a completion arrives to a full CQ it is dropped, the CQ enters the error
+state and an IBV_EVENT_CQ_ERR async event is raised, as in rxe.
+
+Notification: ``cq.req_notify(solicited_only=False)`` arms the CQ once; the next completion
+(or, when solicited only, the next solicited completion) writes an event to the CQ's
+:class:`CompChannel`, whose ``fd`` becomes readable. ``channel.get_cq_event()`` returns the
+CQ; every event must eventually be acknowledged with ``cq.ack_events(n)``::
+
+    ch = CompChannel(ctx); cq = CQ(ctx, 16, None, ch, 0)
+    cq.req_notify()
+    ...                              # select([ch.fd], [], []) or await ch.wait_async()
+    ev_cq = ch.get_cq_event(cq); cq.ack_events(1); cq.req_notify()
+    for wc in cq.poll_all(): ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import select
+import threading
+from collections import deque
+from typing import Any, Iterator
+
+from ..errors import PyverbsRDMAError
+from .base import Resource
+from .enums import ibv_event_type
+from .wr import WC
+
+__all__ = ["CQ", "CompChannel"]
+
+
+def _ring_size(n: int) -> int:
+    """rxe_queue_init: slots = roundup_pow_of_two(n + 1); usable = slots - 1."""
+    return (1 << n.bit_length()) - 1 if n > 0 else 0
+
+
+class CompChannel(Resource):
+    """``ibv_comp_channel``: a file descriptor that becomes readable when an armed CQ of
+    this channel gets a completion. Works with select/poll/epoll and asyncio."""
+
+    _kind = "completion channel"
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self._r, self._w = os.pipe()
+        self._pending: deque[Any] = deque()
+        self._lock = threading.Lock()
+
+    @property
+    def fd(self) -> int:
+        return self._r
+
+    def _notify(self, cq: "CQ") -> None:
+        with self._lock:
+            self._pending.append(cq)
+        os.write(self._w, b"c")
+
+    def get_cq_event(self, cq: "CQ | None" = None, timeout: float | None = None) -> "CQ":
+        """Wait for the next CQ event (ibv_get_cq_event) and return its CQ. ``timeout`` in
+        seconds (None blocks, as libibverbs does) raises ETIMEDOUT when it expires."""
+        self._check()
+        if timeout is not None:
+            r, _, _ = select.select([self._r], [], [], timeout)
+            if not r:
+                raise PyverbsRDMAError("Failed to get CQ event: timed out", errno.ETIMEDOUT)
+        os.read(self._r, 1)
+        with self._lock:
+            ev_cq = self._pending.popleft()
+        ev_cq._events_unacked += 1
+        if cq is not None and ev_cq is not cq:
+            raise PyverbsRDMAError("Failed to get CQ event: the event is for another CQ",
+                                   errno.EINVAL)
+        return ev_cq
+
+    async def wait_async(self) -> "CQ":
+        """``await channel.wait_async()``: the asyncio form of get_cq_event."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        loop.add_reader(self._r, ready)
+        try:
+            while True:
+                with self._lock:
+                    if self._pending:
+                        break
+                await fut
+                fut = loop.create_future()
+        finally:
+            loop.remove_reader(self._r)
+        return self.get_cq_event()
+
+    def _destroy(self) -> None:
+        if not self.closed:
+            os.close(self._r)
+            os.close(self._w)
+        super()._destroy()
+
+
+class CQ(Resource):
+    _kind = "CQ"
+
+    def __init__(self, context: Any, cqe: int, cq_context: Any = None,
+                 channel: CompChannel | None = None, comp_vector: int = 0) -> None:
+        what = "Failed to create CQ"
+        lim = context.device.limits
+        if cqe <= 0 or cqe > lim.max_cqe:
+            raise PyverbsRDMAError(f"{what}: cqe {cqe} is outside 1..{lim.max_cqe}", errno.EINVAL)
+        if comp_vector != 0:
+            raise PyverbsRDMAError(f"{what}: comp_vector {comp_vector} >= num_comp_vectors (1)",
+                                   errno.EINVAL)
+        if channel is not None:
+            channel._check()
+        with context.device.lock:
+            if context.device.cq_count >= lim.max_cq:
+                raise PyverbsRDMAError(f"{what}: too many CQs", errno.ENOMEM)
+            context.device.cq_count += 1
+        super().__init__(context)
+        self.cq_context = cq_context
+        self.channel = channel
+        self.cqe = _ring_size(cqe)
+        self._wcs: deque[WC] = deque()
+        self._armed = 0  # 0 off, 1 next completion, 2 next solicited completion
+        self._events_unacked = 0
+        self.error = False
+        self._use(channel)
+
+    # -- producer side (engines) -------------------------------------------------------
+    def _push(self, wc: WC, solicited: bool = False) -> bool:
+        """Add a completion (called by the engines with the device lock held)."""
+        if self.closed:
+            return False
+        if len(self._wcs) >= self.cqe:
+            if not self.error:
+                self.error = True
+                self.device.emit_async(_async(ibv_event_type.IBV_EVENT_CQ_ERR, self))
+            return False
+        self._wcs.append(wc)
+        if self._armed == 1 or (self._armed == 2 and solicited):
+            self._armed = 0
+            if self.channel is not None and not self.channel.closed:
+                self.channel._notify(self)
+        return True
+
+    # -- consumer side -----------------------------------------------------------------
+    def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
+        """Up to ``num_entries`` completions, oldest first: ``(count, [WC, ...])`` as pyverbs."""
+        self._check()
+        out: list[WC] = []
+        with self.device.lock:
+            q = self._wcs
+            while q and len(out) < num_entries:
+                out.append(q.popleft())
+        return len(out), out
+
+    def poll_all(self) -> list[WC]:
+        """Every completion now in the CQ."""
+        return self.poll(len(self._wcs) or 1)[1]
+
+    def __iter__(self) -> Iterator[WC]:
+        """Iterate over the completions currently in the CQ (does not wait)."""
+        while True:
+            n, wcs = self.poll(1)
+            if not n:
+                return
+            yield wcs[0]
+
+    def __len__(self) -> int:
+        return len(self._wcs)
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        self._check()
+        with self.device.lock:
+            self._armed = 2 if solicited_only and self._armed != 1 else 1
+
+    def ack_events(self, num_events: int) -> None:
+        if num_events < 0 or num_events > self._events_unacked:
+            raise PyverbsRDMAError(f"Failed to ack {num_events} CQ events: only "
+                                   f"{self._events_unacked} unacknowledged", errno.EINVAL)
+        self._events_unacked -= num_events
+
+    def resize(self, cqe: int) -> None:
+        """ibv_resize_cq: EINVAL if ``cqe`` is out of range or below the completions held."""
+        self._check()
+        lim = self.device.limits
+        with self.device.lock:
+            if cqe <= 0 or cqe > lim.max_cqe or cqe < len(self._wcs):
+                raise PyverbsRDMAError(f"Failed to resize CQ to {cqe}: must be 1..{lim.max_cqe} "
+                                       f"and hold the {len(self._wcs)} completions queued",
+                                       errno.EINVAL)
+            self.cqe = _ring_size(cqe)
+
+    def close(self) -> None:
+        if not self.closed and self._events_unacked:
+            # ibv_destroy_cq would wait forever for the acks; say why instead.
+            raise PyverbsRDMAError(f"Failed to destroy CQ: {self._events_unacked} CQ events "
+                                   f"not acknowledged (ack_events)", errno.EBUSY)
+        super().close()
+
+    def _destroy(self) -> None:
+        if not self.closed:
+            self.device.cq_count -= 1
+            self._release(self.channel)
+        super()._destroy()
+
+    def __repr__(self) -> str:
+        return f"<CQ cqe={self.cqe} queued={len(self._wcs)}>"
+
+
+def _async(event_type: int, element: Any) -> Any:
+    from .device import AsyncEvent
+    return AsyncEvent(event_type, element)

@@ -1,0 +1,349 @@
+"""Devices and contexts: ``get_device_list``, ``Context`` and its queries, async events.
+
+The embedded default is one soft device, ``softrdma0``, on 127.0.0.1 (or on the address in
+the ``SOFTRDMA_IP`` environment variable): no configuration needed. More devices can be
+made for other addresses with :func:`add_device`::
+
+    from softrdma.verbs_api import Context, add_device
+    add_device("127.0.0.2", name="softrdma1")
+    with Context(name="softrdma1") as ctx:
+        print(ctx.query_port(1).active_mtu)        # 5 (IBV_MTU_4096) on loopback
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import PyverbsRDMAError
+from ..soft.device import SoftDevice
+from .attr import GID
+from .enums import (
+    ibv_atomic_cap, ibv_event_type, ibv_gid_type, ibv_link_layer, ibv_node_type, ibv_port_state,
+    ibv_transport_type,
+)
+
+__all__ = ["Device", "Context", "DeviceAttr", "PortAttr", "AsyncEvent", "get_device_list",
+           "add_device", "remove_device", "get_soft_device"]
+
+_registry: dict[str, SoftDevice] = {}
+_registry_lock = threading.Lock()
+DEFAULT_NAME = "softrdma0"
+
+
+def _ensure_default() -> None:
+    if not _registry:
+        ip = os.environ.get("SOFTRDMA_IP", "127.0.0.1")
+        _registry[DEFAULT_NAME] = SoftDevice(DEFAULT_NAME, ip)
+
+
+def add_device(ip: str, name: str | None = None, *, mtu: int | None = None,
+               seed: int | None = None) -> SoftDevice:
+    """Create a soft device for ``ip`` (the GID table, port MTU and MAC come from the
+    interface holding it; ``mtu`` overrides the interface MTU) and return it."""
+    with _registry_lock:
+        _ensure_default() if name != DEFAULT_NAME else None
+        if name is None:
+            i = 0
+            while f"softrdma{i}" in _registry:
+                i += 1
+            name = f"softrdma{i}"
+        if name in _registry:
+            raise PyverbsRDMAError(f"device {name} already exists", errno.EEXIST)
+        dev = SoftDevice(name, ip, mtu=mtu, seed=seed)
+        _registry[name] = dev
+        return dev
+
+
+def remove_device(name: str) -> None:
+    with _registry_lock:
+        dev = _registry.get(name)
+        if dev is None:
+            raise PyverbsRDMAError(f"no device named {name}", errno.ENODEV)
+        if dev.contexts:
+            raise PyverbsRDMAError(f"device {name} has open contexts", errno.EBUSY)
+        del _registry[name]
+
+
+def get_soft_device(name: str | None = None) -> SoftDevice:
+    with _registry_lock:
+        _ensure_default()
+        if name is None:
+            return next(iter(_registry.values()))
+        dev = _registry.get(name)
+    if dev is None:
+        raise PyverbsRDMAError(f"Failed to open device {name}: no such device", errno.ENODEV)
+    return dev
+
+
+@dataclass
+class Device:
+    """An entry of the device list (pyverbs ``Device``)."""
+
+    name: bytes
+    guid: int
+    node_type: int = ibv_node_type.IBV_NODE_CA
+    transport_type: int = ibv_transport_type.IBV_TRANSPORT_IB
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"Device {self.name.decode()}, node type CA, transport IB"
+
+
+def get_device_list() -> list[Device]:
+    with _registry_lock:
+        _ensure_default()
+        return [Device(name.encode(), int.from_bytes(d.node_guid, "big"), index=i)
+                for i, (name, d) in enumerate(_registry.items())]
+
+
+@dataclass
+class DeviceAttr:
+    fw_ver: str
+    node_guid: int
+    sys_image_guid: int
+    max_mr_size: int
+    page_size_cap: int
+    vendor_id: int
+    vendor_part_id: int
+    hw_ver: int
+    max_qp: int
+    max_qp_wr: int
+    device_cap_flags: int
+    max_sge: int
+    max_sge_rd: int
+    max_cq: int
+    max_cqe: int
+    max_mr: int
+    max_pd: int
+    max_qp_rd_atom: int
+    max_ee_rd_atom: int
+    max_res_rd_atom: int
+    max_qp_init_rd_atom: int
+    max_ee_init_rd_atom: int
+    atomic_caps: int
+    max_ee: int
+    max_rdd: int
+    max_mw: int
+    max_raw_ipv6_qp: int
+    max_raw_ethy_qp: int
+    max_mcast_grp: int
+    max_mcast_qp_attach: int
+    max_total_mcast_qp_attach: int
+    max_ah: int
+    max_fmr: int
+    max_map_per_fmr: int
+    max_srq: int
+    max_srq_wr: int
+    max_srq_sge: int
+    max_pkeys: int
+    local_ca_ack_delay: int
+    phys_port_cnt: int
+
+
+@dataclass
+class PortAttr:
+    state: int
+    max_mtu: int
+    active_mtu: int
+    gid_tbl_len: int
+    port_cap_flags: int
+    max_msg_sz: int
+    bad_pkey_cntr: int
+    qkey_viol_cntr: int
+    pkey_tbl_len: int
+    lid: int
+    sm_lid: int
+    lmc: int
+    max_vl_num: int
+    sm_sl: int
+    subnet_timeout: int
+    init_type_reply: int
+    active_width: int
+    active_speed: int
+    phys_state: int
+    link_layer: int
+    flags: int = 0
+    port_cap_flags2: int = 0
+
+
+@dataclass
+class AsyncEvent:
+    """An asynchronous event (``ibv_async_event``): ``element`` is the QP, CQ or SRQ it is
+    about, or the port number for port events."""
+
+    event_type: int
+    element: Any
+
+    def ack(self) -> None:
+        """ibv_ack_async_event: nothing to release in softrdma, kept for symmetry."""
+
+    def __str__(self) -> str:
+        return f"{ibv_event_type(self.event_type).name} on {self.element!r}"
+
+
+# Capability bits rxe reports (IB_DEVICE_*): bad P_Key/Q_Key counters, port active event,
+# system image GUID, RC RNR NAK generation, SRQ resize, memory management extensions,
+# memory windows (type 1 and 2B).
+_RXE_CAP_FLAGS = (1 << 1) | (1 << 2) | (1 << 5) | (1 << 6) | (1 << 10) | (1 << 12) | (1 << 13) \
+    | (1 << 17) | (1 << 21) | (1 << 24)
+_RXE_PORT_CAP_FLAGS = 1 << 26  # IB_PORT_CM_SUP; the RoCEv2 capability is a core flag
+
+
+class Context:
+    """An open device (``ibv_context``). ``Context(name="softrdma0")``; with no name, the
+    first device. A context manager: leaving the ``with`` block destroys, in dependency
+    order, every resource made through it that is still open."""
+
+    def __init__(self, name: str | bytes | None = None, **kwargs: Any) -> None:
+        if isinstance(name, bytes):
+            name = name.decode()
+        self.device = get_soft_device(name)
+        self.name = self.device.name
+        self.closed = False
+        self._lock = threading.Lock()
+        self._events: deque[AsyncEvent] = deque()
+        self._ev_r, self._ev_w = os.pipe()
+        os.set_blocking(self._ev_r, True)
+        self.children: list[Any] = []  # every PD, CQ, CompChannel, ... made in this context
+        with self.device.lock:
+            self.device.contexts += 1
+            self.device.async_listeners.append(self._on_async_event)
+
+    # -- lifetime ------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.closed:
+            raise PyverbsRDMAError("the context is closed", errno.EBADF)
+
+    def close(self) -> None:
+        """Destroy every resource still open (QPs, then SRQs, AHs, MWs, MRs, CQs, channels,
+        PDs) and close the device."""
+        if self.closed:
+            return
+        from .cq import CQ, CompChannel
+        from .mr import MR, MW
+        from .pd import PD
+        from .qp import QP
+        from .srq import SRQ
+        from .ah import AH
+        for kind in (QP, SRQ, AH, MW, MR, CQ, CompChannel, PD):
+            for obj in [c for c in self.children if isinstance(c, kind)]:
+                obj._destroy()
+        with self.device.lock:
+            self.device.contexts -= 1
+            if self._on_async_event in self.device.async_listeners:
+                self.device.async_listeners.remove(self._on_async_event)
+        os.close(self._ev_r)
+        os.close(self._ev_w)
+        self.closed = True
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort, like pyverbs' dealloc
+        try:
+            if not self.closed:
+                self.close()
+        except Exception:
+            pass
+
+    # -- queries -------------------------------------------------------------------
+    def query_device(self) -> DeviceAttr:
+        self._check()
+        d = self.device
+        lim = d.limits
+        guid = int.from_bytes(d.node_guid, "big")
+        return DeviceAttr(
+            fw_ver="", node_guid=guid, sys_image_guid=guid, max_mr_size=lim.max_mr_size,
+            page_size_cap=lim.page_size_cap, vendor_id=lim.vendor_id, vendor_part_id=0, hw_ver=0,
+            max_qp=lim.max_qp, max_qp_wr=lim.max_qp_wr, device_cap_flags=_RXE_CAP_FLAGS,
+            max_sge=lim.max_sge, max_sge_rd=lim.max_sge_rd, max_cq=lim.max_cq,
+            max_cqe=lim.max_cqe, max_mr=lim.max_mr, max_pd=lim.max_pd,
+            max_qp_rd_atom=lim.max_qp_rd_atom, max_ee_rd_atom=0,
+            max_res_rd_atom=lim.max_res_rd_atom, max_qp_init_rd_atom=lim.max_qp_init_rd_atom,
+            max_ee_init_rd_atom=0, atomic_caps=ibv_atomic_cap.IBV_ATOMIC_HCA, max_ee=0,
+            max_rdd=0, max_mw=lim.max_mw, max_raw_ipv6_qp=0, max_raw_ethy_qp=0,
+            max_mcast_grp=8192, max_mcast_qp_attach=56, max_total_mcast_qp_attach=0x70000,
+            max_ah=lim.max_ah, max_fmr=0, max_map_per_fmr=0, max_srq=lim.max_srq,
+            max_srq_wr=lim.max_srq_wr, max_srq_sge=lim.max_srq_sge, max_pkeys=lim.max_pkeys,
+            local_ca_ack_delay=lim.local_ca_ack_delay, phys_port_cnt=1)
+
+    def _check_port(self, port: int) -> None:
+        if port != 1:
+            raise PyverbsRDMAError(f"Failed to query port {port}: the device has one port (1)",
+                                   errno.EINVAL)
+
+    def query_port(self, port_num: int = 1) -> PortAttr:
+        self._check()
+        self._check_port(port_num)
+        d = self.device
+        return PortAttr(
+            state=ibv_port_state.IBV_PORT_ACTIVE if d.port_active else ibv_port_state.IBV_PORT_DOWN,
+            max_mtu=d.max_mtu, active_mtu=d.active_mtu, gid_tbl_len=d.limits.gid_tbl_len,
+            port_cap_flags=_RXE_PORT_CAP_FLAGS, max_msg_sz=d.limits.max_msg_sz, bad_pkey_cntr=0,
+            qkey_viol_cntr=0, pkey_tbl_len=d.limits.max_pkeys, lid=0, sm_lid=0, lmc=0,
+            max_vl_num=1, sm_sl=0, subnet_timeout=0, init_type_reply=0, active_width=1,
+            active_speed=1, phys_state=5 if d.port_active else 3,
+            link_layer=ibv_link_layer.IBV_LINK_LAYER_ETHERNET)
+
+    def query_gid(self, port_num: int, index: int) -> GID:
+        self._check()
+        self._check_port(port_num)
+        tbl = self.device.gid_table
+        if not 0 <= index < self.device.limits.gid_tbl_len:
+            raise PyverbsRDMAError(f"Failed to query gid {index}: index out of range", errno.EINVAL)
+        return GID(tbl[index]) if index < len(tbl) else GID()
+
+    def query_gid_type(self, port_num: int, index: int) -> int:
+        self.query_gid(port_num, index)
+        if index >= len(self.device.gid_table):
+            raise PyverbsRDMAError(f"Failed to query gid type of index {index}: empty entry",
+                                   errno.ENODATA)
+        return ibv_gid_type.IBV_GID_TYPE_ROCE_V2
+
+    def query_gid_table(self) -> list[tuple[int, GID, int]]:
+        """``(index, GID, gid type)`` for every populated entry (like ibv_query_gid_table)."""
+        return [(i, GID(g), ibv_gid_type.IBV_GID_TYPE_ROCE_V2)
+                for i, g in enumerate(self.device.gid_table)]
+
+    def query_pkey(self, port_num: int, index: int) -> int:
+        self._check()
+        self._check_port(port_num)
+        if not 0 <= index < self.device.limits.max_pkeys:
+            raise PyverbsRDMAError(f"Failed to query pkey {index}: index out of range", errno.EINVAL)
+        return 0xFFFF if index == 0 else 0
+
+    # -- async events ----------------------------------------------------------------
+    def _on_async_event(self, ev: AsyncEvent) -> None:
+        with self._lock:
+            self._events.append(ev)
+        try:
+            os.write(self._ev_w, b"e")
+        except OSError:
+            pass
+
+    @property
+    def async_fd(self) -> int:
+        """Readable when an async event is pending (select/poll/asyncio)."""
+        return self._ev_r
+
+    def get_async_event(self, block: bool = True) -> AsyncEvent | None:
+        """ibv_get_async_event: the next event; blocks unless ``block=False`` (then None)."""
+        self._check()
+        if not block:
+            with self._lock:
+                if not self._events:
+                    return None
+        os.read(self._ev_r, 1)
+        with self._lock:
+            return self._events.popleft()
+
+    def __repr__(self) -> str:
+        return f"<Context {self.name} {self.device.ip}>"

@@ -1,0 +1,235 @@
+"""Memory regions and memory windows.
+
+``MR(pd, length, access)`` allocates and registers ``length`` zeroed bytes, like pyverbs;
+``MR(pd, access=..., buffer=obj)`` registers any object exposing a contiguous buffer
+(bytearray, mmap, array, a numpy array...). Writable access needs a writable buffer.
+``mr.buf`` is the address (iova) peers and SGEs use; ``mr.mem`` is a memoryview of the
+registered bytes.
+
+    >>> from softrdma.verbs_api import Context, PD, MR, IBV_ACCESS_LOCAL_WRITE
+    >>> with Context() as ctx:
+    ...     mr = MR(PD(ctx), 64, IBV_ACCESS_LOCAL_WRITE)
+    ...     mr.write(b"hello", 5)
+    ...     mr.read(5, 0)
+    b'hello'
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from ..errors import PyverbsRDMAError
+from ..soft.memory import MemEntry
+from .base import Resource
+from .enums import ibv_access_flags as A, ibv_mw_type
+
+__all__ = ["MR", "MW", "MWBind", "check_mr_access"]
+
+_SUPPORTED = (A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_READ
+              | A.IBV_ACCESS_REMOTE_ATOMIC | A.IBV_ACCESS_MW_BIND | A.IBV_ACCESS_ZERO_BASED
+              | A.IBV_ACCESS_RELAXED_ORDERING | A.IBV_ACCESS_FLUSH_GLOBAL
+              | A.IBV_ACCESS_FLUSH_PERSISTENT | A.IBV_ACCESS_HUGETLB)
+_WRITES = A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_ATOMIC
+
+
+def check_mr_access(access: int, what: str) -> None:
+    """ib_check_mr_access: remote write/atomic need local write; no unknown bits."""
+    if access & A.IBV_ACCESS_ON_DEMAND:
+        raise PyverbsRDMAError(f"{what}: IBV_ACCESS_ON_DEMAND is not supported by softrdma",
+                               errno.EOPNOTSUPP)
+    if access & ~_SUPPORTED:
+        raise PyverbsRDMAError(f"{what}: unknown access flags 0x{access & ~_SUPPORTED:x}",
+                               errno.EINVAL)
+    if access & (A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_ATOMIC) and \
+            not access & A.IBV_ACCESS_LOCAL_WRITE:
+        raise PyverbsRDMAError(f"{what}: IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC "
+                               f"require IBV_ACCESS_LOCAL_WRITE", errno.EINVAL)
+
+
+def _as_bytes_view(buffer: Any, access: int, what: str) -> memoryview:
+    try:
+        mv = memoryview(buffer)
+    except TypeError:
+        raise PyverbsRDMAError(f"{what}: buffer of type {type(buffer).__name__} does not "
+                               f"expose the buffer protocol", errno.EINVAL) from None
+    if not mv.contiguous:
+        raise PyverbsRDMAError(f"{what}: buffer is not contiguous", errno.EINVAL)
+    mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+    if access & _WRITES and mv.readonly:
+        raise PyverbsRDMAError(f"{what}: buffer is read-only but the access flags allow "
+                               f"writes", errno.EFAULT)
+    return mv
+
+
+class MR(Resource):
+    """``ibv_mr``: ``lkey``, ``rkey``, ``buf`` (the iova), ``length``, ``access``."""
+
+    _kind = "MR"
+
+    def __init__(self, pd: Any, length: int = 0, access: int = 0, address: int | None = None,
+                 implicit: bool = False, *, buffer: Any = None) -> None:
+        pd._check()
+        what = "Failed to register MR"
+        if implicit:
+            raise PyverbsRDMAError(f"{what}: implicit (ODP) MRs are not supported", errno.EOPNOTSUPP)
+        check_mr_access(access, what)
+        if buffer is None:
+            if length < 0:
+                raise PyverbsRDMAError(f"{what}: negative length {length}", errno.EINVAL)
+            buffer = bytearray(length)
+        mv = _as_bytes_view(buffer, access, what)
+        if buffer is not None and length and length != len(mv):
+            if length > len(mv):
+                raise PyverbsRDMAError(f"{what}: length {length} exceeds the buffer's "
+                                       f"{len(mv)} bytes", errno.EINVAL)
+            mv = mv[:length]
+        super().__init__(pd.context)
+        self.pd = pd
+        self._buffer = buffer  # keep the object alive as long as the MR
+        with self.device.lock:
+            self._entry: MemEntry = self.device.keys.register_mr(pd, mv, int(access),
+                                                                  iova=address)
+            self._entry.owner = self
+        self._use(pd)
+
+    # pyverbs-compatible accessors
+    @property
+    def lkey(self) -> int:
+        return self._entry.lkey
+
+    @property
+    def rkey(self) -> int:
+        return self._entry.rkey
+
+    @property
+    def buf(self) -> int:
+        """The address of the first byte: what SGEs and peers use (pyverbs ``mr.buf``)."""
+        return self._entry.iova
+
+    addr = buf
+
+    @property
+    def length(self) -> int:
+        return self._entry.length
+
+    @property
+    def access(self) -> int:
+        return self._entry.access
+
+    @property
+    def mem(self) -> memoryview:
+        """The registered bytes (a writable memoryview when the buffer is writable)."""
+        assert self._entry.buf is not None
+        return self._entry.buf
+
+    def read(self, length: int, offset: int = 0) -> bytes:
+        self._check()
+        if offset < 0 or length < 0 or offset + length > self.length:
+            raise PyverbsRDMAError(f"MR read [{offset}, +{length}) is outside the MR of "
+                                   f"{self.length} bytes", errno.EINVAL)
+        return bytes(self.mem[offset:offset + length])
+
+    def write(self, data: bytes | str, length: int | None = None, offset: int = 0) -> None:
+        self._check()
+        if isinstance(data, str):
+            data = data.encode()
+        n = len(data) if length is None else length
+        if offset < 0 or n < 0 or offset + n > self.length or n > len(data):
+            raise PyverbsRDMAError(f"MR write [{offset}, +{n}) is outside the MR of "
+                                   f"{self.length} bytes", errno.EINVAL)
+        self.mem[offset:offset + n] = data[:n]
+
+    def rereg(self, flags: int, pd: Any = None, addr: Any = None, length: int = 0,
+              access: int = 0) -> None:
+        """ibv_rereg_mr: change the PD (IBV_REREG_MR_CHANGE_PD=2), access (4) or the
+        buffer (``addr`` is a buffer object here, 1 = CHANGE_TRANSLATION). Keys change."""
+        self._check()
+        what = "Failed to re-register MR"
+        with self.device.lock:
+            if self._entry.refs:
+                raise PyverbsRDMAError(f"{what}: memory windows are bound to it", errno.EBUSY)
+            new_pd = pd if flags & 2 else self.pd
+            new_access = access if flags & 4 else self._entry.access
+            check_mr_access(new_access, what)
+            mv = self._entry.buf
+            if flags & 1:
+                buffer = addr if addr is not None else bytearray(length)
+                mv = _as_bytes_view(buffer, new_access, what)
+                self._buffer = buffer
+            elif new_access & _WRITES and mv is not None and mv.readonly:
+                raise PyverbsRDMAError(f"{what}: buffer is read-only", errno.EFAULT)
+            self.device.keys.remove(self._entry)
+            self._release(self.pd)
+            self.pd = new_pd
+            self._entry = self.device.keys.register_mr(new_pd, mv, int(new_access))
+            self._entry.owner = self
+            self._use(new_pd)
+
+    def close(self) -> None:
+        if not self.closed and self._entry.refs:
+            # rxe_dereg_mr refuses while windows are bound (-EINVAL in rxe)
+            raise PyverbsRDMAError("Failed to dereg MR: memory windows are bound to it",
+                                   errno.EINVAL)
+        super().close()
+
+    def _destroy(self) -> None:
+        if not self.closed:
+            self.device.keys.remove(self._entry)
+            self._release(self.pd)
+        super()._destroy()
+
+    def __repr__(self) -> str:
+        return (f"<MR lkey=0x{self.lkey:x} rkey=0x{self.rkey:x} addr=0x{self.buf:x} "
+                f"length={self.length} access=0x{self.access:x}>")
+
+
+class MWBind:
+    """pyverbs ``MWBind(info, send_flags, wr_id)`` for ``QP.bind_mw`` (type 1 windows)."""
+
+    def __init__(self, info: Any, send_flags: int = 0, wr_id: int = 0) -> None:
+        self.bind_info = info
+        self.send_flags = send_flags
+        self.wr_id = wr_id
+
+
+class MW(Resource):
+    """``ibv_mw``: a window onto part of an MR, with its own rkey and rights. Type 1 windows
+    are bound with ``qp.bind_mw``; type 2 with an IBV_WR_BIND_MW work request; both are
+    invalidated with IBV_WR_LOCAL_INV or a remote SEND_WITH_INV (type 2)."""
+
+    _kind = "MW"
+
+    def __init__(self, pd: Any, mw_type: int = ibv_mw_type.IBV_MW_TYPE_1) -> None:
+        pd._check()
+        if mw_type not in (1, 2):
+            raise PyverbsRDMAError(f"Failed to allocate MW: type {mw_type} is not 1 or 2",
+                                   errno.EINVAL)
+        super().__init__(pd.context)
+        self.pd = pd
+        self.mw_type = ibv_mw_type(mw_type)
+        with self.device.lock:
+            self._entry = self.device.keys.alloc_mw(pd, int(mw_type))
+            self._entry.owner = self
+        self._use(pd)
+
+    @property
+    def rkey(self) -> int:
+        return self._entry.rkey
+
+    @property
+    def handle(self) -> int:
+        return self._entry.index
+
+    def _destroy(self) -> None:
+        if not self.closed:
+            e = self._entry
+            if e.mr is not None:
+                e.mr.refs -= 1
+                e.mr = None
+            self.device.keys.remove(e)
+            self._release(self.pd)
+        super()._destroy()
+
+    def __repr__(self) -> str:
+        return f"<MW type {int(self.mw_type)} rkey=0x{self.rkey:x} bound={self._entry.valid}>"

@@ -1,0 +1,115 @@
+"""Shared receive queues.
+
+``SRQ(pd, SrqInitAttr(SrqAttr(max_wr=..., max_sge=...)))``. Arm the limit with
+``srq.modify(SrqAttr(srq_limit=n), IBV_SRQ_LIMIT)``: when the number of posted receives
+falls below ``n`` the SRQ raises IBV_EVENT_SRQ_LIMIT_REACHED once and disarms.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections import deque
+from typing import Any
+
+from ..errors import PyverbsRDMAError
+from ..qp.wqe import RecvWqe
+from .attr import SrqAttr, SrqInitAttr
+from .base import Resource
+from .cq import _async, _ring_size
+from .enums import ibv_event_type, ibv_srq_attr_mask
+from .wr import RecvWR
+
+__all__ = ["SRQ"]
+
+
+class SRQ(Resource):
+    _kind = "SRQ"
+
+    def __init__(self, pd: Any, init_attr: SrqInitAttr) -> None:
+        pd._check()
+        what = "Failed to create SRQ"
+        lim = pd.device.limits
+        a = init_attr.attr
+        if a.max_wr <= 0 or a.max_wr > lim.max_srq_wr:
+            raise PyverbsRDMAError(f"{what}: max_wr {a.max_wr} is outside 1..{lim.max_srq_wr}",
+                                   errno.EINVAL)
+        if a.max_sge <= 0 or a.max_sge > lim.max_srq_sge:
+            raise PyverbsRDMAError(f"{what}: max_sge {a.max_sge} is outside 1..{lim.max_srq_sge}",
+                                   errno.EINVAL)
+        if a.srq_limit > a.max_wr:
+            raise PyverbsRDMAError(f"{what}: srq_limit {a.srq_limit} > max_wr {a.max_wr}",
+                                   errno.EINVAL)
+        with pd.device.lock:
+            if pd.device.srq_count >= lim.max_srq:
+                raise PyverbsRDMAError(f"{what}: too many SRQs", errno.ENOMEM)
+            pd.device.srq_count += 1
+        super().__init__(pd.context)
+        self.pd = pd
+        self.srq_context = init_attr.srq_context
+        self.max_wr = _ring_size(a.max_wr)
+        self.max_sge = a.max_sge
+        self.srq_limit = a.srq_limit
+        self.rq: deque[RecvWqe] = deque()
+        self.error = False
+        self._use(pd)
+
+    def post_recv(self, wr: RecvWR | list[RecvWR], bad_wr: RecvWR | None = None) -> None:
+        from .qp import _chain, _post_recv_checks
+        self._check()
+        with self.device.lock:
+            for i, w in enumerate(_chain(wr)):
+                try:
+                    if len(self.rq) >= self.max_wr:
+                        raise PyverbsRDMAError("Failed to post receive to SRQ: the SRQ is full",
+                                               errno.ENOMEM)
+                    wqe = _post_recv_checks(self.device, self.pd, w, self.max_sge, "SRQ")
+                except PyverbsRDMAError as e:
+                    e.bad_wr = w
+                    e.bad_wr_index = i
+                    if bad_wr is not None:
+                        bad_wr.__dict__.update(w.__dict__)
+                    raise
+                self.rq.append(wqe)
+
+    def _take(self) -> RecvWqe | None:
+        """Pop the next receive for a QP's responder, raising the limit event if due."""
+        if not self.rq:
+            return None
+        wqe = self.rq.popleft()
+        if self.srq_limit and len(self.rq) < self.srq_limit:
+            self.srq_limit = 0
+            self.device.emit_async(_async(ibv_event_type.IBV_EVENT_SRQ_LIMIT_REACHED, self))
+        return wqe
+
+    def modify(self, attr: SrqAttr, attr_mask: int) -> None:
+        self._check()
+        what = "Failed to modify SRQ"
+        lim = self.device.limits
+        with self.device.lock:
+            if attr_mask & ~(ibv_srq_attr_mask.IBV_SRQ_MAX_WR | ibv_srq_attr_mask.IBV_SRQ_LIMIT):
+                raise PyverbsRDMAError(f"{what}: unknown mask bits 0x{attr_mask:x}", errno.EINVAL)
+            new_max = self.max_wr
+            if attr_mask & ibv_srq_attr_mask.IBV_SRQ_MAX_WR:
+                if attr.max_wr <= 0 or attr.max_wr > lim.max_srq_wr:
+                    raise PyverbsRDMAError(f"{what}: max_wr {attr.max_wr} is outside "
+                                           f"1..{lim.max_srq_wr}", errno.EINVAL)
+                if attr.max_wr < len(self.rq):
+                    raise PyverbsRDMAError(f"{what}: max_wr {attr.max_wr} < the {len(self.rq)} "
+                                           f"receives posted", errno.EINVAL)
+                new_max = _ring_size(attr.max_wr)
+            if attr_mask & ibv_srq_attr_mask.IBV_SRQ_LIMIT:
+                if attr.srq_limit > new_max:
+                    raise PyverbsRDMAError(f"{what}: srq_limit {attr.srq_limit} > max_wr "
+                                           f"{new_max}", errno.EINVAL)
+                self.srq_limit = attr.srq_limit
+            self.max_wr = new_max
+
+    def query(self) -> SrqAttr:
+        self._check()
+        return SrqAttr(max_wr=self.max_wr, max_sge=self.max_sge, srq_limit=self.srq_limit)
+
+    def _destroy(self) -> None:
+        if not self.closed:
+            self.device.srq_count -= 1
+            self._release(self.pd)
+        super()._destroy()

@@ -1,0 +1,149 @@
+"""Work requests and work completions: ``SGE``, ``SendWR``, ``RecvWR``, ``WC``.
+
+Same constructors as pyverbs::
+
+    sge = SGE(mr.buf, 1024, mr.lkey)
+    wr = SendWR(wr_id=1, opcode=IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge])
+    wr.set_wr_rdma(rkey=peer_rkey, addr=peer_addr)
+
+Differences from pyverbs, for convenience: ``num_sge`` defaults to ``len(sg)``; WRs can be
+chained with ``next_wr`` as in C, or passed as a list to ``post_send``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode, wc_status_str
+
+__all__ = ["SGE", "SendWR", "RecvWR", "WC", "MWBindInfo"]
+
+
+@dataclass
+class SGE:
+    """A scatter/gather element: ``addr`` (an address inside an MR), ``length``, ``lkey``."""
+
+    addr: int = 0
+    length: int = 0
+    lkey: int = 0
+
+
+@dataclass
+class MWBindInfo:
+    """``ibv_mw_bind_info``: bind a window to ``[addr, addr+length)`` of ``mr``."""
+
+    mr: Any = None
+    addr: int = 0
+    length: int = 0
+    mw_access_flags: int = 0
+
+
+class RecvWR:
+    def __init__(self, wr_id: int = 0, num_sge: int | None = None, sg: list[SGE] | None = None,
+                 next_wr: "RecvWR | None" = None) -> None:
+        self.wr_id = wr_id
+        self.sg_list = list(sg or [])
+        self.num_sge = len(self.sg_list) if num_sge is None else num_sge
+        self.next_wr = next_wr
+
+    def __repr__(self) -> str:
+        return f"RecvWR(wr_id={self.wr_id}, sg={self.sg_list})"
+
+
+class SendWR:
+    def __init__(self, wr_id: int = 0, opcode: int = ibv_wr_opcode.IBV_WR_SEND,
+                 num_sge: int | None = None, imm_data: int = 0, sg: list[SGE] | None = None,
+                 send_flags: int = ibv_send_flags.IBV_SEND_SIGNALED,
+                 next_wr: "SendWR | None" = None) -> None:
+        self.wr_id = wr_id
+        self.opcode = opcode
+        self.sg_list = list(sg or [])
+        self.num_sge = len(self.sg_list) if num_sge is None else num_sge
+        self.imm_data = imm_data  # also invalidate_rkey for SEND_WITH_INV (a union in C)
+        self.send_flags = send_flags
+        self.next_wr = next_wr
+        # wr union
+        self.remote_addr = 0
+        self.rkey = 0
+        self.compare_add = 0
+        self.swap = 0
+        self.ah: Any = None
+        self.remote_qpn = 0
+        self.remote_qkey = 0
+        # bind_mw
+        self.mw: Any = None
+        self.bind_rkey = 0
+        self.bind_info: MWBindInfo | None = None
+
+    @property
+    def invalidate_rkey(self) -> int:
+        return self.imm_data
+
+    @invalidate_rkey.setter
+    def invalidate_rkey(self, v: int) -> None:
+        self.imm_data = v
+
+    def set_wr_rdma(self, rkey: int, addr: int) -> None:
+        self.rkey = rkey
+        self.remote_addr = addr
+
+    def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
+        self.rkey = rkey
+        self.remote_addr = addr
+        self.compare_add = compare_add
+        self.swap = swap
+
+    def set_wr_ud(self, ah: Any, rqpn: int, rqkey: int) -> None:
+        self.ah = ah
+        self.remote_qpn = rqpn
+        self.remote_qkey = rqkey
+
+    def set_bind_wr(self, mw: Any, bind_info: MWBindInfo, rkey: int | None = None) -> None:
+        self.mw = mw
+        self.bind_info = bind_info
+        self.bind_rkey = rkey if rkey is not None else 0
+
+    def __repr__(self) -> str:
+        return (f"SendWR(wr_id={self.wr_id}, opcode={ibv_wr_opcode(self.opcode).name}, "
+                f"sg={self.sg_list})")
+
+
+class WC:
+    """A work completion (``ibv_wc``)."""
+
+    __slots__ = ("wr_id", "status", "opcode", "vendor_err", "byte_len", "qp_num", "src_qp",
+                 "imm_data", "wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits",
+                 "invalidated_rkey")
+
+    def __init__(self, wr_id: int = 0, status: int = 0, opcode: int = 0, vendor_err: int = 0,
+                 byte_len: int = 0, qp_num: int = 0, src_qp: int = 0, imm_data: int = 0,
+                 wc_flags: int = 0, pkey_index: int = 0, slid: int = 0, sl: int = 0,
+                 dlid_path_bits: int = 0) -> None:
+        self.wr_id = wr_id
+        self.status = status
+        self.opcode = opcode
+        self.vendor_err = vendor_err
+        self.byte_len = byte_len
+        self.qp_num = qp_num
+        self.src_qp = src_qp
+        self.imm_data = imm_data
+        self.wc_flags = wc_flags
+        self.pkey_index = pkey_index
+        self.slid = slid
+        self.sl = sl
+        self.dlid_path_bits = dlid_path_bits
+        self.invalidated_rkey = 0
+
+    def __repr__(self) -> str:
+        try:
+            op = ibv_wc_opcode(self.opcode).name
+        except ValueError:
+            op = str(self.opcode)
+        st = ibv_wc_status(self.status).name if self.status in ibv_wc_status._value2member_map_ else self.status
+        return (f"WC(wr_id={self.wr_id}, status={st}, opcode={op}, byte_len={self.byte_len}, "
+                f"qp_num={self.qp_num}, src_qp={self.src_qp}, imm_data=0x{self.imm_data:x}, "
+                f"wc_flags=0x{self.wc_flags:x})")
+
+    def __str__(self) -> str:
+        return repr(self) if self.status == 0 else f"{repr(self)} ({wc_status_str(self.status)})"
