@@ -1,25 +1,191 @@
-"""Placeholder engine: replaced by the requester/completer/responder in the data-path step."""
+"""One QP's protocol engine: requester, completer and responder plus the QP's timers.
+
+Sans-IO: it never touches a socket or a clock. The device hands it packets
+(:meth:`on_packet`) and the time (``device.now``), asks it when it next needs waking
+(:attr:`deadline`) and wakes it (:meth:`on_timer`); it hands packets to
+``device.send_packet`` and completions to the CQs.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..verbs_api.enums import ibv_qp_state as S, ibv_qp_type as T, mtu_to_bytes
+from .completer import Completer
+from .params import qp_timeout_seconds, udp_sport_for_path, udp_sport_for_qpn
+from .requester import Requester
+from .responder import Responder
+from .wqe import WqeState
+
+__all__ = ["QpEngine"]
+
 
 class QpEngine:
-    __slots__ = ("qp",)
+    __slots__ = ("qp", "device", "req", "comp", "resp", "src_port", "dst_ip", "retrans_at",
+                 "rnr_at")
 
     def __init__(self, qp: Any) -> None:
         self.qp = qp
+        self.device = qp.device
+        self.req = Requester(self)
+        self.comp = Completer(self)
+        self.resp = Responder(self)
+        self.src_port = udp_sport_for_qpn(qp.qp_num)
+        self.dst_ip: bytes | None = None
+        self.retrans_at: float | None = None
+        self.rnr_at: float | None = None
 
-    def reset(self) -> None: ...
-    def set_sq_psn(self, psn: int) -> None: ...
-    def set_rq_psn(self, psn: int) -> None: ...
-    def on_av(self, av: Any) -> None: ...
-    def on_resp_resources(self, n: int) -> None: ...
-    def on_error(self) -> None: ...
-    def on_state(self, old: int, new: int) -> None: ...
-    def on_recv_posted(self) -> None: ...
-    def kick(self) -> None: ...
+    # -- control path hooks (called by the QP under the device lock) -----------------------
+    def reset(self) -> None:
+        self.req.reset()
+        self.comp.reset()
+        self.resp.reset()
+        self.src_port = udp_sport_for_qpn(self.qp.qp_num)
+        self.dst_ip = None
+        self._cancel_timers()
+
+    def set_sq_psn(self, psn: int) -> None:
+        self.req.psn = psn
+        self.comp.psn = psn
+
+    def set_rq_psn(self, psn: int) -> None:
+        self.resp.psn = psn
+        self.resp.ack_psn = psn
+
+    def on_av(self, av: Any) -> None:
+        self.dst_ip = av.dst_ip
+        if self.qp.qp_type in (T.IBV_QPT_RC, T.IBV_QPT_UC):
+            self.src_port = udp_sport_for_path(av.flow_label, self.qp.qp_num,
+                                               self.qp.attr.dest_qp_num)
+
+    def on_resp_resources(self, n: int) -> None:
+        self.resp.set_resources(n)
+
+    def on_state(self, old: int, new: int) -> None:
+        qp = self.qp
+        if new == S.IBV_QPS_RTR and qp.qp_type in (T.IBV_QPT_RC, T.IBV_QPT_UC) and qp.av:
+            # the source port hashes both QP numbers, known now
+            self.src_port = udp_sport_for_path(qp.av.flow_label, qp.qp_num, qp.attr.dest_qp_num)
+        if new == S.IBV_QPS_RTS:
+            if old == S.IBV_QPS_RTR:
+                self.req.rd_atomic = qp.attr.max_rd_atomic
+                self.comp.reset_retry_counters()
+            self.req.drained_sent = False
+            self.kick()
+        elif new == S.IBV_QPS_SQD:
+            self.req.drained_sent = False
+            self.req.run()
+
+    def on_error(self) -> None:
+        self._cancel_timers()
+
+    def on_recv_posted(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        self._cancel_timers()
+
+    # -- data path -------------------------------------------------------------------------
+    def mtu(self) -> int:
+        qp = self.qp
+        if qp.qp_type == T.IBV_QPT_UD:
+            return mtu_to_bytes(self.device.active_mtu)
+        return mtu_to_bytes(qp.attr.path_mtu)
+
+    def kick(self) -> None:
+        """Work was posted: let the requester send what it can."""
+        self.req.run()
+
+    def req_wake(self) -> None:
+        """The completer freed something the requester may be waiting on."""
+        req = self.req
+        if req.need_retry or req.wait_psn or req.wait_fence or req.need_rd_atomic or \
+                req.wqe_index < len(self.qp.sq):
+            req.wait_psn = False
+            req.run()
+        self._rearm_retrans()
+
     def in_flight(self) -> bool:
+        """Some WQE was (partly) sent and is not complete yet."""
+        for w in self.qp.sq:
+            if w.state in (WqeState.PROCESSING, WqeState.PENDING):
+                return True
+            if w.state == WqeState.POSTED:
+                return False
         return False
-    def destroy(self) -> None: ...
+
+    def on_packet(self, pkt: Any, ip_header: bytes) -> None:
+        if pkt.info.is_request:
+            self.resp.on_request(pkt, ip_header)
+        else:
+            self.comp.on_response(pkt)
+            self._rearm_retrans()
+
+    def invalidate_rkey(self, rkey: int) -> bool:
+        """rxe invalidate_rkey: only type 2 windows bound through this QP's PD can be
+        invalidated (user MRs are not fast-register MRs)."""
+        from ..soft.memory import MemKind
+        e = self.device.keys.get(rkey)
+        if e is None or e.kind is not MemKind.MW or e.mw_type != 2 or not e.valid:
+            return False
+        if e.pd is not self.qp.pd and (e.mr is None or e.mr.pd is not self.qp.pd):
+            return False
+        if e.mr is not None:
+            e.mr.refs -= 1
+        e.mr = None
+        e.valid = False
+        e.qp = None
+        return True
+
+    # -- timers -------------------------------------------------------------------------------
+    @property
+    def deadline(self) -> float | None:
+        a, b = self.retrans_at, self.rnr_at
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return min(a, b)
+
+    def _set_timer(self, which: str, at: float | None) -> None:
+        setattr(self, which, at)
+        self.device.timer_changed(self.qp)
+
+    def arm_retrans_if_idle(self) -> None:
+        """update_state: arm the retransmit timer unless it is already running."""
+        if self.retrans_at is None:
+            t = qp_timeout_seconds(self.qp.attr.timeout)
+            if t is not None:
+                self._set_timer("retrans_at", self.device.now + t)
+
+    def _rearm_retrans(self) -> None:
+        """COMPST_EXIT: push the timer out while there are unacknowledged packets."""
+        qp = self.qp
+        if qp.qp_type != T.IBV_QPT_RC or qp.state not in (S.IBV_QPS_RTS, S.IBV_QPS_SQD):
+            return
+        from .psn import psn_diff
+        if psn_diff(self.req.psn, self.comp.psn) > 0:
+            t = qp_timeout_seconds(qp.attr.timeout)
+            if t is not None:
+                self._set_timer("retrans_at", self.device.now + t)
+        elif self.retrans_at is not None:
+            self._set_timer("retrans_at", None)
+
+    def arm_rnr(self, seconds: float) -> None:
+        self._set_timer("rnr_at", self.device.now + seconds)
+
+    def _cancel_timers(self) -> None:
+        if self.retrans_at is not None or self.rnr_at is not None:
+            self.retrans_at = self.rnr_at = None
+            self.device.timer_changed(self.qp)
+
+    def on_timer(self, now: float) -> None:
+        if self.rnr_at is not None and now >= self.rnr_at:
+            self._set_timer("rnr_at", None)
+            self.req.need_retry = True
+            self.req.wait_for_rnr_timer = False
+            self.req.run()
+        if self.retrans_at is not None and now >= self.retrans_at:
+            self._set_timer("retrans_at", None)
+            self.comp.on_timeout()
+            self._rearm_retrans()

@@ -3,7 +3,8 @@
 
 For each (current state, next state) the table gives, per QP type, the attributes that are
 *required* and those that are *optional*; any other attribute in the mask makes the
-modify fail with EINVAL. Every state may go to RESET and to ERR with only IBV_QP_STATE.
+modify fail with EINVAL. Every state may go to RESET, and every state but RESET to ERR,
+with only IBV_QP_STATE (the kernel's table has no RESET->ERR entry).
 Without IBV_QP_STATE in the mask the QP stays in its state (e.g. RTS->RTS to change
 min_rnr_timer).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import errno
 
 from ..errors import PyverbsRDMAError
-from ..verbs_api.enums import ibv_qp_attr_mask as M, ibv_qp_state as S, ibv_qp_type as T
+from ..enums import ibv_qp_attr_mask as M, ibv_qp_state as S, ibv_qp_type as T
 
 __all__ = ["TRANSITIONS", "check_transition", "mask_names", "STANDARD_MASK"]
 
@@ -91,8 +92,10 @@ TRANSITIONS: dict[tuple[S, S], tuple[dict[T, int], dict[T, int]]] = {
 _REAL_STATES = [s for s in S if s != S.IBV_QPS_UNKNOWN]
 for _s in _REAL_STATES:
     TRANSITIONS[(_s, S.IBV_QPS_RESET)] = (_same(0), _same(0))
-    TRANSITIONS[(_s, S.IBV_QPS_ERR)] = (_same(0), _same(0))
-TRANSITIONS[(S.IBV_QPS_RESET, S.IBV_QPS_RESET)] = (_same(0), _same(0))
+    # Every state but RESET may go to ERR: the kernel's table has no RESET->ERR entry, so
+    # ibv_modify_qp(RESET->ERR) fails with EINVAL on rxe (a QP must be INIT first).
+    if _s != S.IBV_QPS_RESET:
+        TRANSITIONS[(_s, S.IBV_QPS_ERR)] = (_same(0), _same(0))
 
 #: bits ibv_modify_qp knows; anything else is EOPNOTSUPP like the kernel's uverbs.
 STANDARD_MASK = 0

@@ -25,7 +25,7 @@ class SendWqe:
     __slots__ = ("wr_id", "opcode", "send_flags", "signaled", "sges", "inline", "length",
                  "imm", "remote_addr", "rkey", "compare_add", "swap", "av", "remote_qpn",
                  "remote_qkey", "mw", "bind_info", "bind_rkey", "state", "first_psn",
-                 "last_psn", "offset", "status", "npkts", "read_bytes")
+                 "last_psn", "offset", "status", "npkts", "read_bytes", "has_rd_atomic")
 
     def __init__(self, wr_id: int, opcode: int, send_flags: int, signaled: bool,
                  sges: list[tuple[int, int, int]], inline: bytes | None, length: int) -> None:
@@ -54,6 +54,7 @@ class SendWqe:
         self.npkts = 0
         self.status = 0
         self.read_bytes = 0  # read/atomic: response bytes placed
+        self.has_rd_atomic = False  # holds one of the max_rd_atomic initiator credits
 
     def __repr__(self) -> str:
         return (f"<SendWqe wr_id={self.wr_id} op={self.opcode} len={self.length} "

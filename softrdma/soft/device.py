@@ -12,10 +12,13 @@ from __future__ import annotations
 import ipaddress
 import random
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..verbs_api.enums import bytes_to_mtu, ibv_mtu
+from ..enums import bytes_to_mtu, ibv_mtu
+from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from .rx import receive_packet
 from .memory import KeyTable
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
 
@@ -134,9 +137,15 @@ class SoftDevice:
         self.cq_count = 0
         self.srq_count = 0
         self.ah_count = 0
-        self.transmit: Callable[[bytes, bytes, int], None] = self._no_transport
+        self.transmit: Callable[[bytes, bytes, int], None] = self._loopback
         self.async_listeners: list[Callable[[Any], None]] = []
         self.port_active = True
+        # time, injected by whoever drives the device (virtual clock, or monotonic time)
+        self.now = 0.0
+        self.timer_qps: set[Any] = set()
+        self._rxq: deque[tuple[bytes, bytes, bytes, int]] = deque()  # loopback deliveries
+        self.capture: Any = None  # a PacketCapture, when capturing
+        self.verify_icrc = True  # transports that cannot see the IPv4 ID switch this off
 
     # -- addressing ------------------------------------------------------------------
     def gid_for_ip(self, ip: str) -> bytes:
@@ -163,8 +172,73 @@ class SoftDevice:
                 return qpn
         raise MemoryError("no free QP number")
 
-    def _no_transport(self, pkt: bytes, dst: bytes, sport: int) -> None:
-        self.counters.drop("no_transport")
+    # -- data path ---------------------------------------------------------------------
+    def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None) -> None:
+        """Called by the engines: fill the ICRC for our addresses and transmit."""
+        if dst_ip is None:
+            self.counters.drop("no_path")
+            return
+        sport = qp.engine.src_port
+        n = len(pkt)
+        if len(dst_ip) == 4:
+            c = icrc_ipv4(pkt, self.ip_packed, dst_ip, sport)
+        else:
+            c = icrc_ipv6(pkt, self.ip_packed, dst_ip, sport)
+        pkt[n - 4:] = c.to_bytes(4, "little")
+        data = bytes(pkt)
+        self.counters.sent_pkts += 1
+        if self.capture is not None:
+            self.capture.record(data, self.ip_packed, dst_ip, sport)
+        self.transmit(data, dst_ip, sport)
+
+    def _loopback(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+        """Default transport: deliver to ourselves (rxe's loopback), drop anything else."""
+        if dst_ip == self.ip_packed:
+            self._rxq.append((data, self.ip_packed, dst_ip, sport))
+        else:
+            self.counters.drop("no_transport")
+
+    def receive(self, data: bytes | bytearray | memoryview, src_ip: bytes, dst_ip: bytes, *,
+                ip_id: int = 0, ip_header: bytes | None = None, sport: int = 0,
+                verify_icrc: bool | None = None) -> None:
+        """A RoCE packet (BTH .. ICRC) arrived from ``src_ip`` for ``dst_ip``."""
+        with self.lock:
+            receive_packet(self, data, src_ip, dst_ip, ip_id, ip_header, sport,
+                           self.verify_icrc if verify_icrc is None else verify_icrc)
+
+    def progress(self) -> int:
+        """Deliver looped-back packets and fire due timers at ``self.now``; return how many
+        events were handled. The manual-mode driver: call until it returns 0."""
+        n = 0
+        with self.lock:
+            while self._rxq:
+                data, src, dst, sport = self._rxq.popleft()
+                receive_packet(self, data, src, dst, 0, None, sport, True)
+                n += 1
+            n += self.fire_timers(self.now)
+        return n
+
+    # -- timers ----------------------------------------------------------------------------
+    def timer_changed(self, qp: Any) -> None:
+        if qp.engine.deadline is None:
+            self.timer_qps.discard(qp)
+        else:
+            self.timer_qps.add(qp)
+
+    def next_deadline(self) -> float | None:
+        best = None
+        for qp in self.timer_qps:
+            d = qp.engine.deadline
+            if d is not None and (best is None or d < best):
+                best = d
+        return best
+
+    def fire_timers(self, now: float) -> int:
+        due = [qp for qp in self.timer_qps if (qp.engine.deadline or now + 1) <= now]
+        for qp in due:
+            if not qp.closed:
+                qp.engine.on_timer(now)
+        return len(due)
 
     def emit_async(self, event: Any) -> None:
         for fn in list(self.async_listeners):

@@ -1,0 +1,288 @@
+"""The completer: turns ACKs, NAKs and read/atomic responses into send completions
+(rxe_comp.c).
+
+An ACK for PSN p completes every send/write WQE whose last PSN is at or before p (ACKs
+coalesce). Read responses are written into the WQE's buffers as they arrive; an atomic ACK
+writes the original value. A NAK "PSN sequence error" rewinds the requester to the PSN it
+names; a missing ACK (the retransmit timer) rewinds it to the oldest unacknowledged PSN,
+``retry_cnt`` times (7 = forever, as rxe has it); an RNR NAK waits the time it names and
+retries, ``rnr_retry`` times (7 = forever). Other NAKs end the WQE in error and move the
+QP to ERR, flushing the rest.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+from ..soft.memory import AccessError
+from ..verbs_api.enums import (
+    ibv_qp_state as S, ibv_wc_flags as WCF, ibv_wc_status as WCS, ibv_wr_opcode as W,
+)
+from ..verbs_api.wr import WC
+from ..wire.headers import NakCode
+from ..wire.opcodes import Opcode as O
+from .dma import NoSpace, scatter
+from .params import rnr_nak_seconds
+from .psn import psn_diff
+from .wqe import SendWqe, WqeState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import QpEngine
+
+__all__ = ["Completer"]
+
+_WC_OPCODE = {W.IBV_WR_RDMA_WRITE: 1, W.IBV_WR_RDMA_WRITE_WITH_IMM: 1, W.IBV_WR_SEND: 0,
+              W.IBV_WR_SEND_WITH_IMM: 0, W.IBV_WR_SEND_WITH_INV: 0, W.IBV_WR_RDMA_READ: 2,
+              W.IBV_WR_ATOMIC_CMP_AND_SWP: 3, W.IBV_WR_ATOMIC_FETCH_AND_ADD: 4,
+              W.IBV_WR_BIND_MW: 5, W.IBV_WR_LOCAL_INV: 6}
+_READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
+_NAK_STATUS = {NakCode.INVALID_REQUEST: WCS.IBV_WC_REM_INV_REQ_ERR,
+               NakCode.REMOTE_ACCESS_ERROR: WCS.IBV_WC_REM_ACCESS_ERR,
+               NakCode.REMOTE_OPERATIONAL_ERROR: WCS.IBV_WC_REM_OP_ERR}
+_U64 = struct.Struct("<Q")  # atomics are host-order (little-endian) 64-bit words in memory
+
+
+class Completer:
+    __slots__ = ("eng", "qp", "psn", "opcode", "retry_cnt", "rnr_retry", "started_retry")
+
+    def __init__(self, eng: "QpEngine") -> None:
+        self.eng = eng
+        self.qp = eng.qp
+        self.reset()
+
+    def reset(self) -> None:
+        self.psn = 0  # next PSN we expect a response for
+        self.opcode = -1  # last response opcode in a multi-packet read response
+        self.retry_cnt = 0
+        self.rnr_retry = 0
+        self.started_retry = False
+
+    def reset_retry_counters(self) -> None:
+        a = self.qp.attr
+        self.retry_cnt = a.retry_cnt
+        self.rnr_retry = a.rnr_retry
+        self.started_retry = False
+
+    # -- completing WQEs --------------------------------------------------------------
+    def do_complete(self, wqe: SendWqe) -> None:
+        qp = self.qp
+        if wqe.signaled or wqe.status != WCS.IBV_WC_SUCCESS:
+            flags = WCF.IBV_WC_WITH_IMM if wqe.opcode in (W.IBV_WR_SEND_WITH_IMM,
+                                                          W.IBV_WR_RDMA_WRITE_WITH_IMM) else 0
+            qp.send_cq._push(WC(wr_id=wqe.wr_id, status=wqe.status,
+                                opcode=_WC_OPCODE.get(wqe.opcode, 0), byte_len=wqe.length,
+                                qp_num=qp.qp_num, wc_flags=int(flags)))
+        sq = qp.sq
+        if sq and sq[0] is wqe:
+            sq.popleft()
+            req = self.eng.req
+            if req.wqe_index > 0:
+                req.wqe_index -= 1
+        if wqe.status == WCS.IBV_WC_SUCCESS:
+            dev = self.eng.device
+            if wqe.opcode in (W.IBV_WR_SEND, W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV):
+                dev.counters.rdma_sends += 1
+        req = self.eng.req
+        if wqe.has_rd_atomic:
+            wqe.has_rd_atomic = False
+            req.rd_atomic += 1
+        if req.wait_fence:
+            req.wait_fence = False
+
+    def retire(self) -> None:
+        """Complete the WQEs at the head of the SQ that need no response (UD/UC sends, local
+        operations, local errors); an errored WQE moves the QP to ERR (COMPST_ERROR)."""
+        qp = self.qp
+        sq = qp.sq
+        while sq:
+            wqe = sq[0]
+            if wqe.state == WqeState.DONE:
+                self.do_complete(wqe)
+            elif wqe.state == WqeState.ERROR:
+                self.do_complete(wqe)
+                qp.to_error()
+                return
+            else:
+                return
+
+    def _fail(self, wqe: SendWqe, status: int) -> None:
+        wqe.status = status
+        self.do_complete(wqe)
+        self.qp.to_error()
+
+    # -- responses ----------------------------------------------------------------------
+    def on_response(self, pkt: Any) -> None:
+        """Handle one ACK / NAK / read response / atomic ACK (rxe_completer for a packet)."""
+        qp = self.qp
+        eng = self.eng
+        while True:
+            sq = qp.sq
+            # get_wqe
+            wqe = sq[0] if sq else None
+            if wqe is None or wqe.state == WqeState.POSTED:
+                return
+            if wqe.state == WqeState.DONE:
+                self.do_complete(wqe)
+                continue
+            if wqe.state == WqeState.ERROR:
+                self.do_complete(wqe)
+                qp.to_error()
+                return
+            # check_psn
+            is_rd_atm = wqe.opcode in _READ_OR_ATOMIC
+            if psn_diff(pkt.psn, wqe.last_psn) > 0:
+                if wqe.state == WqeState.PENDING:
+                    if is_rd_atm:
+                        self.error_retry(wqe, timeout=False)
+                        return
+                    # a coalesced ACK: everything up to this WQE's last PSN arrived (comp_wqe)
+                    self.reset_retry_counters()
+                    if psn_diff(wqe.last_psn, self.psn) >= 0:
+                        self.psn = (wqe.last_psn + 1) & 0xFFFFFF
+                        self.opcode = -1
+                    self.do_complete(wqe)
+                    eng.req_wake()
+                    continue
+                return
+            diff = psn_diff(pkt.psn, self.psn)
+            if diff < 0:
+                if pkt.psn == wqe.last_psn:
+                    self._comp_ack(wqe, pkt)
+                    return
+                if not (pkt.opcode == O.RC_ACKNOWLEDGE and self.opcode in (
+                        O.RC_RDMA_READ_RESPONSE_FIRST, O.RC_RDMA_READ_RESPONSE_MIDDLE)):
+                    return  # an old duplicate
+            elif diff > 0 and is_rd_atm:
+                return
+            self._check_ack(wqe, pkt)
+            return
+
+    def _check_ack(self, wqe: SendWqe, pkt: Any) -> None:
+        eng = self.eng
+        op = pkt.opcode
+        info = pkt.info
+        # sequence of read responses
+        if self.opcode == -1:
+            if not info.first:
+                return  # a MIDDLE/LAST with no read in progress: a stray packet, dropped
+        elif self.opcode in (O.RC_RDMA_READ_RESPONSE_FIRST, O.RC_RDMA_READ_RESPONSE_MIDDLE):
+            if op != O.RC_ACKNOWLEDGE and op not in (O.RC_RDMA_READ_RESPONSE_MIDDLE,
+                                                     O.RC_RDMA_READ_RESPONSE_LAST):
+                if not ((pkt.psn == wqe.first_psn and op == O.RC_RDMA_READ_RESPONSE_FIRST) or
+                        (wqe.first_psn == wqe.last_psn and op == O.RC_RDMA_READ_RESPONSE_ONLY)):
+                    return
+        if op in (O.RC_RDMA_READ_RESPONSE_FIRST, O.RC_RDMA_READ_RESPONSE_LAST,
+                  O.RC_RDMA_READ_RESPONSE_ONLY, O.RC_RDMA_READ_RESPONSE_MIDDLE):
+            if op != O.RC_RDMA_READ_RESPONSE_MIDDLE and pkt.syndrome & 0x60 != 0:
+                return
+            if wqe.opcode != W.IBV_WR_RDMA_READ:
+                self._fail(wqe, WCS.IBV_WC_FATAL_ERR)
+                return
+            self.reset_retry_counters()
+            self._do_read(wqe, pkt)
+            return
+        if op == O.RC_ATOMIC_ACKNOWLEDGE:
+            if pkt.syndrome & 0x60 != 0 or wqe.opcode not in (W.IBV_WR_ATOMIC_CMP_AND_SWP,
+                                                             W.IBV_WR_ATOMIC_FETCH_AND_ADD):
+                return
+            self.reset_retry_counters()
+            try:
+                scatter(eng.device.keys, self.qp.pd, wqe.sges, 0, _U64.pack(pkt.orig))
+            except (AccessError, NoSpace):
+                self._fail(wqe, WCS.IBV_WC_LOC_PROT_ERR)
+                return
+            self._comp_ack(wqe, pkt)
+            return
+        if op == O.RC_ACKNOWLEDGE:
+            syn = pkt.syndrome
+            kind = syn & 0x60
+            if kind == 0x00:
+                self.reset_retry_counters()
+                if wqe.state == WqeState.PENDING and wqe.last_psn == pkt.psn:
+                    self._comp_ack(wqe, pkt)
+                else:
+                    self._update_comp(pkt)
+                return
+            if kind == 0x20:
+                eng.device.counters.rcvd_rnr_err += 1
+                self.rnr_retry_step(wqe, syn & 0x1F)
+                return
+            if kind == 0x60:
+                if syn == NakCode.PSN_SEQ_ERROR:
+                    # a NAK implicitly acknowledges every PSN before the one it names
+                    if psn_diff(pkt.psn, self.psn) > 0:
+                        eng.device.counters.rcvd_seq_err += 1
+                        self.psn = pkt.psn
+                        eng.req_wake()
+                    self.error_retry(wqe, timeout=False)
+                    return
+                self._fail(wqe, _NAK_STATUS.get(syn, WCS.IBV_WC_REM_OP_ERR))
+                return
+        # anything else: ignore (rxe: COMPST_ERROR on garbage, but never from a valid peer)
+
+    def _do_read(self, wqe: SendWqe, pkt: Any) -> None:
+        data = pkt.payload
+        try:
+            scatter(self.eng.device.keys, self.qp.pd, wqe.sges, wqe.read_bytes, data)
+        except (AccessError, NoSpace):
+            self._fail(wqe, WCS.IBV_WC_LOC_PROT_ERR)
+            return
+        wqe.read_bytes += len(data)
+        if wqe.read_bytes >= wqe.length and pkt.info.last:
+            self._comp_ack(wqe, pkt)
+        else:
+            self._update_comp(pkt)
+
+    def _comp_ack(self, wqe: SendWqe, pkt: Any) -> None:
+        """complete_ack: the response that completes ``wqe`` arrived."""
+        self.do_complete(wqe)
+        if psn_diff(pkt.psn, self.psn) >= 0:
+            self._update_comp(pkt)
+        else:
+            self.eng.req_wake()
+
+    def _update_comp(self, pkt: Any) -> None:
+        self.opcode = -1 if pkt.info.last else pkt.opcode
+        if psn_diff(pkt.psn, self.psn) >= 0:
+            self.psn = (pkt.psn + 1) & 0xFFFFFF
+        self.eng.req_wake()
+
+    # -- retries ---------------------------------------------------------------------------
+    def on_timeout(self) -> None:
+        """The retransmit timer fired (comp.timeout_retry)."""
+        sq = self.qp.sq
+        wqe = sq[0] if sq else None
+        if wqe is None or wqe.state == WqeState.POSTED or self.qp.state == S.IBV_QPS_ERR:
+            return
+        if wqe.state in (WqeState.DONE, WqeState.ERROR):
+            self.retire()
+            return
+        self.error_retry(wqe, timeout=True)
+
+    def error_retry(self, wqe: SendWqe, timeout: bool) -> None:
+        eng = self.eng
+        if self.started_retry and not timeout:
+            return  # one retry sequence at a time, unless the timer says it failed
+        if self.retry_cnt > 0:
+            if self.retry_cnt != 7:  # rxe treats 7 as infinite, like rnr_retry
+                self.retry_cnt -= 1
+            if psn_diff(eng.req.psn, self.psn) > 0:
+                eng.device.counters.completer_retry_err += 1
+                eng.req.need_retry = True
+                self.started_retry = True
+                eng.req_wake()
+            return
+        eng.device.counters.retry_exceeded_err += 1
+        self._fail(wqe, WCS.IBV_WC_RETRY_EXC_ERR)
+
+    def rnr_retry_step(self, wqe: SendWqe, timer_code: int) -> None:
+        eng = self.eng
+        if self.rnr_retry > 0:
+            if self.rnr_retry != 7:
+                self.rnr_retry -= 1
+            eng.req.wait_for_rnr_timer = True
+            eng.arm_rnr(rnr_nak_seconds(timer_code))
+            return
+        eng.device.counters.retry_rnr_exceeded_err += 1
+        self._fail(wqe, WCS.IBV_WC_RNR_RETRY_EXC_ERR)

@@ -1,0 +1,364 @@
+"""The requester: turns send WQEs into request packets (rxe_req.c).
+
+It walks the send queue from ``wqe_index``, cuts each message into FIRST/MIDDLE/LAST (or
+ONLY) packets of the path MTU, numbers them with consecutive PSNs (a read takes one PSN per
+expected response packet), sets AckReq on the last packet of each message and on every
+~65th packet of a long one, and stops when a gate closes:
+
+- the unacknowledged window: ``req.psn`` may run at most 128 PSNs past ``comp.psn`` (RC);
+- the initiator depth: at most ``max_rd_atomic`` reads and atomics outstanding;
+- a fence (IBV_SEND_FENCE waits for outstanding reads/atomics; LOCAL_INV for everything);
+- SQD: no new message starts.
+
+A retry (go-back-N after a timeout or a PSN NAK, or after an RNR wait) rewinds to the
+first unacknowledged packet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..soft.memory import AccessError, MemKind
+from ..verbs_api.enums import (
+    ibv_qp_state as S, ibv_qp_type as T, ibv_send_flags as F, ibv_wc_status as WCS,
+    ibv_wr_opcode as W,
+)
+from ..wire.opcodes import OPCODE_LIST, Opcode as O
+from ..wire.packet import build
+from .dma import gather
+from .params import RXE_MAX_PKT_PER_ACK, RXE_MAX_UNACKED_PSNS
+from .psn import psn_diff
+from .wqe import SendWqe, WqeState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import QpEngine
+
+__all__ = ["Requester"]
+
+_READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
+_LOCAL = {W.IBV_WR_LOCAL_INV, W.IBV_WR_BIND_MW}
+_SENDS = {W.IBV_WR_SEND, W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV}
+_WRITES = {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM}
+
+# (first-or-only opcode choice, continuation choice) per WR opcode, RC numbering; UC = +0x20.
+#   fits -> (ONLY, LAST); not fits -> (FIRST, MIDDLE)
+_SEQ = {
+    W.IBV_WR_SEND: ((O.RC_SEND_ONLY, O.RC_SEND_FIRST), (O.RC_SEND_LAST, O.RC_SEND_MIDDLE)),
+    W.IBV_WR_SEND_WITH_IMM: ((O.RC_SEND_ONLY_WITH_IMMEDIATE, O.RC_SEND_FIRST),
+                             (O.RC_SEND_LAST_WITH_IMMEDIATE, O.RC_SEND_MIDDLE)),
+    W.IBV_WR_SEND_WITH_INV: ((O.RC_SEND_ONLY_WITH_INVALIDATE, O.RC_SEND_FIRST),
+                             (O.RC_SEND_LAST_WITH_INVALIDATE, O.RC_SEND_MIDDLE)),
+    W.IBV_WR_RDMA_WRITE: ((O.RC_RDMA_WRITE_ONLY, O.RC_RDMA_WRITE_FIRST),
+                          (O.RC_RDMA_WRITE_LAST, O.RC_RDMA_WRITE_MIDDLE)),
+    W.IBV_WR_RDMA_WRITE_WITH_IMM: ((O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, O.RC_RDMA_WRITE_FIRST),
+                                   (O.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE, O.RC_RDMA_WRITE_MIDDLE)),
+}
+_CONTINUES = {O.RC_SEND_FIRST, O.RC_SEND_MIDDLE, O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE,
+              O.UC_SEND_FIRST, O.UC_SEND_MIDDLE, O.UC_RDMA_WRITE_FIRST, O.UC_RDMA_WRITE_MIDDLE}
+
+
+class Requester:
+    __slots__ = ("eng", "qp", "psn", "opcode", "wqe_index", "noack_pkts", "rd_atomic",
+                 "need_retry", "wait_for_rnr_timer", "wait_fence", "wait_psn", "need_rd_atomic",
+                 "drained_sent")
+
+    def __init__(self, eng: "QpEngine") -> None:
+        self.eng = eng
+        self.qp = eng.qp
+        self.reset()
+
+    def reset(self) -> None:
+        self.psn = 0
+        self.opcode = -1  # last opcode sent, -1 at a message boundary
+        self.wqe_index = 0  # index into qp.sq of the next WQE to work on
+        self.noack_pkts = 0
+        self.rd_atomic = 0  # free initiator-depth credits
+        self.need_retry = False
+        self.wait_for_rnr_timer = False
+        self.wait_fence = False
+        self.wait_psn = False
+        self.need_rd_atomic = False
+        self.drained_sent = False
+
+    # ------------------------------------------------------------------------------
+    def _next_opcode(self, wqe: SendWqe, fits: bool) -> int:
+        qpt = self.qp.qp_type
+        op = wqe.opcode
+        if qpt == T.IBV_QPT_UD:
+            if op == W.IBV_WR_SEND:
+                return O.UD_SEND_ONLY
+            if op == W.IBV_WR_SEND_WITH_IMM:
+                return O.UD_SEND_ONLY_WITH_IMMEDIATE
+            return -1
+        if op == W.IBV_WR_RDMA_READ:
+            return O.RC_RDMA_READ_REQUEST if qpt == T.IBV_QPT_RC else -1
+        if op == W.IBV_WR_ATOMIC_CMP_AND_SWP:
+            return O.RC_COMPARE_SWAP if qpt == T.IBV_QPT_RC else -1
+        if op == W.IBV_WR_ATOMIC_FETCH_AND_ADD:
+            return O.RC_FETCH_ADD if qpt == T.IBV_QPT_RC else -1
+        seq = _SEQ.get(op)
+        if seq is None:
+            return -1
+        if qpt == T.IBV_QPT_UC and op == W.IBV_WR_SEND_WITH_INV:
+            return -1  # rxe's next_opcode_uc has no SEND_WITH_INV: LOC_QP_OP_ERR
+        cont = self.opcode in _CONTINUES
+        code = seq[1][0 if fits else 1] if cont else seq[0][0 if fits else 1]
+        return code + (0x20 if qpt == T.IBV_QPT_UC else 0)
+
+    def _fenced(self, wqe: SendWqe) -> bool:
+        if wqe.opcode == W.IBV_WR_LOCAL_INV:
+            return self.wqe_index != 0  # everything before it must have completed
+        return bool(wqe.send_flags & F.IBV_SEND_FENCE) and \
+            self.rd_atomic != self.qp.attr.max_rd_atomic
+
+    def _check_init_depth(self, wqe: SendWqe) -> bool:
+        if wqe.has_rd_atomic:
+            return True
+        if self.rd_atomic > 0:
+            self.rd_atomic -= 1
+            wqe.has_rd_atomic = True
+            self.need_rd_atomic = False
+            return True
+        self.need_rd_atomic = True
+        return False
+
+    # ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Send as many packets as the gates allow (rxe_requester)."""
+        qp = self.qp
+        eng = self.eng
+        sq = qp.sq
+        rc = qp.qp_type == T.IBV_QPT_RC
+        while True:
+            st = qp.state
+            if st != S.IBV_QPS_RTS and st != S.IBV_QPS_SQD:
+                return
+            if self.need_retry and not self.wait_for_rnr_timer:
+                self.retry()
+                self.need_retry = False
+            if self.wqe_index >= len(sq):
+                self._check_drained()
+                return
+            wqe = sq[self.wqe_index]
+            if st == S.IBV_QPS_SQD and wqe.state == WqeState.POSTED and self.opcode == -1:
+                self._check_drained()
+                return
+            if self._fenced(wqe):
+                self.wait_fence = True
+                return
+            if wqe.opcode in _LOCAL:
+                self._do_local_op(wqe)
+                continue
+            if rc and psn_diff(self.psn, (eng.comp.psn + RXE_MAX_UNACKED_PSNS) & 0xFFFFFF) > 0:
+                self.wait_psn = True
+                return
+            mtu = eng.mtu()
+            resid = wqe.length - wqe.offset
+            opcode = self._next_opcode(wqe, resid <= mtu)
+            if opcode < 0:
+                self._error(wqe, WCS.IBV_WC_LOC_QP_OP_ERR)
+                return
+            info = OPCODE_LIST[opcode]
+            if info.read or info.atomic:
+                if not self._check_init_depth(wqe):
+                    return
+            payload = resid if (info.send or info.write) else 0
+            if payload > mtu:
+                if qp.qp_type == T.IBV_QPT_UD:
+                    # C10-93.1.1: a UD message over the MTU is not sent, and not an error.
+                    wqe.first_psn = wqe.last_psn = self.psn
+                    self.psn = (self.psn + 1) & 0xFFFFFF
+                    self.opcode = O.UD_SEND_ONLY
+                    self.wqe_index += 1
+                    wqe.state = WqeState.DONE
+                    eng.comp.retire()
+                    continue
+                payload = mtu
+            try:
+                pkt = self._make_packet(wqe, opcode, info, payload, rc)
+            except AccessError:
+                self._error(wqe, WCS.IBV_WC_LOC_PROT_ERR)
+                return
+            # update_wqe_state / update_wqe_psn / update_state
+            if info.last:
+                wqe.state = WqeState.PENDING if rc else WqeState.DONE
+            else:
+                wqe.state = WqeState.PROCESSING
+            if info.first:
+                npkts = max(1, -(-(wqe.length - (wqe.read_bytes if info.read else wqe.offset)) // mtu))
+                wqe.first_psn = self.psn
+                wqe.last_psn = (self.psn + npkts - 1) & 0xFFFFFF
+                wqe.npkts = npkts
+            if info.read:
+                self.psn = (wqe.first_psn + wqe.npkts) & 0xFFFFFF
+            else:
+                self.psn = (self.psn + 1) & 0xFFFFFF
+            wqe.offset += payload
+            self.opcode = opcode
+            if info.last:
+                self.wqe_index += 1
+            dst = wqe.av.dst_ip if wqe.av is not None else eng.dst_ip
+            eng.device.send_packet(qp, pkt, dst)
+            if rc:
+                eng.arm_retrans_if_idle()
+            elif info.last:
+                eng.comp.retire()
+
+    def _make_packet(self, wqe: SendWqe, opcode: int, info, payload: int, rc: bool) -> bytearray:
+        qp = self.qp
+        if info.last or not rc:
+            ackreq = rc
+            self.noack_pkts = 0
+        else:
+            self.noack_pkts += 1
+            ackreq = self.noack_pkts > RXE_MAX_PKT_PER_ACK + 1
+            if ackreq:
+                self.noack_pkts = 0
+        solicited = bool(wqe.send_flags & F.IBV_SEND_SOLICITED) and info.last and \
+            (info.send or (info.write and info.with_imm))
+        data = b""
+        if payload:
+            if wqe.inline is not None:
+                data = wqe.inline[wqe.offset:wqe.offset + payload]
+            else:
+                data = gather(self.eng.device.keys, qp.pd, wqe.sges, wqe.offset, payload)
+        if info.read:
+            va = wqe.remote_addr + wqe.read_bytes
+            dma_len = wqe.length - wqe.read_bytes
+        else:
+            va = wqe.remote_addr + wqe.offset
+            dma_len = wqe.length - wqe.offset
+        if opcode == O.RC_COMPARE_SWAP:
+            swap_add, compare = wqe.swap, wqe.compare_add
+        else:
+            swap_add, compare = wqe.compare_add, 0
+        if qp.qp_type == T.IBV_QPT_UD:
+            dest_qp = wqe.remote_qpn
+        else:
+            dest_qp = qp.attr.dest_qp_num
+        return build(opcode, psn=self.psn, dest_qp=dest_qp, ackreq=ackreq, se=solicited,
+                     va=va, rkey=wqe.rkey, dma_len=dma_len, swap_add=swap_add, compare=compare,
+                     imm=wqe.imm, ieth_rkey=wqe.imm, qkey=wqe.remote_qkey, src_qp=qp.qp_num,
+                     payload=data)
+
+    def _error(self, wqe: SendWqe, status: int) -> None:
+        """A local error: the WQE completes in error and the QP goes to ERR (rxe 'err:')."""
+        wqe.status = status
+        wqe.state = WqeState.ERROR
+        self.wqe_index += 1
+        self.eng.comp.retire()
+
+    def _do_local_op(self, wqe: SendWqe) -> None:
+        keys = self.eng.device.keys
+        qp = self.qp
+        status = WCS.IBV_WC_SUCCESS
+        if wqe.opcode == W.IBV_WR_LOCAL_INV:
+            if not self.eng.invalidate_rkey(wqe.imm):
+                status = WCS.IBV_WC_LOC_QP_OP_ERR
+        else:
+            status = _bind_mw(keys, qp, wqe)
+        self.wqe_index += 1
+        if status != WCS.IBV_WC_SUCCESS:
+            wqe.status = status
+            wqe.state = WqeState.ERROR
+        else:
+            wqe.state = WqeState.DONE
+        self.eng.comp.retire()
+
+    def _check_drained(self) -> None:
+        """In SQD with nothing in flight, tell the user once (IBV_EVENT_SQ_DRAINED)."""
+        qp = self.qp
+        if qp.state == S.IBV_QPS_SQD and not self.drained_sent and not self.eng.in_flight():
+            self.drained_sent = True
+            if qp.attr.en_sqd_async_notify:
+                from ..verbs_api.cq import _async
+                from ..verbs_api.enums import ibv_event_type
+                self.eng.device.emit_async(_async(ibv_event_type.IBV_EVENT_SQ_DRAINED, qp))
+
+    # ------------------------------------------------------------------------------
+    def retry(self) -> None:
+        """Go back to the first unacknowledged packet (rxe req_retry)."""
+        eng = self.eng
+        mtu = eng.mtu()
+        self.wqe_index = 0
+        self.psn = eng.comp.psn
+        self.opcode = -1
+        first = True
+        for wqe in self.qp.sq:
+            if wqe.state == WqeState.POSTED:
+                break
+            if wqe.state == WqeState.DONE or wqe.state == WqeState.ERROR:
+                continue
+            is_read = wqe.opcode == W.IBV_WR_RDMA_READ
+            if not first or not is_read:
+                wqe.offset = 0
+            if first:
+                first = False
+                if wqe.opcode in _SENDS or wqe.opcode in _WRITES:
+                    npsn = (eng.comp.psn - wqe.first_psn) & 0xFFFFFF
+                    self._skip_acked(wqe, npsn, mtu)
+                if is_read:
+                    wqe.read_bytes = (wqe.read_bytes // mtu) * mtu
+            else:
+                if is_read:
+                    wqe.read_bytes = 0
+            wqe.state = WqeState.POSTED
+
+    def _skip_acked(self, wqe: SendWqe, npsn: int, mtu: int) -> None:
+        """retry_first_write_send: the first ``npsn`` packets of this WQE were acknowledged."""
+        if npsn <= 0 or npsn >= wqe.npkts:
+            return
+        wqe.offset = npsn * mtu
+        # the next packet continues the message: pretend a FIRST was sent last
+        cont = {W.IBV_WR_RDMA_WRITE: O.RC_RDMA_WRITE_FIRST,
+                W.IBV_WR_RDMA_WRITE_WITH_IMM: O.RC_RDMA_WRITE_FIRST}.get(wqe.opcode, O.RC_SEND_FIRST)
+        self.opcode = cont + (0x20 if self.qp.qp_type == T.IBV_QPT_UC else 0)
+        wqe.state = WqeState.PROCESSING
+        # keep first_psn: the message's PSN range does not change on retry
+
+
+def _bind_mw(keys, qp, wqe: SendWqe) -> int:
+    """rxe_bind_mw: bind a window to a range of an MR; returns a WC status."""
+    from ..verbs_api.enums import ibv_access_flags as A
+    mw_obj = wqe.mw
+    info = wqe.bind_info
+    if mw_obj is None or getattr(mw_obj, "closed", True) or info is None:
+        return WCS.IBV_WC_MW_BIND_ERR
+    mw = mw_obj._entry
+    if mw.pd is not qp.pd:
+        return WCS.IBV_WC_MW_BIND_ERR
+    if mw.mw_type == 2 and mw.valid:
+        return WCS.IBV_WC_MW_BIND_ERR  # a bound type 2 window must be invalidated first
+    mr_obj = info.mr
+    mr = getattr(mr_obj, "_entry", None)
+    length = info.length
+    if length == 0 and mw.mw_type == 1:
+        # zero-length bind of a type 1 window unbinds it
+        if mw.mr is not None:
+            mw.mr.refs -= 1
+        mw.mr = None
+        mw.valid = False
+        mw.key = wqe.bind_rkey & 0xFF
+        return WCS.IBV_WC_SUCCESS
+    if mr is None or mr.kind is not MemKind.MR or not mr.valid or getattr(mr_obj, "closed", True):
+        return WCS.IBV_WC_MW_BIND_ERR
+    if mr.pd is not qp.pd or not mr.access & A.IBV_ACCESS_MW_BIND:
+        return WCS.IBV_WC_MW_BIND_ERR
+    acc = info.mw_access_flags
+    if acc & (A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_ATOMIC) and \
+            not mr.access & A.IBV_ACCESS_LOCAL_WRITE:
+        return WCS.IBV_WC_MW_BIND_ERR
+    if info.addr < mr.iova or info.addr + length > mr.iova + mr.length:
+        return WCS.IBV_WC_MW_BIND_ERR
+    if mw.mr is not None:
+        mw.mr.refs -= 1
+    mw.mr = mr
+    mr.refs += 1
+    mw.iova = info.addr
+    mw.length = length
+    mw.access = acc & (A.IBV_ACCESS_REMOTE_READ | A.IBV_ACCESS_REMOTE_WRITE
+                       | A.IBV_ACCESS_REMOTE_ATOMIC)
+    mw.key = wqe.bind_rkey & 0xFF
+    mw.qp = qp if mw.mw_type == 2 else None
+    mw.valid = True
+    return WCS.IBV_WC_SUCCESS

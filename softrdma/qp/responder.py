@@ -1,0 +1,542 @@
+"""The responder: executes incoming requests and answers them (rxe_resp.c).
+
+For each request packet, in rxe's order: PSN check (RC: a packet ahead of the expected PSN
+gets one NAK "PSN sequence error" naming the expected PSN, then silence until it arrives;
+behind it is a duplicate), opcode sequence, opcode allowed by the QP's access flags,
+resources (a receive WQE for sends and write-with-immediate, else an RNR NAK; responder
+resources for reads and atomics), lengths, the rkey and range, then execution. Sends land
+in the receive WQE's buffers, writes in the MR the rkey names, reads are answered with
+READ RESPONSE packets, atomics with an ATOMIC ACKNOWLEDGE carrying the original value.
+ACKs go out for packets that asked for one (AckReq), with the MSN.
+
+Duplicates are never executed twice: a duplicate send or write is ACKed again, a duplicate
+read is replayed from the requested PSN, a duplicate atomic is answered with the value
+saved when it first executed.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+from ..soft.memory import Access, AccessError
+from ..verbs_api.enums import (
+    ibv_access_flags as A, ibv_qp_state as S, ibv_qp_type as T, ibv_wc_flags as WCF,
+    ibv_wc_status as WCS,
+)
+from ..verbs_api.wr import WC
+from ..wire.headers import AETH_ACK_UNLIMITED, NakCode
+from ..wire.opcodes import Opcode as O
+from ..wire.packet import build
+from .dma import NoSpace, scatter
+from .psn import psn_diff
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import QpEngine
+
+__all__ = ["Responder", "RespResource"]
+
+_U64 = struct.Struct("<Q")
+_RNR_NAK = 0x20
+_SEND_CONT = {O.RC_SEND_FIRST, O.RC_SEND_MIDDLE}
+_WRITE_CONT = {O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE}
+_SEND_NEXT = {O.RC_SEND_MIDDLE, O.RC_SEND_LAST, O.RC_SEND_LAST_WITH_IMMEDIATE,
+              O.RC_SEND_LAST_WITH_INVALIDATE}
+_WRITE_NEXT = {O.RC_RDMA_WRITE_MIDDLE, O.RC_RDMA_WRITE_LAST, O.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE}
+
+
+class RespResource:
+    """A responder resource (rxe ``resp_res``): what is needed to replay a read or an
+    atomic without executing it again."""
+
+    __slots__ = ("in_use", "is_read", "first_psn", "last_psn", "cur_psn", "va_org", "va",
+                 "resid", "length", "rkey", "orig", "replay", "new")
+
+    def __init__(self) -> None:
+        self.in_use = False
+        self.is_read = False
+        self.first_psn = self.last_psn = self.cur_psn = 0
+        self.va_org = self.va = self.resid = self.length = self.rkey = 0
+        self.orig = 0
+        self.replay = False
+        self.new = True
+
+
+class _Err(Exception):
+    """Internal: a responder error state (rxe RESPST_ERR_*)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+
+class Responder:
+    __slots__ = ("eng", "qp", "psn", "ack_psn", "msn", "opcode", "sent_psn_nak", "drop_msg",
+                 "wqe", "wqe_offset", "va", "rkey", "resid", "length", "resources", "res_head",
+                 "status", "syndrome", "goto_error")
+
+    def __init__(self, eng: "QpEngine") -> None:
+        self.eng = eng
+        self.qp = eng.qp
+        self.resources: list[RespResource] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.psn = 0  # next PSN expected
+        self.ack_psn = 0
+        self.msn = 0
+        self.opcode = -1
+        self.sent_psn_nak = False
+        self.drop_msg = False
+        self.wqe = None  # the receive WQE being filled by a multi-packet send
+        self.wqe_offset = 0
+        self.va = self.rkey = self.resid = self.length = 0
+        self.res_head = 0
+        for r in self.resources:
+            r.__init__()
+        self.status = WCS.IBV_WC_SUCCESS
+        self.syndrome = AETH_ACK_UNLIMITED
+        self.goto_error = False
+
+    def set_resources(self, n: int) -> None:
+        self.resources = [RespResource() for _ in range(n)]
+        self.res_head = 0
+
+    # -- sending ACKs and responses --------------------------------------------------------
+    def _send(self, opcode: int, psn: int, syndrome: int = AETH_ACK_UNLIMITED,
+              payload: bytes | memoryview = b"", orig: int = 0) -> None:
+        qp = self.qp
+        pkt = build(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, syndrome=syndrome,
+                    msn=self.msn, orig=orig, payload=payload)
+        self.eng.device.send_packet(qp, pkt, self.eng.dst_ip)
+
+    def send_ack(self, syndrome: int, psn: int) -> None:
+        self._send(O.RC_ACKNOWLEDGE, psn, syndrome)
+
+    # -- the state machine ---------------------------------------------------------------
+    def on_request(self, pkt: Any, ip_header: bytes) -> None:
+        qp = self.qp
+        if qp.state == S.IBV_QPS_ERR:
+            return
+        self.syndrome = AETH_ACK_UNLIMITED
+        rc = qp.qp_type == T.IBV_QPT_RC
+        info = pkt.info
+        dev = self.eng.device
+        # check_psn
+        if rc:
+            diff = psn_diff(pkt.psn, self.psn)
+            if diff > 0:
+                dev.counters.out_of_seq_request += 1
+                if not self.sent_psn_nak:
+                    self.sent_psn_nak = True
+                    self.send_ack(NakCode.PSN_SEQ_ERROR, self.psn)
+                return
+            if diff < 0:
+                dev.counters.duplicate_request += 1
+                self._duplicate(pkt)
+                return
+            self.sent_psn_nak = False
+        elif qp.qp_type == T.IBV_QPT_UC:
+            if self.drop_msg or pkt.psn != self.psn:
+                if not info.first:
+                    self.drop_msg = True
+                    dev.counters.drop("uc_out_of_seq")
+                    return
+                self.drop_msg = False
+                self._abandon_wqe()
+        try:
+            self._check_op_seq(pkt, rc)
+            if not self._check_op_valid(pkt, rc):
+                return
+            if not self._check_resource(pkt):
+                return
+            self._check_length(pkt)
+            self._check_rkey(pkt)
+            self._execute(pkt, ip_header)
+        except _Err as e:
+            self._error(pkt, e.kind, rc)
+        if self.goto_error:
+            self.goto_error = False
+            qp.to_error()
+
+    def _check_op_seq(self, pkt: Any, rc: bool) -> None:
+        op = pkt.opcode if rc else pkt.opcode - 0x20
+        if self.qp.qp_type == T.IBV_QPT_UD:
+            return
+        prev = self.opcode if rc else (self.opcode - 0x20 if self.opcode >= 0 else -1)
+        if prev in _SEND_CONT:
+            ok = op in _SEND_NEXT
+        elif prev in _WRITE_CONT:
+            ok = op in _WRITE_NEXT
+        else:
+            ok = op not in _SEND_NEXT and op not in _WRITE_NEXT
+            if not ok:
+                if rc:
+                    raise _Err("missing_first")
+                self.drop_msg = True
+                raise _Err("drop")
+            return
+        if not ok:
+            raise _Err("missing_last_c" if rc else "missing_last_d1e")
+
+    def _check_op_valid(self, pkt: Any, rc: bool) -> bool:
+        acc = self.qp.attr.qp_access_flags
+        info = pkt.info
+        if rc:
+            if (info.read and not acc & A.IBV_ACCESS_REMOTE_READ) or \
+                    (info.write and not acc & A.IBV_ACCESS_REMOTE_WRITE) or \
+                    (info.atomic and not acc & A.IBV_ACCESS_REMOTE_ATOMIC) or \
+                    info.flush or info.atomic_write:
+                raise _Err("unsupported_opcode")
+        elif self.qp.qp_type == T.IBV_QPT_UC and info.write and not acc & A.IBV_ACCESS_REMOTE_WRITE:
+            self.drop_msg = True
+            self.eng.device.counters.drop("uc_write_not_allowed")
+            return False
+        return True
+
+    def _check_resource(self, pkt: Any) -> bool:
+        info = pkt.info
+        qp = self.qp
+        if info.read or info.atomic:
+            if qp.attr.max_dest_rd_atomic > 0 and self.resources:
+                return True
+            raise _Err("too_many_rd_atomic")
+        if info.consumes_rwqe:
+            if qp.srq is not None:
+                wqe = qp.srq._take() if not qp.srq.closed else None
+            else:
+                wqe = qp.rq[0] if qp.rq else None
+            if wqe is None:
+                raise _Err("rnr")
+            self.wqe = wqe
+            self.wqe_offset = 0
+        return True
+
+    def _check_length(self, pkt: Any) -> None:
+        info = pkt.info
+        if self.qp.qp_type == T.IBV_QPT_UD:
+            return
+        mtu = self.eng.mtu()
+        n = pkt.payload_len
+        if info.first and info.last:
+            bad = n > mtu
+        elif info.first or info.middle:
+            bad = n != mtu
+        elif info.last:
+            bad = n == 0 or n > mtu
+        else:
+            bad = False
+        if bad and (info.send or info.write):
+            raise _Err("length")
+        if (info.write or info.read) and pkt.dma_len is not None and pkt.dma_len > (1 << 31):
+            raise _Err("length")
+
+    def _check_rkey(self, pkt: Any) -> None:
+        info = pkt.info
+        if info.write or info.read:
+            if pkt.va is not None:  # RETH: the first packet of a write, or a read
+                self.va, self.rkey = pkt.va, pkt.rkey
+                self.resid = self.length = pkt.dma_len
+            need = Access.REMOTE_READ if info.read else Access.REMOTE_WRITE
+            if pkt.va is not None and pkt.dma_len == 0:
+                return  # a zero-byte RDMA needs no valid rkey (C9-88)
+            try:
+                self.eng.device.keys.resolve(self.rkey, self.qp.pd, self.va, self.resid, need,
+                                             remote=True, qp=self.qp)
+            except AccessError:
+                raise _Err("rkey") from None
+            if info.write:
+                n = pkt.payload_len
+                mtu = self.eng.mtu()
+                if self.resid > mtu:
+                    if n != mtu or pkt.pad:
+                        raise _Err("length")
+                elif n != self.resid or pkt.pad != (-self.resid) & 3:
+                    raise _Err("length")
+        elif info.atomic:
+            self.va, self.rkey, self.resid = pkt.va, pkt.rkey, 8
+            try:
+                self.eng.device.keys.resolve(self.rkey, self.qp.pd, self.va, 8,
+                                             Access.REMOTE_ATOMIC, remote=True, qp=self.qp)
+            except AccessError:
+                raise _Err("rkey") from None
+
+    # -- execution -------------------------------------------------------------------------
+    def _execute(self, pkt: Any, ip_header: bytes) -> None:
+        info = pkt.info
+        qp = self.qp
+        keys = self.eng.device.keys
+        if info.send:
+            try:
+                if qp.qp_type == T.IBV_QPT_UD:
+                    grh = ip_header if len(ip_header) == 40 else bytes(20) + ip_header[:20]
+                    scatter(keys, qp.pd, self.wqe.sges, 0, grh)
+                    self.wqe_offset = 40
+                scatter(keys, qp.pd, self.wqe.sges, self.wqe_offset, pkt.payload)
+                self.wqe_offset += pkt.payload_len
+            except NoSpace:
+                raise _Err("length") from None
+            except AccessError:
+                raise _Err("malformed_wqe") from None
+        elif info.write:
+            n = pkt.payload_len
+            if n:
+                try:
+                    keys.resolve(self.rkey, qp.pd, self.va, n, Access.REMOTE_WRITE, remote=True,
+                                 qp=qp)[:] = pkt.payload
+                except AccessError:
+                    raise _Err("rkey") from None
+            self.va += n
+            self.resid -= n
+        elif info.read:
+            self.msn += 1  # C9-148: a read counts as a message when it is accepted
+            res = self._prepare_res(pkt, read=True)
+            self._read_reply(res)
+            return
+        elif info.atomic:
+            self._atomic_reply(pkt)
+            return
+        if info.with_inv:
+            if not self.eng.invalidate_rkey(pkt.ieth_rkey):
+                self.status = WCS.IBV_WC_REM_INV_REQ_ERR
+                self.goto_error = True
+                self._complete(pkt)
+                return
+        if info.last:
+            self.msn += 1
+        self.psn = (pkt.psn + 1) & 0xFFFFFF
+        self.ack_psn = self.psn
+        self.opcode = pkt.opcode
+        self.status = WCS.IBV_WC_SUCCESS
+        if info.completes:
+            self._complete(pkt)
+        elif qp.qp_type == T.IBV_QPT_RC:
+            self._acknowledge(pkt)
+
+    def _complete(self, pkt: Any) -> None:
+        """do_complete: post the receive completion, then ACK (RC)."""
+        qp = self.qp
+        wqe = self.wqe
+        if wqe is not None:
+            info = pkt.info if pkt is not None else None
+            wc = WC(wr_id=wqe.wr_id, status=self.status, qp_num=qp.qp_num)
+            if self.status == WCS.IBV_WC_SUCCESS and info is not None:
+                self.eng.device.counters.rdma_recvs += 1
+                if info.with_imm and info.write:
+                    wc.opcode = 0x81  # IBV_WC_RECV_RDMA_WITH_IMM
+                    wc.byte_len = self.length
+                else:
+                    wc.opcode = 0x80  # IBV_WC_RECV
+                    wc.byte_len = self.wqe_offset
+                flags = WCF.IBV_WC_GRH
+                if info.with_imm:
+                    flags |= WCF.IBV_WC_WITH_IMM
+                    wc.imm_data = pkt.imm
+                if info.with_inv:
+                    flags |= WCF.IBV_WC_WITH_INV
+                    wc.invalidated_rkey = pkt.ieth_rkey
+                    wc.imm_data = pkt.ieth_rkey
+                if pkt.src_qp is not None:
+                    wc.src_qp = pkt.src_qp
+                wc.wc_flags = int(flags)
+            else:
+                wc.opcode = 0x80
+            if qp.srq is None and qp.rq and qp.rq[0] is wqe:
+                qp.rq.popleft()
+            self.wqe = None
+            self.wqe_offset = 0
+            if not qp.recv_cq._push(wc, solicited=bool(pkt.se) if pkt is not None else True):
+                self.goto_error = True  # RESPST_ERR_CQ_OVERFLOW (class G)
+        if pkt is not None and qp.qp_type == T.IBV_QPT_RC:
+            self._acknowledge(pkt)
+
+    def _acknowledge(self, pkt: Any) -> None:
+        if self.syndrome != AETH_ACK_UNLIMITED:
+            self.send_ack(self.syndrome, pkt.psn)
+        elif pkt.ackreq:
+            self.send_ack(AETH_ACK_UNLIMITED, pkt.psn)
+
+    def _abandon_wqe(self) -> None:
+        """UC class D1: a new message starts; the half-filled receive is reused from scratch."""
+        self.wqe_offset = 0
+        if self.qp.srq is None:
+            self.wqe = None
+        self.opcode = -1
+
+    # -- reads and atomics -------------------------------------------------------------------
+    def _prepare_res(self, pkt: Any, read: bool) -> RespResource:
+        res = self.resources[self.res_head]
+        self.res_head = (self.res_head + 1) % len(self.resources)
+        res.__init__()
+        res.in_use = True
+        res.is_read = read
+        res.first_psn = res.cur_psn = pkt.psn
+        if read:
+            mtu = self.eng.mtu()
+            res.va = res.va_org = self.va
+            res.resid = res.length = self.resid
+            res.rkey = self.rkey
+            npkts = max(1, -(-pkt.dma_len // mtu))
+            res.last_psn = (pkt.psn + npkts - 1) & 0xFFFFFF
+        else:
+            res.last_psn = pkt.psn
+        return res
+
+    def _read_reply(self, res: RespResource) -> None:
+        """Send the read response packets for ``res`` from ``res.cur_psn`` on."""
+        mtu = self.eng.mtu()
+        keys = self.eng.device.keys
+        qp = self.qp
+        while True:
+            if res.new:
+                op = O.RC_RDMA_READ_RESPONSE_ONLY if res.resid <= mtu else O.RC_RDMA_READ_RESPONSE_FIRST
+            else:
+                op = O.RC_RDMA_READ_RESPONSE_MIDDLE if res.resid > mtu else O.RC_RDMA_READ_RESPONSE_LAST
+            res.new = False
+            n = min(res.resid, mtu)
+            try:
+                data = keys.resolve(res.rkey, qp.pd, res.va, n, Access.REMOTE_READ, remote=True,
+                                    qp=qp) if n else b""
+            except AccessError:
+                # the MR or window went away while the read was in progress
+                self._error(None, "rkey", True, psn=res.cur_psn)
+                self.goto_error = False
+                qp.to_error()
+                return
+            self._send(op, res.cur_psn, payload=data)
+            res.va += n
+            res.resid -= n
+            res.cur_psn = (res.cur_psn + 1) & 0xFFFFFF
+            if res.resid <= 0:
+                break
+        if not res.replay:
+            self.opcode = -1
+        if psn_diff(res.cur_psn, self.psn) >= 0:
+            self.psn = res.cur_psn
+
+    def _atomic_reply(self, pkt: Any) -> None:
+        qp = self.qp
+        if self.va & 7:
+            raise _Err("misaligned_atomic")
+        res = self._prepare_res(pkt, read=False)
+        mem = self.eng.device.keys.resolve(self.rkey, qp.pd, self.va, 8, Access.REMOTE_ATOMIC,
+                                           remote=True, qp=qp)
+        (value,) = _U64.unpack(mem)
+        res.orig = value
+        if pkt.opcode == O.RC_COMPARE_SWAP:
+            if value == pkt.compare:
+                value = pkt.swap_add
+        else:
+            value = (value + pkt.swap_add) & 0xFFFFFFFFFFFFFFFF
+        mem[:] = _U64.pack(value)
+        self.msn += 1
+        self.psn = (pkt.psn + 1) & 0xFFFFFF
+        self.ack_psn = self.psn
+        self.opcode = pkt.opcode
+        self.status = WCS.IBV_WC_SUCCESS
+        self._send(O.RC_ATOMIC_ACKNOWLEDGE, pkt.psn, orig=res.orig)
+
+    def _find_resource(self, psn: int) -> RespResource | None:
+        for r in self.resources:
+            if not r.in_use:
+                continue
+            if psn_diff(psn, r.first_psn) >= 0 and psn_diff(psn, r.last_psn) <= 0:
+                return r
+        return None
+
+    def _duplicate(self, pkt: Any) -> None:
+        info = pkt.info
+        if info.send or info.write:
+            # C9-105: acknowledge again, execute nothing
+            self.send_ack(AETH_ACK_UNLIMITED, (self.ack_psn - 1) & 0xFFFFFF)
+            return
+        res = self._find_resource(pkt.psn)
+        if res is None:
+            self.eng.device.counters.drop("duplicate_without_resource")
+            return
+        if info.read:
+            if not res.is_read:
+                return
+            iova, resid = pkt.va, pkt.dma_len
+            if iova < res.va_org or resid > res.length or iova + resid > res.va_org + res.length \
+                    or pkt.rkey != res.rkey:
+                self.eng.device.counters.drop("duplicate_read_mismatch")
+                return
+            res.cur_psn = pkt.psn
+            res.new = pkt.psn == res.first_psn
+            res.replay = True
+            res.va_org = res.va = iova
+            res.resid = resid
+            self._read_reply(res)
+            return
+        if info.atomic and not res.is_read:
+            res.replay = True
+            self._send(O.RC_ATOMIC_ACKNOWLEDGE, pkt.psn, orig=res.orig)
+
+    # -- errors (rxe's error classes) -------------------------------------------------------
+    def _error(self, pkt: Any, kind: str, rc: bool, psn: int | None = None) -> None:
+        qp = self.qp
+        dev = self.eng.device
+        if kind == "drop":
+            dev.counters.drop("uc_missing_first")
+            return
+        if kind == "rnr":
+            if rc:
+                dev.counters.send_rnr_err += 1
+                self.send_ack(_RNR_NAK | (qp.attr.min_rnr_timer & 0x1F), pkt.psn)
+            else:
+                self.drop_msg = True
+                dev.counters.drop("no_receive_wqe")
+            return
+        if kind in ("too_many_rd_atomic", "missing_first", "missing_last_c",
+                    "unsupported_opcode", "misaligned_atomic"):
+            self._class_ac(pkt, NakCode.INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR, psn)
+            return
+        if kind == "missing_last_d1e":
+            if qp.srq is not None:
+                self.drop_msg = True
+                if self.wqe is not None:
+                    self.status = WCS.IBV_WC_REM_INV_REQ_ERR
+                    self._complete(pkt)
+                return
+            self._abandon_wqe()
+            dev.counters.drop("uc_missing_last")
+            return
+        if kind == "rkey":
+            if rc:
+                self._class_ac(pkt, NakCode.REMOTE_ACCESS_ERROR, WCS.IBV_WC_REM_ACCESS_ERR, psn)
+            else:
+                self.drop_msg = True
+                dev.counters.drop("rkey_violation")
+                if qp.srq is not None and self.wqe is not None:
+                    self.status = WCS.IBV_WC_REM_ACCESS_ERR
+                    self._complete(pkt)
+            return
+        if kind == "length":
+            if rc:
+                self._class_ac(pkt, NakCode.INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR, psn)
+            elif qp.srq is not None and self.wqe is not None:
+                self.status = WCS.IBV_WC_REM_INV_REQ_ERR
+                self._complete(pkt)
+            else:
+                self.drop_msg = True
+                dev.counters.drop("length")
+            return
+        if kind == "malformed_wqe":
+            self._class_ac(pkt, NakCode.REMOTE_OPERATIONAL_ERROR, WCS.IBV_WC_LOC_QP_OP_ERR, psn)
+            return
+        raise AssertionError(kind)
+
+    def _class_ac(self, pkt: Any, syndrome: int, status: int, psn: int | None) -> None:
+        """Classes A and C: NAK the request, complete the receive WQE in error (if one was
+        taken), and take the QP to ERR."""
+        self.syndrome = syndrome
+        self.status = status
+        self.goto_error = True
+        if pkt is None:
+            if self.qp.qp_type == T.IBV_QPT_RC:
+                self.send_ack(syndrome, psn if psn is not None else self.psn)
+            return
+        if self.wqe is not None:
+            self._complete(pkt)
+        elif self.qp.qp_type == T.IBV_QPT_RC:
+            self._acknowledge(pkt)

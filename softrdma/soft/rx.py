@@ -1,0 +1,102 @@
+"""The receive path's header checks (rxe_recv.c): every packet is counted and either
+handed to its QP's engine or dropped with a reason; nothing malformed goes further."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..verbs_api.enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T
+from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from ..wire.opcodes import Transport
+from ..wire.packet import DecodeError, parse
+
+__all__ = ["receive_packet", "synth_ip_header"]
+
+_TRANSPORT_OF_QPT = {T.IBV_QPT_RC: Transport.RC, T.IBV_QPT_UC: Transport.UC,
+                     T.IBV_QPT_UD: Transport.UD}
+_RESP_READY = (S.IBV_QPS_RTR, S.IBV_QPS_RTS, S.IBV_QPS_SQD, S.IBV_QPS_SQE)
+_REQ_READY = (S.IBV_QPS_RTS, S.IBV_QPS_SQD)
+
+
+def synth_ip_header(src: bytes, dst: bytes, payload_len: int, ip_id: int = 0) -> bytes:
+    """The IP header a UD receive reports in its 40-byte GRH area when the transport did not
+    give us the real one (a UDP socket does not): IPv4 with DF, TTL 64, UDP; or IPv6."""
+    import struct
+    from ..wire.frames import ip_checksum
+    if len(src) == 4:
+        h = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28 + payload_len, ip_id, 0x4000, 64,
+                                  17, 0, src, dst))
+        h[10:12] = ip_checksum(h).to_bytes(2, "big")
+        return bytes(h)
+    return struct.pack("!IHBB16s16s", 6 << 28, 8 + payload_len, 17, 64, src, dst)
+
+
+def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int,
+                   ip_header: bytes | None, sport: int, verify: bool) -> None:
+    c = dev.counters
+    c.rcvd_pkts += 1
+    try:
+        pkt = parse(data)
+    except DecodeError as e:
+        c.malformed_pkts += 1
+        c.drop(f"malformed_{e.reason}")
+        return
+    if verify:
+        roce = pkt.buf
+        if len(src_ip) == 4:
+            good = icrc_ipv4(roce, src_ip, dst_ip, sport, ip_id=ip_id) if sport else None
+        else:
+            good = icrc_ipv6(roce, src_ip, dst_ip, sport) if sport else None
+        if good is not None and good != pkt.icrc:
+            c.icrc_err += 1
+            c.drop("bad_icrc")
+            return
+    if dev.capture is not None:
+        dev.capture.record(bytes(data), src_ip, dst_ip, sport, ip_id=ip_id)
+    if dst_ip != dev.ip_packed:
+        c.drop("not_our_address")
+        return
+    if pkt.tver != 0:
+        c.drop("bad_tver")
+        return
+    info = pkt.info
+    if info.transport == Transport.CNP:
+        c.drop("cnp_ignored")
+        return
+    if (pkt.pkey & 0x7FFF) != 0x7FFF:
+        c.drop("bad_pkey")
+        return
+    qpn = pkt.dest_qp
+    if qpn == 0:
+        c.drop("qp0")
+        return
+    qp = dev.qps.get(qpn)
+    if qp is None or qp.closed:
+        c.drop("no_qp")
+        return
+    if _TRANSPORT_OF_QPT.get(qp.qp_type) != info.transport:
+        c.drop("wrong_transport")
+        return
+    st = qp.state
+    if info.is_request:
+        if st not in _RESP_READY:
+            c.drop("qp_not_ready")
+            return
+    elif st not in _REQ_READY:
+        c.drop("qp_not_ready")
+        return
+    if qp.qp_type != T.IBV_QPT_UD:
+        av = qp.av
+        if av is None or av.dst_ip != src_ip:
+            c.drop("wrong_source")
+            return
+    elif pkt.qkey != qp.attr.qkey:
+        c.drop("qkey_violation")
+        return
+    if info.is_request and st == S.IBV_QPS_RTR and not qp.comm_est_sent:
+        qp.comm_est_sent = True
+        from ..verbs_api.cq import _async
+        dev.emit_async(_async(ibv_event_type.IBV_EVENT_COMM_EST, qp))
+    if ip_header is None and qp.qp_type == T.IBV_QPT_UD:
+        ip_header = synth_ip_header(src_ip, dst_ip, len(data) + 8, ip_id)
+    qp.engine.on_packet(pkt, ip_header or b"")
