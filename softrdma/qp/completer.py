@@ -16,10 +16,10 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from ..soft.memory import AccessError
-from ..verbs_api.enums import (
+from ..enums import (
     ibv_qp_state as S, ibv_wc_flags as WCF, ibv_wc_status as WCS, ibv_wr_opcode as W,
 )
-from ..verbs_api.wr import WC
+from ..completion import WC
 from ..wire.headers import NakCode
 from ..wire.opcodes import Opcode as O
 from .dma import NoSpace, scatter

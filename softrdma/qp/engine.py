@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..verbs_api.enums import ibv_qp_state as S, ibv_qp_type as T, mtu_to_bytes
+from ..enums import ibv_qp_state as S, ibv_qp_type as T, mtu_to_bytes
 from .completer import Completer
 from .params import qp_timeout_seconds, udp_sport_for_path, udp_sport_for_qpn
 from .requester import Requester

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..soft.memory import AccessError, MemKind
-from ..verbs_api.enums import (
+from ..enums import (
     ibv_qp_state as S, ibv_qp_type as T, ibv_send_flags as F, ibv_wc_status as WCS,
     ibv_wr_opcode as W,
 )
@@ -271,9 +271,9 @@ class Requester:
         if qp.state == S.IBV_QPS_SQD and not self.drained_sent and not self.eng.in_flight():
             self.drained_sent = True
             if qp.attr.en_sqd_async_notify:
-                from ..verbs_api.cq import _async
-                from ..verbs_api.enums import ibv_event_type
-                self.eng.device.emit_async(_async(ibv_event_type.IBV_EVENT_SQ_DRAINED, qp))
+                from ..completion import AsyncEvent
+                from ..enums import ibv_event_type
+                self.eng.device.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_SQ_DRAINED, qp))
 
     # ------------------------------------------------------------------------------
     def retry(self) -> None:
@@ -319,7 +319,7 @@ class Requester:
 
 def _bind_mw(keys, qp, wqe: SendWqe) -> int:
     """rxe_bind_mw: bind a window to a range of an MR; returns a WC status."""
-    from ..verbs_api.enums import ibv_access_flags as A
+    from ..enums import ibv_access_flags as A
     mw_obj = wqe.mw
     info = wqe.bind_info
     if mw_obj is None or getattr(mw_obj, "closed", True) or info is None:

@@ -20,11 +20,11 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from ..soft.memory import Access, AccessError
-from ..verbs_api.enums import (
+from ..enums import (
     ibv_access_flags as A, ibv_qp_state as S, ibv_qp_type as T, ibv_wc_flags as WCF,
     ibv_wc_status as WCS,
 )
-from ..verbs_api.wr import WC
+from ..completion import WC
 from ..wire.headers import AETH_ACK_UNLIMITED, NakCode
 from ..wire.opcodes import Opcode as O
 from ..wire.packet import build

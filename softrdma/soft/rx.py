@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..verbs_api.enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T
+from ..completion import AsyncEvent
+from ..enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from ..wire.opcodes import Transport
 from ..wire.packet import DecodeError, parse
@@ -95,8 +96,7 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         return
     if info.is_request and st == S.IBV_QPS_RTR and not qp.comm_est_sent:
         qp.comm_est_sent = True
-        from ..verbs_api.cq import _async
-        dev.emit_async(_async(ibv_event_type.IBV_EVENT_COMM_EST, qp))
+        dev.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_COMM_EST, qp))
     if ip_header is None and qp.qp_type == T.IBV_QPT_UD:
         ip_header = synth_ip_header(src_ip, dst_ip, len(data) + 8, ip_id)
     qp.engine.on_packet(pkt, ip_header or b"")

@@ -171,19 +171,7 @@ class PortAttr:
     port_cap_flags2: int = 0
 
 
-@dataclass
-class AsyncEvent:
-    """An asynchronous event (``ibv_async_event``): ``element`` is the QP, CQ or SRQ it is
-    about, or the port number for port events."""
-
-    event_type: int
-    element: Any
-
-    def ack(self) -> None:
-        """ibv_ack_async_event: nothing to release in softrdma, kept for symmetry."""
-
-    def __str__(self) -> str:
-        return f"{ibv_event_type(self.event_type).name} on {self.element!r}"
+from ..completion import AsyncEvent  # noqa: E402  (re-exported)
 
 
 # Capability bits rxe reports (IB_DEVICE_*): bad P_Key/Q_Key counters, port active event,
