@@ -113,6 +113,17 @@ class KeyTable:
         self.entries[idx] = e
         return e
 
+    def rekey(self, e: MemEntry, key: int) -> None:
+        """Give ``e`` the 32-bit key ``key`` (index and key byte). For replaying captures,
+        where a peer's packets name keys chosen by another implementation."""
+        idx = key >> 8
+        other = self.entries.get(idx)
+        if other is not None and other is not e:
+            raise ValueError(f"key index 0x{idx:x} is in use")
+        self.entries.pop(e.index, None)
+        e.index, e.key = idx, key & 0xFF
+        self.entries[idx] = e
+
     def alloc_mw(self, pd: Any, mw_type: int) -> MemEntry:
         idx = self._alloc_index(MemKind.MW)
         e = MemEntry(MemKind.MW, idx, self.rng.randrange(256), pd, 0, mw_type=mw_type, valid=False)
