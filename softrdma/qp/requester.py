@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Requester"]
 
+_FENCE = int(F.IBV_SEND_FENCE)  # plain ints: IntFlag '&' is a Python call per packet
+_SOLICITED = int(F.IBV_SEND_SOLICITED)
 _READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
 _LOCAL = {W.IBV_WR_LOCAL_INV, W.IBV_WR_BIND_MW}
 _SENDS = {W.IBV_WR_SEND, W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV}
@@ -108,7 +110,7 @@ class Requester:
     def _fenced(self, wqe: SendWqe) -> bool:
         if wqe.opcode == W.IBV_WR_LOCAL_INV:
             return self.wqe_index != 0  # everything before it must have completed
-        return bool(wqe.send_flags & F.IBV_SEND_FENCE) and \
+        return bool(wqe.send_flags & _FENCE) and \
             self.rd_atomic != self.qp.attr.max_rd_atomic
 
     def _check_init_depth(self, wqe: SendWqe) -> bool:
@@ -214,7 +216,7 @@ class Requester:
             ackreq = self.noack_pkts > RXE_MAX_PKT_PER_ACK + 1
             if ackreq:
                 self.noack_pkts = 0
-        solicited = bool(wqe.send_flags & F.IBV_SEND_SOLICITED) and info.last and \
+        solicited = bool(wqe.send_flags & _SOLICITED) and info.last and \
             (info.send or (info.write and info.with_imm))
         data = b""
         if payload:
@@ -356,8 +358,8 @@ def _bind_mw(keys, qp, wqe: SendWqe) -> int:
     mr.refs += 1
     mw.iova = info.addr
     mw.length = length
-    mw.access = acc & (A.IBV_ACCESS_REMOTE_READ | A.IBV_ACCESS_REMOTE_WRITE
-                       | A.IBV_ACCESS_REMOTE_ATOMIC)
+    mw.access = int(acc & (A.IBV_ACCESS_REMOTE_READ | A.IBV_ACCESS_REMOTE_WRITE
+                           | A.IBV_ACCESS_REMOTE_ATOMIC))
     mw.key = wqe.bind_rkey & 0xFF
     mw.qp = qp if mw.mw_type == 2 else None
     mw.valid = True

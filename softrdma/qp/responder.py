@@ -38,6 +38,10 @@ __all__ = ["Responder", "RespResource"]
 
 _U64 = struct.Struct("<Q")
 _RNR_NAK = 0x20
+# plain ints for per-packet flag tests (IntFlag arithmetic is a Python call per use)
+_R_READ, _R_WRITE, _R_ATOMIC = (int(A.IBV_ACCESS_REMOTE_READ), int(A.IBV_ACCESS_REMOTE_WRITE),
+                                int(A.IBV_ACCESS_REMOTE_ATOMIC))
+_WC_GRH, _WC_IMM, _WC_INV = int(WCF.IBV_WC_GRH), int(WCF.IBV_WC_WITH_IMM), int(WCF.IBV_WC_WITH_INV)
 _SEND_CONT = {O.RC_SEND_FIRST, O.RC_SEND_MIDDLE}
 _WRITE_CONT = {O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE}
 _SEND_NEXT = {O.RC_SEND_MIDDLE, O.RC_SEND_LAST, O.RC_SEND_LAST_WITH_IMMEDIATE,
@@ -179,15 +183,15 @@ class Responder:
             raise _Err("missing_last_c" if rc else "missing_last_d1e")
 
     def _check_op_valid(self, pkt: Any, rc: bool) -> bool:
-        acc = self.qp.attr.qp_access_flags
+        acc = int(self.qp.attr.qp_access_flags)
         info = pkt.info
         if rc:
-            if (info.read and not acc & A.IBV_ACCESS_REMOTE_READ) or \
-                    (info.write and not acc & A.IBV_ACCESS_REMOTE_WRITE) or \
-                    (info.atomic and not acc & A.IBV_ACCESS_REMOTE_ATOMIC) or \
+            if (info.read and not acc & _R_READ) or \
+                    (info.write and not acc & _R_WRITE) or \
+                    (info.atomic and not acc & _R_ATOMIC) or \
                     info.flush or info.atomic_write:
                 raise _Err("unsupported_opcode")
-        elif self.qp.qp_type == T.IBV_QPT_UC and info.write and not acc & A.IBV_ACCESS_REMOTE_WRITE:
+        elif self.qp.qp_type == T.IBV_QPT_UC and info.write and not acc & _R_WRITE:
             self.drop_msg = True
             self.eng.device.counters.drop("uc_write_not_allowed")
             return False
@@ -327,17 +331,17 @@ class Responder:
                 else:
                     wc.opcode = 0x80  # IBV_WC_RECV
                     wc.byte_len = self.wqe_offset
-                flags = WCF.IBV_WC_GRH
+                flags = _WC_GRH
                 if info.with_imm:
-                    flags |= WCF.IBV_WC_WITH_IMM
+                    flags |= _WC_IMM
                     wc.imm_data = pkt.imm
                 if info.with_inv:
-                    flags |= WCF.IBV_WC_WITH_INV
+                    flags |= _WC_INV
                     wc.invalidated_rkey = pkt.ieth_rkey
                     wc.imm_data = pkt.ieth_rkey
                 if pkt.src_qp is not None:
                     wc.src_qp = pkt.src_qp
-                wc.wc_flags = int(flags)
+                wc.wc_flags = flags
             else:
                 wc.opcode = 0x80
             if qp.srq is None and qp.rq and qp.rq[0] is wqe:

@@ -21,8 +21,9 @@ from typing import Any
 __all__ = ["MemKind", "MemEntry", "KeyTable", "AccessError", "Access"]
 
 
-class Access(enum.IntFlag):
-    """Access needed by an operation (same bits as IBV_ACCESS_*)."""
+class Access:
+    """Access needed by an operation (the IBV_ACCESS_* bits). Plain ints, not an IntFlag:
+    this is tested on every packet and IntFlag arithmetic costs a Python call per use."""
 
     LOCAL_WRITE = 1
     REMOTE_WRITE = 2
