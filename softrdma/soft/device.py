@@ -140,8 +140,13 @@ class SoftDevice:
         self.transmit: Callable[[bytes, bytes, int], None] = self._loopback
         self.async_listeners: list[Callable[[Any], None]] = []
         self.port_active = True
-        # time, injected by whoever drives the device (virtual clock, or monotonic time)
-        self.now = 0.0
+        # time, injected by whoever drives the device: a virtual clock sets ``_now``; a real
+        # transport sets ``clock`` (time.monotonic) and ``now`` then reads it
+        self._now = 0.0
+        self.clock: Callable[[], float] | None = None
+        self.on_timer_change: Callable[[float | None], None] | None = None
+        self.udp: Any = None  # UdpTransport when bound to sockets
+        self.progress_thread: Any = None
         self.timer_qps: set[Any] = set()
         self._rxq: deque[tuple[bytes, bytes, bytes, int]] = deque()  # loopback deliveries
         self.capture: Any = None  # a PacketCapture, when capturing
@@ -218,12 +223,69 @@ class SoftDevice:
             n += self.fire_timers(self.now)
         return n
 
+    @property
+    def now(self) -> float:
+        return self.clock() if self.clock is not None else self._now
+
+    @now.setter
+    def now(self, t: float) -> None:
+        self._now = t
+
+    # -- sockets -----------------------------------------------------------------------------
+    def attach_udp(self, *, thread: bool = True, raw_rx: bool = False,
+                   capture: str | None = None) -> Any:
+        """Bind the device to UDP port 4791 on its address and, by default, start the
+        progress thread. ``capture`` (or the SOFTRDMA_PCAP environment variable) names a pcap
+        file that gets every packet sent and received."""
+        import os
+        import time
+        from .progress import Progress
+        from .udp import UdpTransport
+        if self.udp is not None:
+            return self.udp
+        self.udp = UdpTransport(self, raw_rx=raw_rx)
+        self.clock = time.monotonic
+        path = capture or os.environ.get("SOFTRDMA_PCAP")
+        if path:
+            from .capture import PacketCapture
+            self.capture = PacketCapture(path.replace("{name}", self.name))
+        if thread:
+            self.progress_thread = Progress(self, self.udp)
+            self.progress_thread.start()
+        from ..completion import AsyncEvent
+        from ..enums import ibv_event_type
+        self.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_PORT_ACTIVE, 1))
+        return self.udp
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Manual mode: wait up to ``timeout`` seconds for packets or a timer and handle them."""
+        from .progress import poll_once
+        if self.udp is None:
+            return self.progress()
+        return poll_once(self, self.udp, timeout)
+
+    def detach(self) -> None:
+        """Stop the progress thread and close the sockets and the capture (idempotent)."""
+        if self.progress_thread is not None:
+            self.progress_thread.stop()
+            self.progress_thread = None
+        if self.udp is not None:
+            self.udp.close()
+            self.udp = None
+        if self.capture is not None and hasattr(self.capture, "close"):
+            self.capture.close()
+            self.capture = None
+        self.clock = None
+
     # -- timers ----------------------------------------------------------------------------
     def timer_changed(self, qp: Any) -> None:
-        if qp.engine.deadline is None:
+        d = qp.engine.deadline
+        if d is None:
             self.timer_qps.discard(qp)
         else:
             self.timer_qps.add(qp)
+            if self.on_timer_change is not None:
+                self.on_timer_change(d)
 
     def next_deadline(self) -> float | None:
         best = None

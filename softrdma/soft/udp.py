@@ -1,0 +1,175 @@
+"""Binding a soft device to real UDP sockets on port 4791.
+
+Sending: rxe gives every QP its own UDP source port (0xC000 + a hash) and the ICRC covers
+that port, so softrdma sends each packet from a socket bound to ``(address, source port)``
+(made on first use and kept). IPv4 sockets are unconnected with ``IP_PMTUDISC_DO``, which
+makes Linux send DF with IP ID 0, the value our ICRC assumes. If a source port cannot be
+bound (another program holds it), the packet is rebuilt for the main socket's port 4791
+and sent from it, and ``counters.sport_fallback`` counts it: rxe does not check source
+ports, so peers still accept it.
+
+Receiving: one socket bound to ``(address, 4791)``. Over IPv6 every field the ICRC covers is
+known (addresses, ports, length), so the ICRC is verified. Over IPv4 the IP identification
+field is covered too, and an ordinary UDP socket cannot see it; so IPv4 ICRCs are only
+verified in raw mode (``raw_rx=True``, needs CAP_NET_RAW), where packets are read with
+their IP header from a raw socket. Otherwise they are counted in ``counters.icrc_unchecked``.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import struct
+from typing import Any
+
+from ..wire.headers import ROCE_V2_UDP_DPORT
+from ..wire.icrc import icrc_ipv4, icrc_ipv6
+
+__all__ = ["UdpTransport", "TransportError"]
+
+IP_MTU_DISCOVER = 10
+IP_PMTUDISC_DO = 2
+UDP_NO_CHECK6_RX = 102
+SOCKBUF = 4 << 20
+
+
+class TransportError(OSError):
+    """The device could not be bound (address not local, port in use...)."""
+
+
+class UdpTransport:
+    def __init__(self, device: Any, port: int = ROCE_V2_UDP_DPORT, raw_rx: bool = False) -> None:
+        self.device = device
+        self.port = port
+        self.ip = device.ip
+        self.v6 = device.ip_version == 6
+        self.family = socket.AF_INET6 if self.v6 else socket.AF_INET
+        self.sock = self._bind(port)
+        self.tx: dict[int, socket.socket | None] = {port: self.sock}
+        self.raw: socket.socket | None = None
+        if raw_rx and not self.v6:
+            self.raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+            self.raw.setblocking(False)
+            self.raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKBUF)
+        device.transmit = self.send
+        device.verify_icrc = self.v6 or self.raw is not None
+        device.counters.__dict__.setdefault("icrc_unchecked", 0)
+        device.counters.__dict__.setdefault("sport_fallback", 0)
+        self._buf = bytearray(65536)
+        self.closed = False
+
+    def _bind(self, port: int) -> socket.socket:
+        s = socket.socket(self.family, socket.SOCK_DGRAM)
+        try:
+            if self.v6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    s.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)  # rxe sends checksum 0
+                except OSError:
+                    pass
+            else:
+                s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+            for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                s.setsockopt(socket.SOL_SOCKET, opt, SOCKBUF)
+            s.bind((self.ip, port))
+        except OSError as e:
+            s.close()
+            if e.errno == errno.EADDRINUSE:
+                raise TransportError(e.errno, f"UDP port {port} on {self.ip} is in use (another "
+                                              f"softrdma device or a kernel rxe?)") from None
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise TransportError(e.errno, f"{self.ip} is not an address of this host") from None
+            raise TransportError(e.errno, f"cannot bind {self.ip}:{port}: {e.strerror}") from None
+        s.setblocking(False)
+        return s
+
+    def fileno(self) -> int:
+        return (self.raw or self.sock).fileno()
+
+    # -- send ---------------------------------------------------------------------------------
+    def send(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+        s = self.tx.get(sport, 0)
+        if s == 0:
+            try:
+                s = self._bind(sport)
+            except TransportError:
+                s = None
+            self.tx[sport] = s
+        if s is None:
+            # rebuild the ICRC for the main socket's port, which the packet will carry
+            self.device.counters.sport_fallback += 1
+            b = bytearray(data)
+            src = self.device.ip_packed
+            c = (icrc_ipv6 if self.v6 else icrc_ipv4)(b, src, dst_ip, self.port)
+            b[-4:] = c.to_bytes(4, "little")
+            data = bytes(b)
+            s = self.sock
+        addr = (str(ipaddress.ip_address(dst_ip)), ROCE_V2_UDP_DPORT)
+        try:
+            s.sendto(data, addr)
+        except BlockingIOError:
+            self.device.counters.drop("tx_queue_full")
+        except OSError as e:
+            self.device.counters.send_err += 1
+            self.device.counters.drop(f"tx_{errno.errorcode.get(e.errno, e.errno)}")
+
+    # -- receive -------------------------------------------------------------------------------
+    def receive_ready(self, budget: int = 256) -> int:
+        """Read and deliver what is waiting (up to ``budget`` datagrams); return how many."""
+        if self.raw is not None:
+            return self._receive_raw(budget)
+        dev = self.device
+        n = 0
+        own = dev.ip_packed
+        verify = self.v6
+        buf = self._buf
+        mv = memoryview(buf)
+        while n < budget:
+            try:
+                nbytes, addr = self.sock.recvfrom_into(buf)
+            except BlockingIOError:
+                break
+            except OSError:
+                break
+            n += 1
+            src = socket.inet_pton(self.family, addr[0].split("%")[0])
+            if not verify:
+                dev.counters.icrc_unchecked += 1
+            dev.receive(bytes(mv[:nbytes]), src, own, sport=addr[1], verify_icrc=verify)
+        return n
+
+    def _receive_raw(self, budget: int) -> int:
+        dev = self.device
+        own = dev.ip_packed
+        n = 0
+        while True:  # the UDP socket gets its own copy of everything: discard it
+            try:
+                self.sock.recv(65536)
+            except (BlockingIOError, OSError):
+                break
+        while n < budget:
+            try:
+                pkt = self.raw.recv(65536)
+            except (BlockingIOError, OSError):
+                break
+            if len(pkt) < 28 or pkt[16:20] != own:
+                continue
+            ihl = (pkt[0] & 0xF) * 4
+            sport, dport, ulen = struct.unpack_from("!HHH", pkt, ihl)
+            if dport != ROCE_V2_UDP_DPORT:
+                continue
+            n += 1
+            ip_id = struct.unpack_from("!H", pkt, 4)[0]
+            dev.receive(pkt[ihl + 8:ihl + ulen], pkt[12:16], own, ip_id=ip_id, sport=sport,
+                        ip_header=pkt[:20], verify_icrc=True)
+        return n
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for s in {id(s): s for s in self.tx.values() if s is not None}.values():
+            s.close()
+        if self.raw is not None:
+            self.raw.close()
