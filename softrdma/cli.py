@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
     d.set_defaults(func=_cmd_dissect)
 
+    from .tools.devinfo import add_parsers as _devinfo_parsers
+    from .tools.pingpong import add_parser as _pingpong_parser
+    _devinfo_parsers(sub)
+    _pingpong_parser(sub)
+
     b = sub.add_parser("bench", help="benchmark the wire layer against bare zlib.crc32")
     b.add_argument("--size", type=int, default=4096, help="payload bytes (default 4096)")
     b.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
@@ -90,17 +95,34 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # rdma-core tools take the server name after the options: "pingpong rc -n 5 HOST"
+    if extra and getattr(args, "servername", "x") is None and len(extra) == 1 \
+            and not extra[0].startswith("-"):
+        args.servername = extra[0]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .errors import PyverbsRDMAError
+    from .tools.common import ToolError
     try:
         return args.func(args)
     except CliError as e:
         print(f"softrdma {args.command}: {e}", file=sys.stderr)
         return 2
+    except (ToolError, PyverbsRDMAError) as e:
+        print(f"softrdma {args.command}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. piped into head: not an error of ours
+        try:
+            sys.stdout.close()
+        except BrokenPipeError:
+            pass
+        return 0
 
 
 if __name__ == "__main__":

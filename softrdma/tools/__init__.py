@@ -1,0 +1,1 @@
+"""The command-line tools behind ``softrdma``: devices, devinfo, pingpong, perf."""

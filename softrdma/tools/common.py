@@ -1,0 +1,136 @@
+"""What the command-line tools share: choosing the local device, the TCP side channel."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import time
+from typing import Any
+
+from ..errors import PyverbsRDMAError
+from ..soft.udp import TransportError
+
+__all__ = ["ToolError", "open_device", "tcp_listen", "tcp_connect", "recv_exact",
+           "local_address_towards"]
+
+
+class ToolError(Exception):
+    """A problem to report in one line (exit status 1), e.g. a peer that cannot be reached."""
+
+
+def local_address_towards(host: str) -> str:
+    """The local IP the kernel would use to reach ``host`` (no packet is sent)."""
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    try:
+        s.connect((host, 4791))
+        return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        s.close()
+
+
+def resolve(host: str) -> str:
+    try:
+        return socket.getaddrinfo(host, None)[0][4][0]
+    except socket.gaierror as e:
+        raise ToolError(f"cannot resolve {host}: {e.strerror}") from None
+
+
+def open_device(name: str | None, addr: str | None, peer: str | None = None,
+                mtu: int | None = None) -> Any:
+    """The soft device the tool runs on, bound to UDP 4791 in manual (no-thread) mode.
+
+    ``--addr`` picks the local address; ``-d`` a device by name (``softrdma-IP`` or an
+    existing name). With neither: SOFTRDMA_IP, else the address towards the peer, else
+    127.0.0.1. A loopback address already taken by another softrdma (two processes on one
+    host) moves to the next one, 127.0.0.2, 127.0.0.3...
+    """
+    import os
+    from ..verbs_api.device import _registry, add_device
+    if name and not addr:
+        if name in _registry:
+            dev = _registry[name]
+            _bind(dev)
+            return dev
+        if name.startswith("softrdma-"):
+            addr = name[len("softrdma-"):]
+        else:
+            raise ToolError(f"unknown device {name!r} (softrdma devices are named softrdma-<IP>; "
+                            f"use --addr IP)")
+    explicit = addr is not None
+    if addr is None:
+        addr = os.environ.get("SOFTRDMA_IP")
+        explicit = addr is not None
+    if addr is None:
+        addr = local_address_towards(peer) if peer else "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        raise ToolError(f"{addr!r} is not an IP address") from None
+    tries = 1 if explicit or not ip.is_loopback or ip.version == 6 else 16
+    last: Exception | None = None
+    for i in range(tries):
+        cand = str(ipaddress.ip_address(int(ip) + i)) if i else str(ip)
+        dname = f"softrdma-{cand}"
+        dev = _registry.get(dname) or add_device(cand, name=dname, mtu=mtu)
+        try:
+            _bind(dev)
+            return dev
+        except TransportError as e:
+            del _registry[dname]
+            last = e
+            if e.errno != errno.EADDRINUSE:
+                break
+    raise ToolError(str(last.args[1] if last and len(last.args) > 1 else last))
+
+
+def _bind(dev: Any) -> None:
+    if dev.udp is None:
+        dev.attach_udp(thread=False)
+
+
+def tcp_listen(addr: str, port: int) -> socket.socket:
+    fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((addr, port))
+    except OSError as e:
+        s.close()
+        raise ToolError(f"cannot listen on {addr}:{port}: {e.strerror}") from None
+    s.listen(1)
+    return s
+
+
+def tcp_connect(host: str, port: int, timeout: float = 10.0) -> socket.socket:
+    """Connect, retrying while the server is not up yet (like a user starting both tools)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            s = socket.create_connection((host, port), timeout=5)
+            s.settimeout(60)
+            return s
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise ToolError(f"Couldn't connect to {host}:{port}") from None
+            time.sleep(0.1)
+        except OSError as e:
+            raise ToolError(f"Couldn't connect to {host}:{port}: {e.strerror}") from None
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ToolError(f"the peer closed the connection after {len(buf)} of {n} bytes "
+                            f"(is it the same tool and version?)")
+        buf += chunk
+    return bytes(buf)
+
+
+def verbs_error(e: PyverbsRDMAError) -> ToolError:
+    return ToolError(str(e))

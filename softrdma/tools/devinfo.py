@@ -1,0 +1,108 @@
+"""``softrdma devices`` and ``softrdma devinfo``: ibv_devices and ibv_devinfo, in softrdma.
+
+Devices are the soft devices of this process: the embedded default on 127.0.0.1 (or
+SOFTRDMA_IP), and one per ``--addr`` given."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..enums import ibv_port_state, mtu_to_bytes
+
+__all__ = ["add_parsers"]
+
+
+def add_parsers(sub: Any) -> None:
+    d = sub.add_parser("devices", help="list soft devices (like ibv_devices)")
+    d.add_argument("-a", "--addr", action="append", default=[],
+                   help="also make a device for this IP address (repeatable)")
+    d.set_defaults(func=run_devices)
+    v = sub.add_parser("devinfo", help="device and port attributes (like ibv_devinfo)")
+    v.add_argument("-d", "--ib-dev", help="only this device")
+    v.add_argument("-a", "--addr", action="append", default=[],
+                   help="also make a device for this IP address (repeatable)")
+    v.add_argument("-v", "--verbose", action="store_true", help="all attributes, GIDs, counters")
+    v.set_defaults(func=run_devinfo)
+
+
+def _make(addrs: list[str]) -> None:
+    from ..verbs_api.device import _registry, add_device, get_device_list
+    get_device_list()
+    for ip in addrs:
+        name = f"softrdma-{ip}"
+        if name not in _registry:
+            add_device(ip, name=name)
+
+
+def _guid(g: int) -> str:
+    h = f"{g:016x}"
+    return ":".join(h[i:i + 4] for i in range(0, 16, 4))
+
+
+def run_devices(a: argparse.Namespace) -> int:
+    from ..verbs_api.device import get_device_list
+    _make(a.addr)
+    print(f"    {'device':<16}\t   node GUID")
+    print(f"    {'------':<16}\t----------------")
+    for d in get_device_list():
+        print(f"    {d.name.decode():<16}\t{d.guid:016x}")
+    return 0
+
+
+def run_devinfo(a: argparse.Namespace) -> int:
+    from ..verbs_api import Context, get_device_list
+    from .common import ToolError
+    _make(a.addr)
+    names = [d.name.decode() for d in get_device_list()]
+    if a.ib_dev:
+        if a.ib_dev not in names:
+            raise ToolError(f"IB device '{a.ib_dev}' wasn't found")
+        names = [a.ib_dev]
+    for name in names:
+        with Context(name=name) as ctx:
+            at = ctx.query_device()
+            pa = ctx.query_port(1)
+            print(f"hca_id:\t{name}")
+            print("\ttransport:\t\t\tInfiniBand (0)")
+            print("\tfw_ver:\t\t\t\t0.0.0")
+            print(f"\tnode_guid:\t\t\t{_guid(at.node_guid)}")
+            print(f"\tsys_image_guid:\t\t\t{_guid(at.sys_image_guid)}")
+            print(f"\tvendor_id:\t\t\t0x{at.vendor_id:04x}")
+            print(f"\tvendor_part_id:\t\t\t{at.vendor_part_id}")
+            print(f"\thw_ver:\t\t\t\t0x{at.hw_ver:X}")
+            print(f"\tphys_port_cnt:\t\t\t{at.phys_port_cnt}")
+            if a.verbose:
+                for k in ("max_mr_size", "page_size_cap", "max_qp", "max_qp_wr", "device_cap_flags",
+                          "max_sge", "max_sge_rd", "max_cq", "max_cqe", "max_mr", "max_pd",
+                          "max_qp_rd_atom", "max_ee_rd_atom", "max_res_rd_atom",
+                          "max_qp_init_rd_atom", "max_ee_init_rd_atom", "atomic_caps", "max_ee",
+                          "max_rdd", "max_mw", "max_raw_ipv6_qp", "max_raw_ethy_qp",
+                          "max_mcast_grp", "max_mcast_qp_attach", "max_total_mcast_qp_attach",
+                          "max_ah", "max_fmr", "max_map_per_fmr", "max_srq", "max_srq_wr",
+                          "max_srq_sge", "max_pkeys", "local_ca_ack_delay"):
+                    v = getattr(at, k)
+                    shown = f"0x{v:x}" if k in ("max_mr_size", "page_size_cap", "device_cap_flags") else str(int(v))
+                    print(f"\t{k + ':':<24}\t{shown}")
+            print("\t\tport:\t1")
+            print(f"\t\t\tstate:\t\t\t{ibv_port_state(pa.state).name.removeprefix('IBV_')} ({int(pa.state)})")
+            print(f"\t\t\tmax_mtu:\t\t{mtu_to_bytes(pa.max_mtu)} ({int(pa.max_mtu)})")
+            print(f"\t\t\tactive_mtu:\t\t{mtu_to_bytes(pa.active_mtu)} ({int(pa.active_mtu)})")
+            print("\t\t\tsm_lid:\t\t\t0")
+            print("\t\t\tport_lid:\t\t0")
+            print("\t\t\tport_lmc:\t\t0x00")
+            print("\t\t\tlink_layer:\t\tEthernet")
+            if a.verbose:
+                print(f"\t\t\tmax_msg_sz:\t\t0x{pa.max_msg_sz:x}")
+                print(f"\t\t\tport_cap_flags:\t\t0x{pa.port_cap_flags:08x}")
+                print(f"\t\t\tgid_tbl_len:\t\t{pa.gid_tbl_len}")
+                print(f"\t\t\tpkey_tbl_len:\t\t{pa.pkey_tbl_len}")
+                for i, gid, _t in ctx.query_gid_table():
+                    print(f"\t\t\tGID[{i:3d}]:\t\t{gid.gid}, RoCE v2")
+                print(f"\t\t\taddress:\t\t{ctx.device.ip} (UDP {4791})")
+                for k, val in ctx.device.counters.as_dict().items():
+                    print(f"\t\t\tcounter {k + ':':<24}{val}")
+            print()
+    return 0
+
+
