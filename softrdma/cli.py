@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .tools.pingpong import add_parser as _pingpong_parser
     _devinfo_parsers(sub)
     _pingpong_parser(sub)
+    from .tools.demo import add_parser as _demo_parser
+    _demo_parser(sub)
 
     b = sub.add_parser("bench", help="benchmark the wire layer against bare zlib.crc32")
     b.add_argument("--size", type=int, default=4096, help="payload bytes (default 4096)")

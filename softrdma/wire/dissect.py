@@ -92,7 +92,7 @@ def format_record(rec: dict[str, Any]) -> str:
     parts = [f"{rec['index']:5d}", f"{ends:<32}", f"{rec['opcode_name']:<34}",
              f"qpn=0x{rec['qpn']:06x}", f"psn={rec['psn']:<8d}", flags]
     if "reth_va" in rec:
-        parts.append(f"reth va=0x{rec['reth_va']:x} rkey=0x{rec['reth_rkey']:x} len={rec['reth_len']}")
+        parts.append(f"reth va=0x{rec['reth_va']:x} rkey=0x{rec['reth_rkey']:x} dma_len={rec['reth_len']}")
     if "aeth_syndrome" in rec:
         parts.append(f"aeth {aeth_syndrome_name(rec['aeth_syndrome'])} msn={rec['aeth_msn']}")
     if "atomic_va" in rec:
