@@ -50,9 +50,14 @@ def test_pingpong_between_two_processes(kind):
 
 
 def test_pingpong_larger_than_mtu_and_events():
-    cli, (src, sout, serr) = _run_pair("rc", ["-n", "20", "-s", "10000", "-e", "-m", "1024"])
+    cli, (src, sout, serr) = _run_pair("rc", ["-n", "20", "-s", "10000", "-e", "-m", "1024",
+                                              "--counters"])
     assert cli.returncode == 0 and src == 0, cli.stderr + serr
     assert "400000 bytes in" in cli.stdout
+    counters = dict(ln.split(": ") for ln in cli.stdout.splitlines() if ln.startswith(("sent_pkts", "rcvd_pkts", "rdma_recvs")))
+    # 20 messages of 10000 B at MTU 1024 = 10 packets each, plus one ACK per peer message
+    assert int(counters["sent_pkts"]) == 20 * 10 + 20
+    assert int(counters["rdma_recvs"]) == 20
 
 
 def _oob_messages(name):

@@ -83,6 +83,8 @@ def add_parser(sub: Any) -> None:
                    help="local GID index (1: the IPv4/IPv6 address; rdma-core's default is none)")
     p.add_argument("-c", "--chk", action="store_true", help="validate the received buffer")
     p.add_argument("-q", "--num-qp", type=int, default=16, help="srq: number of QPs (16)")
+    p.add_argument("--counters", action="store_true",
+                   help="print the device's counters at the end (softrdma addition)")
     p.set_defaults(func=run)
 
 
@@ -214,7 +216,11 @@ def run(a: argparse.Namespace) -> int:
         raise ToolError(f"Requested size larger than port MTU ({128 << int(dev.active_mtu)})")
     side = _Side(a, dev)
     try:
-        return _pingpong(a, side, server, peer)
+        rc = _pingpong(a, side, server, peer)
+        if a.counters:
+            for k, v in dev.counters.as_dict().items():
+                print(f"{k}: {v}")
+        return rc
     finally:
         side.close()
         dev.detach()
