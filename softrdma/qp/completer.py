@@ -198,6 +198,12 @@ class Completer:
             syn = pkt.syndrome
             kind = syn & 0x60
             if kind == 0x00:
+                if wqe.opcode in _READ_OR_ATOMIC:
+                    # Only a read response / atomic ACK can complete a read or an atomic.
+                    # A plain ACK with its PSN is the re-ACK of a duplicate send/write
+                    # (prev_psn = ack_psn - 1 after the atomic ran); rxe would complete the
+                    # WQE here without its data (COMPST_WRITE_SEND). Ignore it instead.
+                    return
                 self.reset_retry_counters()
                 if wqe.state == WqeState.PENDING and wqe.last_psn == pkt.psn:
                     self._comp_ack(wqe, pkt)

@@ -142,7 +142,8 @@ class Requester:
                 self._check_drained()
                 return
             wqe = sq[self.wqe_index]
-            if st == S.IBV_QPS_SQD and wqe.state == WqeState.POSTED and self.opcode == -1:
+            if st == S.IBV_QPS_SQD and wqe.state == WqeState.POSTED:
+                # SQD: messages already under way finish; nothing new starts (rxe DRAIN)
                 self._check_drained()
                 return
             if self._fenced(wqe):
@@ -291,6 +292,12 @@ class Requester:
                 break
             if wqe.state == WqeState.DONE or wqe.state == WqeState.ERROR:
                 continue
+            if wqe.has_rd_atomic:
+                # Give the initiator-depth credit back: the WQE takes one again, in SQ
+                # order, when it is resent. Kept (as rxe does), a read/atomic behind a
+                # fenced WQE would hold it while the fence waits for all credits: deadlock.
+                wqe.has_rd_atomic = False
+                self.rd_atomic += 1
             is_read = wqe.opcode == W.IBV_WR_RDMA_READ
             if not first or not is_read:
                 wqe.offset = 0

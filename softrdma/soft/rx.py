@@ -98,5 +98,5 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         qp.comm_est_sent = True
         dev.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_COMM_EST, qp))
     if ip_header is None and qp.qp_type == T.IBV_QPT_UD:
-        ip_header = synth_ip_header(src_ip, dst_ip, len(data) + 8, ip_id)
+        ip_header = synth_ip_header(src_ip, dst_ip, len(data), ip_id)  # UDP payload length
     qp.engine.on_packet(pkt, ip_header or b"")

@@ -24,7 +24,7 @@ class Resource:
         self.device = context.device
         self.closed = False
         self.users: set[Any] = set()  # objects that depend on this one
-        context.children.append(self)
+        context.children[self] = None  # an insertion-ordered set: O(1) add and remove
 
     def _check(self) -> None:
         if self.closed:
@@ -55,8 +55,7 @@ class Resource:
     def _destroy(self) -> None:
         """Release the object unconditionally (children first is the caller's duty)."""
         self.closed = True
-        if self in self.context.children:
-            self.context.children.remove(self)
+        self.context.children.pop(self, None)
 
     def __enter__(self):
         return self

@@ -24,6 +24,7 @@ import errno
 import os
 import select
 import threading
+import time
 from collections import deque
 from typing import Any, Iterator
 
@@ -48,7 +49,12 @@ class CompChannel(Resource):
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
+        # The pipe is a level flag: it holds one byte while events are pending (so the fd
+        # is readable exactly then); both ends non-blocking, so a full pipe can never block
+        # the engine that reports a completion.
         self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
         self._pending: deque[Any] = deque()
         self._lock = threading.Lock()
 
@@ -58,20 +64,42 @@ class CompChannel(Resource):
 
     def _notify(self, cq: "CQ") -> None:
         with self._lock:
+            if self.closed:
+                return
+            was_empty = not self._pending
             self._pending.append(cq)
-        os.write(self._w, b"c")
+            if was_empty:
+                try:
+                    os.write(self._w, b"c")
+                except OSError:
+                    pass
+
+    def _pop(self) -> "CQ | None":
+        with self._lock:
+            if not self._pending:
+                return None
+            cq = self._pending.popleft()
+            if not self._pending:
+                try:
+                    while os.read(self._r, 4096):
+                        pass
+                except OSError:
+                    pass
+            return cq
 
     def get_cq_event(self, cq: "CQ | None" = None, timeout: float | None = None) -> "CQ":
         """Wait for the next CQ event (ibv_get_cq_event) and return its CQ. ``timeout`` in
         seconds (None blocks, as libibverbs does) raises ETIMEDOUT when it expires."""
         self._check()
-        if timeout is not None:
-            r, _, _ = select.select([self._r], [], [], timeout)
-            if not r:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ev_cq = self._pop()
+            if ev_cq is not None:
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 raise PyverbsRDMAError("Failed to get CQ event: timed out", errno.ETIMEDOUT)
-        os.read(self._r, 1)
-        with self._lock:
-            ev_cq = self._pending.popleft()
+            select.select([self._r], [], [], left)
         ev_cq._events_unacked += 1
         if cq is not None and ev_cq is not cq:
             raise PyverbsRDMAError("Failed to get CQ event: the event is for another CQ",
@@ -112,6 +140,7 @@ class CQ(Resource):
     def __init__(self, context: Any, cqe: int, cq_context: Any = None,
                  channel: CompChannel | None = None, comp_vector: int = 0) -> None:
         what = "Failed to create CQ"
+        context._check()
         lim = context.device.limits
         if cqe <= 0 or cqe > lim.max_cqe:
             raise PyverbsRDMAError(f"{what}: cqe {cqe} is outside 1..{lim.max_cqe}", errno.EINVAL)
@@ -176,6 +205,11 @@ class CQ(Resource):
 
     def __len__(self) -> int:
         return len(self._wcs)
+
+    def __bool__(self) -> bool:
+        # A CQ is always truthy, even when empty (len 0): ``scq = cq or default_cq`` must
+        # not silently swap an empty CQ for another one.
+        return True
 
     def req_notify(self, solicited_only: bool = False) -> None:
         self._check()

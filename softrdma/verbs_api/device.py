@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -67,6 +68,15 @@ def remove_device(name: str) -> None:
         if dev.contexts:
             raise PyverbsRDMAError(f"device {name} has open contexts", errno.EBUSY)
         del _registry[name]
+
+
+def _drain(fd: int) -> None:
+    """Empty a non-blocking pipe."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except (BlockingIOError, OSError):
+        pass
 
 
 def get_soft_device(name: str | None = None) -> SoftDevice:
@@ -196,8 +206,13 @@ class Context:
         self._lock = threading.Lock()
         self._events: deque[AsyncEvent] = deque()
         self._ev_r, self._ev_w = os.pipe()
-        os.set_blocking(self._ev_r, True)
-        self.children: list[Any] = []  # every PD, CQ, CompChannel, ... made in this context
+        # The pipe is a level flag: one byte while events are pending. Non-blocking, so a
+        # program that never reads its async events can never block the stack on a full pipe.
+        os.set_blocking(self._ev_r, False)
+        os.set_blocking(self._ev_w, False)
+        # every PD, CQ, CompChannel, ... made in this context, in creation order (a dict used
+        # as an ordered set, so destroying one of 10,000 QPs does not scan a list)
+        self.children: dict[Any, None] = {}
         with self.device.lock:
             self.device.contexts += 1
             self.device.async_listeners.append(self._on_async_event)
@@ -310,12 +325,21 @@ class Context:
 
     # -- async events ----------------------------------------------------------------
     def _on_async_event(self, ev: AsyncEvent) -> None:
+        # Like uverbs: an event about a QP, CQ or SRQ goes to the context that owns it;
+        # port and device events (element is a port number) go to every context.
+        owner = getattr(ev.element, "context", None)
+        if owner is not None and owner is not self:
+            return
         with self._lock:
+            if self.closed:
+                return
+            was_empty = not self._events
             self._events.append(ev)
-        try:
-            os.write(self._ev_w, b"e")
-        except OSError:
-            pass
+            if was_empty:
+                try:
+                    os.write(self._ev_w, b"e")
+                except OSError:
+                    pass
 
     @property
     def async_fd(self) -> int:
@@ -325,13 +349,16 @@ class Context:
     def get_async_event(self, block: bool = True) -> AsyncEvent | None:
         """ibv_get_async_event: the next event; blocks unless ``block=False`` (then None)."""
         self._check()
-        if not block:
+        while True:
             with self._lock:
-                if not self._events:
-                    return None
-        os.read(self._ev_r, 1)
-        with self._lock:
-            return self._events.popleft()
+                if self._events:
+                    ev = self._events.popleft()
+                    if not self._events:
+                        _drain(self._ev_r)
+                    return ev
+            if not block:
+                return None
+            select.select([self._ev_r], [], [])
 
     def __repr__(self) -> str:
         return f"<Context {self.name} {self.device.ip}>"

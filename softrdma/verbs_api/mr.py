@@ -53,8 +53,12 @@ def _as_bytes_view(buffer: Any, access: int, what: str) -> memoryview:
     except TypeError:
         raise PyverbsRDMAError(f"{what}: buffer of type {type(buffer).__name__} does not "
                                f"expose the buffer protocol", errno.EINVAL) from None
-    if not mv.contiguous:
-        raise PyverbsRDMAError(f"{what}: buffer is not contiguous", errno.EINVAL)
+    if not mv.c_contiguous:
+        # memoryview can only flatten C-contiguous buffers; a Fortran-ordered array is one
+        # block of memory too, but must be flattened first (numpy.ravel(a, order="K")).
+        raise PyverbsRDMAError(f"{what}: buffer is not C-contiguous" + (
+            " (flatten it without copying first, e.g. numpy.ravel(a, order='K'))"
+            if mv.contiguous else ""), errno.EINVAL)
     mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
     if access & _WRITES and mv.readonly:
         raise PyverbsRDMAError(f"{what}: buffer is read-only but the access flags allow "
@@ -150,6 +154,11 @@ class MR(Resource):
             if self._entry.refs:
                 raise PyverbsRDMAError(f"{what}: memory windows are bound to it", errno.EBUSY)
             new_pd = pd if flags & 2 else self.pd
+            if new_pd is None or not hasattr(new_pd, "users"):
+                raise PyverbsRDMAError(f"{what}: IBV_REREG_MR_CHANGE_PD needs a PD", errno.EINVAL)
+            new_pd._check()
+            if new_pd.context is not self.context:
+                raise PyverbsRDMAError(f"{what}: the PD belongs to another context", errno.EINVAL)
             new_access = access if flags & 4 else self._entry.access
             check_mr_access(new_access, what)
             mv = self._entry.buf

@@ -21,7 +21,7 @@ class PD(Resource):
         super().__init__(context)
         with self.device.lock:
             if self.device.pd_count >= self.device.limits.max_pd:
-                self.context.children.remove(self)
+                self.context.children.pop(self, None)
                 raise PyverbsRDMAError("Failed to alloc PD: too many PDs", errno.ENOMEM)
             self.device.pd_count += 1
 

@@ -291,6 +291,7 @@ class QP(Resource):
                                cap=keep)
             self.av = None
             self.comm_est_sent = False
+            self._last_wqe_sent = False  # a reused QP reports LAST_WQE_REACHED again
             self.engine.reset()
         elif new == S.IBV_QPS_ERR:
             if old != S.IBV_QPS_ERR:
@@ -379,6 +380,10 @@ class QP(Resource):
                     wqe = _post_recv_checks(self.device, self.pd, w, self.cap.max_recv_sge, "QP")
                 except PyverbsRDMAError as e:
                     _mark_bad(e, w, i, bad_wr)
+                    if i and self.state == S.IBV_QPS_ERR:
+                        self.flush()  # the WRs before the bad one are posted: flush them too
+                    elif i:
+                        self.engine.on_recv_posted()
                     raise
                 self.rq.append(wqe)
             if self.state == S.IBV_QPS_ERR:
@@ -395,6 +400,10 @@ class QP(Resource):
                     wqe = self._make_send_wqe(w)
                 except PyverbsRDMAError as e:
                     _mark_bad(e, w, i, bad_wr)
+                    if i and self.state == S.IBV_QPS_ERR:
+                        self.flush()  # the WRs before the bad one are posted: flush them too
+                    elif i:
+                        self.engine.kick()  # ... or start them
                     raise
                 self.sq.append(wqe)
             if self.state == S.IBV_QPS_ERR:

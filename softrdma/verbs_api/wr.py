@@ -102,7 +102,10 @@ class SendWR:
     def set_bind_wr(self, mw: Any, bind_info: MWBindInfo, rkey: int | None = None) -> None:
         self.mw = mw
         self.bind_info = bind_info
-        self.bind_rkey = rkey if rkey is not None else 0
+        # The window's rkey after the bind; by default ibv_inc_rkey(mw.rkey) (the index
+        # stays, the low byte moves on), as pyverbs' set_bind_wr does.
+        self.bind_rkey = rkey if rkey is not None else \
+            (mw.rkey & ~0xFF) | ((mw.rkey + 1) & 0xFF)
 
     def __repr__(self) -> str:
         return (f"SendWR(wr_id={self.wr_id}, opcode={ibv_wr_opcode(self.opcode).name}, "
