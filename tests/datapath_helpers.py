@@ -47,12 +47,14 @@ class Wire:
         self.deliver = deliver
         self.drop = drop
         self.raw: list[bytes] = []
+        self.times: list[float] = []  # dev.now (virtual time) of each packet
         self.dropped: list[Any] = []
         dev.transmit = self._tx
 
     def _tx(self, data: bytes, dst: bytes, sport: int) -> None:
         i = len(self.raw)
         self.raw.append(bytes(data))
+        self.times.append(self.dev.now)
         p = parse(data)
         if self.drop is not None and self.drop(i, p):
             self.dropped.append(p)
@@ -66,6 +68,7 @@ class Wire:
 
     def clear(self) -> None:
         self.raw.clear()
+        self.times.clear()
 
     def restore(self) -> None:
         self.dev.transmit = self.inner

@@ -21,9 +21,13 @@ wrap is crossed, and the retransmit timeout is sometimes shorter than the round 
 (spurious go-back-N retries). Deterministic: ``derandomize=True`` and all randomness comes
 from the drawn seeds.
 
-The other tests here: a dead link (RETRY_EXC_ERR after exactly retry_cnt retries, then
-FLUSH), UC message loss (the damaged message is dropped, later ones arrive intact), and UD
-(GRH area, Q_Key check, oversize send).
+The other tests here: heavy corruption (the ICRC fires, everything still arrives); long
+messages (the 128-PSN window, AckReq every 66th packet, ACK coalescing and the MSN); the
+initiator depth; a dead link (RETRY_EXC_ERR after exactly retry_cnt go-back-N rounds at
+4.096 us x 2^timeout, then FLUSH; retry_cnt 7 never gives up; timeout 0 never retries); UC
+(a hypothesis property with an exact model of what a lossy link delivers, and the four
+loss positions by hand: the damaged message is dropped, later ones arrive intact); UD (GRH
+area, Q_Key check, a send over the MTU).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ LOCAL_BASE = 0  # slot i: the local buffers of the i-th operation this endpoint 
 TARGET_BASE = 256 * 1024  # what the peer's RDMA WRITE/READ/atomics target
 TARGET_SPAN = 12 * 1024  # small, so operations overlap
 N_WORDS = 6  # 64-bit atomic target words at TARGET_BASE + 8k (inside the span on purpose)
-RECV_BASE = 512 * 1024  # receive buffer r at RECV_BASE + r * SLOT
+RECV_BASE = 512 * 1024  # receive buffer r at RECV_BASE + r * SLOT (up to 64)
 MAX_SIZE = 5000
 
 KINDS = ("SEND", "SEND_IMM", "WRITE", "WRITE_IMM", "READ", "FAA", "CAS")
@@ -164,6 +168,9 @@ def _plan_direction(ops, req: Side, resp: Side, tag: int) -> list:
             post["flags"] |= IBV_SEND_FENCE
         if kind == "READ":
             read_ranges.append(rrange)
+        if kind in ("SEND", "SEND_IMM", "WRITE", "WRITE_IMM") and 0 < n <= 64 and \
+                rng.random() < 0.5:
+            post["flags"] |= IBV_SEND_INLINE  # copied at post time (max_inline_data 64)
         post["sges"] = local
         if kind in ("SEND", "SEND_IMM", "WRITE_IMM"):
             r = resp.n_recv
@@ -190,7 +197,7 @@ def _plan_direction(ops, req: Side, resp: Side, tag: int) -> list:
 def _post(req: Side, posts: list) -> None:
     ep = req.ep
     for p in posts:
-        ep.post_send(WR[p["kind"]], [ep.sge(o - 0, ln) for o, ln in p["sges"]], p["wr_id"],
+        ep.post_send(WR[p["kind"]], [ep.sge(o, ln) for o, ln in p["sges"]], p["wr_id"],
                      remote_offset=p["remote_offset"], imm=p["imm"],
                      compare_add=p["compare_add"], swap=p["swap"], flags=p["flags"])
 
@@ -280,7 +287,7 @@ def test_rc_lossy_link_exactly_once_in_order(plan):
             net.run(until=net.now + 3e-3)
             _post_recvs(A)
             _post_recvs(B)
-        net.run(max_events=2_000_000)
+        net.run(max_events=200_000)  # a passing example needs well under 1000
         assert not net._events and net._next_time() is None, "the simulation did not settle"
 
         for side, name in ((A, "A"), (B, "B")):
@@ -358,6 +365,7 @@ def test_rc_long_messages_window_and_ackreq(loss):
             return False
 
         Wire(a.device, drop=watch)
+        wb = Wire(b.device)
         b.post_recv(b.sge(400 * 1024, SN), 1)
         a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, W), 10, remote_offset=0)
         a.post_send(IBV_WR_SEND, a.sge(300 * 1024, SN), 11)
@@ -380,6 +388,42 @@ def test_rc_long_messages_window_and_ackreq(loss):
             assert ackreqs == [65, 131, 197, 199, 200 + 65, 200 + 131, 200 + 149, 350]
             assert len(seen) == 200 + 150 + 1
             assert psn_diff(seen[-1][0], first_s) == 150
+            # the responder ACKs exactly the packets that asked (coalescing), with the MSN:
+            # 0 inside the WRITE, 1 after it, 2 after the SEND; the READ's responses carry 3
+            acks = [(psn_diff(q.psn, first_w), q.msn) for q in wb.pkts
+                    if q.opcode == O.RC_ACKNOWLEDGE]
+            assert acks == [(65, 0), (131, 0), (197, 0), (199, 1), (265, 1), (331, 1),
+                            (349, 2)]
+            rr = [q for q in wb.pkts if q.opcode != O.RC_ACKNOWLEDGE]
+            assert len(rr) == 100 and {q.msn for q in rr if q.msn is not None} == {3}
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_rc_initiator_depth_limits_outstanding_reads_and_atomics(depth):
+    """max_rd_atomic = depth: at most ``depth`` read/atomic requests are outstanding; the
+    next goes out only when one completes."""
+    net = SimNetwork(seed=8)
+    with pair(net, "RC", a_attrs={"max_rd_atomic": depth},
+              b_attrs={"max_dest_rd_atomic": depth}) as (a, b):
+        wa = Wire(a.device)
+        for i in range(8):
+            if i % 2:
+                a.post_send(IBV_WR_ATOMIC_FETCH_AND_ADD, a.sge(i * 64, 8), i,
+                            remote_offset=TARGET_BASE, compare_add=1)
+            else:
+                a.post_send(IBV_WR_RDMA_READ, a.sge(i * 64, 16), i, remote_offset=TARGET_BASE)
+        a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, 8), 100, remote_offset=TARGET_BASE + 512)
+        net.run()
+        assert [(w.wr_id, w.status) for w in a.cq.poll_all()] == \
+            [(i, IBV_WC_SUCCESS) for i in range(8)] + [(100, IBV_WC_SUCCESS)]
+        # at t=0 exactly `depth` requests leave; each later one leaves when a response
+        # arrives (one round trip of 20 us later per wave)
+        t_req = [t for t, q in zip(wa.times, wa.pkts) if q.info.read or q.info.atomic]
+        assert len(t_req) == 8
+        assert [round(t / 20e-6) for t in t_req] == [i // depth for i in range(8)]
+        # four FETCH_ADD 1 on a zeroed word, each exactly once
+        assert U64.unpack_from(b.mr.mem, TARGET_BASE)[0] == 4
+        assert [U64.unpack_from(a.mr.mem, i * 64)[0] for i in (1, 3, 5, 7)] == [0, 1, 2, 3]
 
 
 # ------------------------------------------------------------------------------------------
@@ -419,6 +463,20 @@ def test_dead_link_retry_exceeded_then_flush(retry_cnt):
         # the error came after (retry_cnt + 1) timeouts of 4.096 us * 2^10 each
         assert net.now - t0 == pytest.approx((retry_cnt + 1) * 4.096e-6 * 1024, rel=1e-6)
         assert bytes(a.mr.mem) == before_a and bytes(b.mr.mem) == before_b
+
+
+def test_timeout_zero_means_no_retransmit_timer():
+    """timeout 0: no retransmit timer at all (rxe qp_timeout_jiffies = 0): a lost request is
+    never resent and never fails; the simulation goes idle with the WQE outstanding."""
+    net = SimNetwork(seed=5)
+    with pair(net, "RC", a_attrs={"timeout": 0, "retry_cnt": 1}) as (a, b):
+        net.profile.loss = 1.0
+        wire = Wire(a.device)
+        a.post_send(IBV_WR_SEND, a.sge(0, 10), 1)
+        net.run()
+        assert net._next_time() is None and a.qp.engine.retrans_at is None
+        assert len(wire.raw) == 1 and len(a.cq) == 0 and len(a.qp.sq) == 1
+        assert a.qp.qp_state == S.IBV_QPS_RTS and a.device.counters.completer_retry_err == 0
 
 
 def test_dead_link_retry_cnt_7_is_infinite():
@@ -484,6 +542,68 @@ def test_uc_lost_packet_drops_only_that_message(lose):
         # a half-received message abandoned at the next FIRST is not a packet drop
         n_drop = {"first": 2, "middle": 1, "last": 0, "only": 0}[lose]
         assert b.device.counters.drops == ({"uc_out_of_seq": n_drop} if n_drop else {})
+
+
+UC_KINDS = ("SEND", "SEND_IMM", "WRITE", "WRITE_IMM")
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(seed=st.integers(0, 2**32 - 1), loss=st.sampled_from([0.0, 0.1, 0.3]),
+       psn=st.integers(0xFFFFF0, 0xFFFFFF),
+       msgs=st.lists(st.tuples(st.sampled_from(UC_KINDS), sizes), min_size=1, max_size=12))
+def test_uc_lossy_link_exact_model(seed, loss, psn, msgs):
+    """UC over a link that loses packets (no reordering or duplication): a message is
+    delivered exactly when all its packets arrive; a damaged message writes only the
+    packets before its first loss (a WRITE into its target, a SEND into the receive WQE at
+    the head, which the next message then reuses from its start) and completes nothing.
+    The test computes the exact expected completions and every byte of B's MR."""
+    net = SimNetwork(seed=seed)
+    with pair(net, "UC", psns=(psn, 0)) as (a, b):
+        rng = random.Random(seed)
+        a.mr.mem[:] = rng.randbytes(len(a.mr.mem))
+        b.mr.mem[:] = rng.randbytes(len(b.mr.mem))
+        model = bytearray(b.mr.mem)
+        n_recv = sum(k != "WRITE" for k, _ in msgs)
+        for r in range(n_recv):
+            b.post_recv(b.sge(RECV_BASE + r * SLOT, SLOT), 1000 + r)
+        lost = set()
+        idx = 0
+        exp_recv, head = [], 0
+        for i, (kind, n) in enumerate(msgs):
+            npk = max(1, -(-n // 1024))
+            pk = list(range(idx, idx + npk))
+            idx += npk
+            gone = [j for j in pk if rng.random() < loss]
+            lost.update(gone)
+            arrived = npk if not gone else pk.index(min(gone))  # packets before the loss
+            data = bytes(a.mr.mem[i * SLOT:i * SLOT + n])
+            nbytes = min(n, arrived * 1024)
+            if kind in ("SEND", "SEND_IMM"):
+                base = RECV_BASE + head * SLOT
+                model[base:base + nbytes] = data[:nbytes]
+            else:
+                model[TARGET_BASE + i * SLOT:TARGET_BASE + i * SLOT + nbytes] = data[:nbytes]
+            if not gone and kind != "WRITE":
+                exp_recv.append((1000 + head, IBV_WC_RECV_RDMA_WITH_IMM if kind == "WRITE_IMM"
+                                 else IBV_WC_RECV, n, 0x5000 + i if kind != "SEND" else None))
+                head += 1
+        Wire(a.device, drop=lambda j, p: j in lost)
+        for i, (kind, n) in enumerate(msgs):
+            a.post_send(WR[kind], a.sge(i * SLOT, n), i,
+                        remote_offset=TARGET_BASE + i * SLOT, imm=0x5000 + i)
+        net.run()
+        sends, _ = _split_cq(a)
+        assert [(w.wr_id, w.status) for w in sends] == [(i, IBV_WC_SUCCESS)
+                                                        for i in range(len(msgs))]
+        _, recvs = _split_cq(b)
+        assert [(w.wr_id, w.opcode, w.byte_len,
+                 w.imm_data if w.wc_flags & IBV_WC_WITH_IMM else None) for w in recvs] == exp_recv
+        assert b.qp.qp_state == S.IBV_QPS_RTS and a.qp.qp_state == S.IBV_QPS_RTS
+        got = bytes(b.mr.mem)
+        if got != bytes(model):
+            bad = [j for j in range(len(got)) if got[j] != model[j]]
+            pytest.fail(f"{len(bad)} bytes of B's MR differ from the model, first at {bad[0]:#x}")
 
 
 # ------------------------------------------------------------------------------------------

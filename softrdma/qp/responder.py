@@ -129,10 +129,13 @@ class Responder:
         if rc:
             diff = psn_diff(pkt.psn, self.psn)
             if diff > 0:
-                dev.counters.out_of_seq_request += 1
                 if not self.sent_psn_nak:
+                    # rxe counts RXE_CNT_OUT_OF_SEQ_REQ once per NAK, not per packet
+                    dev.counters.out_of_seq_request += 1
                     self.sent_psn_nak = True
                     self.send_ack(NakCode.PSN_SEQ_ERROR, self.psn)
+                else:
+                    dev.counters.drop("psn_out_of_seq")  # the silent drops that follow
                 return
             if diff < 0:
                 dev.counters.duplicate_request += 1
