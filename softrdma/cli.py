@@ -90,8 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .tools.pingpong import add_parser as _pingpong_parser
     _devinfo_parsers(sub)
     _pingpong_parser(sub)
+    from .tools.perf import add_parser as _perf_parser
+    _perf_parser(sub)
     from .tools.demo import add_parser as _demo_parser
     _demo_parser(sub)
+    from .tools.labcmd import add_parser as _lab_parser
+    _lab_parser(sub)
 
     b = sub.add_parser("bench", help="benchmark the wire layer against bare zlib.crc32, or "
                                      "QP memory and creation time (--what qps)",

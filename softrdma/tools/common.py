@@ -124,7 +124,11 @@ def tcp_connect(host: str, port: int, timeout: float = 10.0) -> socket.socket:
 def recv_exact(s: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
-        chunk = s.recv(n - len(buf))
+        try:
+            chunk = s.recv(n - len(buf))
+        except OSError as e:  # reset by the peer, timed out: one line, not a traceback
+            raise ToolError(f"Couldn't read from the peer after {len(buf)} of {n} bytes: "
+                            f"{e.strerror or e}") from None
         if not chunk:
             raise ToolError(f"the peer closed the connection after {len(buf)} of {n} bytes "
                             f"(is it the same tool and version?)")

@@ -172,11 +172,11 @@ class PerftestComm:
             except BlockingIOError:
                 chunk = None
             except OSError as e:
-                raise ToolError(f"Couldn't read {what} from the peer: {e.strerror or e}") \
+                raise ToolError(f"Couldn't read the {what} from the peer: {e.strerror or e}") \
                     from None
             if chunk == b"":
                 got = f" after {len(buf)} of {n} bytes" if buf else ""
-                raise ToolError(f"the peer closed the connection while we waited for {what}"
+                raise ToolError(f"the peer closed the connection while we waited for its {what}"
                                 f"{got} (is it perftest 4.x or softrdma perf, running the same "
                                 f"test?)")
             if chunk:
@@ -209,7 +209,7 @@ class PerftestComm:
     # -- the steps ----------------------------------------------------------------------------
     def exchange_versions(self, timeout: float = 30.0) -> str:
         mine = VERSION.encode().ljust(MAX_VERSION, b"\0")
-        rem = self.xchg(mine, "perftest's version record", timeout)
+        rem = self.xchg(mine, "perftest version record", timeout)
         text = rem.split(b"\0", 1)[0]
         ok = bool(text) and all(c in b"0123456789." for c in text) and text[:1].isdigit()
         if not ok:
@@ -226,8 +226,8 @@ class PerftestComm:
     def check_sys_data(self, cycle_buffer: int, cache_line: int) -> tuple[int, int]:
         if self.rem_vers < 5.32:
             return cycle_buffer, cache_line
-        rc = struct.unpack("!i", self.xchg(struct.pack("!i", cycle_buffer), "the page size"))[0]
-        rl = struct.unpack("!i", self.xchg(struct.pack("!i", cache_line), "the cache line size"))[0]
+        rc = struct.unpack("!i", self.xchg(struct.pack("!i", cycle_buffer), "page size"))[0]
+        rl = struct.unpack("!i", self.xchg(struct.pack("!i", cache_line), "cache line size"))[0]
         return max(rc, cycle_buffer), max(rl, cache_line)
 
     def check_mtu(self, curr_mtu: int) -> int:
@@ -236,7 +236,7 @@ class PerftestComm:
             return curr_mtu
         size = 2 if self.rem_vers >= 5.31 else 4
         mine = str(curr_mtu).encode()[:size].ljust(size, b"\0")
-        rem = self.xchg(mine, "the MTU record")
+        rem = self.xchg(mine, "MTU record")
         try:
             rem_mtu = int(rem.split(b"\0", 1)[0].decode("ascii") or "0")
         except (ValueError, UnicodeDecodeError):
@@ -244,17 +244,17 @@ class PerftestComm:
         return rem_mtu if 1 <= rem_mtu <= 5 and curr_mtu > rem_mtu else curr_mtu
 
     def hand_shake(self, my: Dest, timeout: float | None = None) -> Dest:
-        return Dest.parse(self.xchg(my.encode(), "the peer's key record", timeout))
+        return Dest.parse(self.xchg(my.encode(), "key record", timeout))
 
     def xchg_bw_reports(self, rep: "BwReport") -> "BwReport":
         long_iters = self.rem_vers >= 5.33
-        size = struct.unpack("!Q", self.xchg(struct.pack("!Q", rep.size), "the report"))[0]
+        size = struct.unpack("!Q", self.xchg(struct.pack("!Q", rep.size), "report"))[0]
         if long_iters:
-            iters = struct.unpack("!Q", self.xchg(struct.pack("!Q", rep.iters), "the report"))[0]
+            iters = struct.unpack("!Q", self.xchg(struct.pack("!Q", rep.iters), "report"))[0]
         else:
             iters = struct.unpack("!I", self.xchg(struct.pack("!I", rep.iters & 0xFFFFFFFF),
-                                                  "the report"))[0]
-        vals = [struct.unpack("!d", self.xchg(struct.pack("!d", v), "the report"))[0]
+                                                  "report"))[0]
+        vals = [struct.unpack("!d", self.xchg(struct.pack("!d", v), "report"))[0]
                 for v in (rep.bw_peak, rep.bw_avg, rep.msg_rate)]
         return BwReport(size, iters, *(v if math.isfinite(v) else 0.0 for v in vals))
 
@@ -265,6 +265,14 @@ class PerftestComm:
         self.close()
 
     def close(self) -> None:
+        """Close; first read what the peer sent and we did not (its "done"), so the kernel
+        closes with a FIN rather than a reset the peer might still be reading into."""
+        try:
+            for _ in range(64):
+                if not self.sock.recv(65536):
+                    break
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
