@@ -151,6 +151,9 @@ class SoftDevice:
         self._rxq: deque[tuple[bytes, bytes, bytes, int]] = deque()  # loopback deliveries
         self.capture: Any = None  # a PacketCapture, when capturing
         self.verify_icrc = True  # transports that cannot see the IPv4 ID switch this off
+        # fault injection: drop this fraction of outgoing packets (seeded; counted as
+        # drops["injected_loss"]); SOFTRDMA_TX_LOSS sets it for devices bound to UDP
+        self.tx_loss = 0.0
 
     # -- addressing ------------------------------------------------------------------
     def gid_for_ip(self, ip: str) -> bytes:
@@ -191,6 +194,9 @@ class SoftDevice:
             c = icrc_ipv6(pkt, self.ip_packed, dst_ip, sport)
         pkt[n - 4:] = c.to_bytes(4, "little")
         data = bytes(pkt)
+        if self.tx_loss and self.rng.random() < self.tx_loss:
+            self.counters.drop("injected_loss")
+            return
         self.counters.sent_pkts += 1
         if self.capture is not None:
             self.capture.record(data, self.ip_packed, dst_ip, sport)
@@ -245,6 +251,7 @@ class SoftDevice:
             return self.udp
         self.udp = UdpTransport(self, raw_rx=raw_rx)
         self.clock = time.monotonic
+        self.tx_loss = float(os.environ.get("SOFTRDMA_TX_LOSS", self.tx_loss) or 0.0)
         path = capture or os.environ.get("SOFTRDMA_PCAP")
         if path:
             from .capture import PacketCapture

@@ -1,0 +1,352 @@
+"""A lab of real Linux rxe peers: kernel rxe in VMs, next to softrdma, in a private network.
+
+``Lab`` creates a network namespace with a bridge (10.77.0.1/24, the softrdma side), boots
+guests with the Debian kernel under qemu (virtme-ng, software emulation), gives each guest an
+address (10.77.0.11, .12, ...) and an rxe device ``rxe0`` on its NIC, and runs a small
+command agent in each. Guests share the host's root filesystem read-only, so every host
+binary (rdma-core's ibv_*_pingpong, perftest, python3, this project) is there.
+
+    with Lab(guests=1) as lab:
+        srv = lab.guest_start(0, "ibv_rc_pingpong -g 1 -n 5")       # rxe as the server
+        r = lab.host("softrdma pingpong rc -a 10.77.0.1 -n 5 10.77.0.11")
+        print(r.stdout, srv.wait().stdout)
+
+Traffic never leaves the namespace. Everything is torn down on ``close()``, on exit and on
+SIGTERM/SIGINT. ``docs/lab.md`` has the command-line form (``softrdma lab ...``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Lab", "LabUnavailable", "Result", "missing_prerequisites", "HOST_IP", "guest_ip"]
+
+HOST_IP = "10.77.0.1"
+AGENT_PORT = 7777
+BOOT_TIMEOUT = 240.0  # seconds; TCG boots take 30-45 s, slower when the machine is busy
+
+
+def guest_ip(i: int) -> str:
+    return f"10.77.0.{11 + i}"
+
+
+class LabUnavailable(RuntimeError):
+    """A prerequisite is missing (the message says which and how to get it)."""
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+def _kernel() -> str | None:
+    cands = sorted(Path("/boot").glob("vmlinuz-*"))
+    return str(cands[-1]) if cands else None
+
+
+def _vng() -> str:
+    """virtme-ng's command: on PATH, or beside this interpreter (a virtual environment)."""
+    beside = Path(sys.executable).parent / "vng"
+    return str(beside) if beside.exists() else "vng"
+
+
+def _python() -> str:
+    """The host interpreter by its real path: guests see the host's files, not its PATH
+    tricks (a pyenv shim does not run there)."""
+    return os.path.realpath(sys.executable)
+
+
+def missing_prerequisites() -> list[str]:
+    """What this machine lacks to run the lab (empty when it can)."""
+    out = []
+    if os.geteuid() != 0:
+        out.append("root (network namespaces, tap devices)")
+    for exe, pkg in (("ip", "iproute2"), ("qemu-system-x86_64", "qemu-system-x86"),
+                     (_vng(), "virtme-ng (pip)"), ("ibv_rc_pingpong", "ibverbs-utils"),
+                     ("ib_write_bw", "perftest"), ("rdma", "iproute2 (rdma tool)"),
+                     ("tcpdump", "tcpdump")):
+        if shutil.which(exe) is None:
+            out.append(f"{exe} ({pkg})")
+    if _kernel() is None:
+        out.append("a kernel image in /boot (linux-image-amd64)")
+    return out
+
+
+_AGENT = r'''
+import json, os, socket, subprocess, sys, threading
+ip = sys.argv[1]
+jobs = {}
+def handle(c):
+    f = c.makefile("rwb")
+    req = json.loads(f.readline())
+    op = req["op"]
+    if op == "run":
+        try:
+            p = subprocess.run(req["cmd"], shell=True, capture_output=True, text=True, timeout=req.get("timeout", 120))
+            res = {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+        except subprocess.TimeoutExpired as e:
+            res = {"rc": 124, "stdout": e.stdout or "", "stderr": (e.stderr or "") + "\nTIMEOUT"}
+    elif op == "start":
+        p = subprocess.Popen(req["cmd"], shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        jobs[req["id"]] = p
+        res = {"rc": 0, "stdout": "", "stderr": ""}
+    elif op == "wait":
+        p = jobs.pop(req["id"])
+        try:
+            out, err = p.communicate(timeout=req.get("timeout", 120))
+            res = {"rc": p.returncode, "stdout": out, "stderr": err}
+        except subprocess.TimeoutExpired:
+            p.kill(); out, err = p.communicate()
+            res = {"rc": 124, "stdout": out, "stderr": err + "\nTIMEOUT"}
+    elif op == "ping":
+        res = {"rc": 0, "stdout": "pong", "stderr": ""}
+    elif op == "poweroff":
+        f.write((json.dumps({"rc": 0, "stdout": "", "stderr": ""}) + "\n").encode()); f.flush()
+        os.system("poweroff -f")
+        return
+    f.write((json.dumps(res) + "\n").encode()); f.flush(); c.close()
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((ip, int(sys.argv[2]))); s.listen(16)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=handle, args=(c,), daemon=True).start()
+'''
+
+_SETUP = r'''#!/bin/sh
+IP=$1; DIR=$2; PY=$3
+NIC=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+ip link set lo up
+ip addr add $IP/24 dev $NIC
+ip link set $NIC up
+modprobe rdma_rxe
+modprobe sch_netem 2>/dev/null
+rdma link add rxe0 type rxe netdev $NIC
+echo "$NIC" > $DIR/nic.$IP
+exec $PY $DIR/agent.py $IP ''' + str(AGENT_PORT) + '''
+'''
+
+_CLIENT = r'''
+import json, socket, sys
+req = json.loads(sys.argv[2])
+deadline = req.pop("_connect", 5)
+import time
+t = time.time()
+while True:
+    try:
+        c = socket.create_connection((sys.argv[1], AGENT_PORT), timeout=2); break
+    except OSError:
+        if time.time() - t > deadline: print(json.dumps({"rc": 255, "stdout": "", "stderr": "agent unreachable"})); sys.exit(0)
+        time.sleep(0.5)
+c.settimeout(None)
+f = c.makefile("rwb")
+f.write((json.dumps(req) + "\n").encode()); f.flush()
+sys.stdout.write(f.readline().decode())
+'''.replace("AGENT_PORT", str(AGENT_PORT))
+
+
+class GuestJob:
+    def __init__(self, lab: "Lab", guest: int, job_id: str) -> None:
+        self.lab, self.guest, self.id = lab, guest, job_id
+
+    def wait(self, timeout: float = 120) -> Result:
+        return self.lab._agent(self.guest, {"op": "wait", "id": self.id, "timeout": timeout},
+                               timeout + 10)
+
+
+class Lab:
+    def __init__(self, guests: int = 1, *, memory: str = "1G", workdir: str | None = None,
+                 boot_timeout: float = BOOT_TIMEOUT) -> None:
+        miss = missing_prerequisites()
+        if miss:
+            raise LabUnavailable("the rxe lab needs: " + ", ".join(miss))
+        self.n = guests
+        self.ns = f"srxlab{os.getpid()}"
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="softrdma-lab-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen] = []
+        self.host_procs: list[subprocess.Popen] = []
+        self._job = 0
+        self.closed = False
+        self.nics: dict[int, str] = {}
+        atexit.register(self.close)
+        self._old_handlers = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread
+                pass
+        try:
+            self._up(memory, boot_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- life cycle ---------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.close()
+        old = self._old_handlers.get(signum)
+        if callable(old):
+            old(signum, frame)
+        else:
+            raise SystemExit(128 + signum)
+
+    def _sh(self, cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, check=check)
+
+    def _up(self, memory: str, boot_timeout: float) -> None:
+        (self.dir / "agent.py").write_text(_AGENT)
+        (self.dir / "setup.sh").write_text(_SETUP)
+        os.chmod(self.dir / "setup.sh", 0o755)
+        (self.dir / "client.py").write_text(_CLIENT)
+        ns = self.ns
+        self._sh(f"ip netns add {ns}")
+        taps = " ".join(f"tap{i}" for i in range(self.n))
+        self._sh(f"ip netns exec {ns} sh -c 'ip link set lo up; ip link add br0 type bridge; "
+                 f"ip addr add {HOST_IP}/24 dev br0; ip link set br0 up; for t in {taps}; do "
+                 f"ip tuntap add dev $t mode tap; ip link set $t master br0; ip link set $t up; "
+                 f"done'")
+        kernel = _kernel()
+        for i in range(self.n):
+            mac = f"52:54:00:00:00:{0x11 + i:02x}"
+            cmd = ["ip", "netns", "exec", ns, _vng(), "--run", kernel, "--disable-kvm",
+                   "--force-9p", "--name", f"g{i}", "--memory", memory, "--rwdir", str(self.dir),
+                   f"--qemu-opts=-netdev tap,id=t{i},ifname=tap{i},script=no,downscript=no "
+                   f"-device virtio-net-pci,netdev=t{i},mac={mac}",
+                   "--exec", f"{self.dir}/setup.sh {guest_ip(i)} {self.dir} {_python()}"]
+            log = open(self.dir / f"guest{i}.log", "w")
+            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, start_new_session=True))
+        deadline = time.monotonic() + boot_timeout
+        for i in range(self.n):
+            while True:
+                r = self._agent(i, {"op": "ping", "_connect": 3}, 10)
+                if r.ok:
+                    break
+                if self.procs[i].poll() is not None or time.monotonic() > deadline:
+                    log = (self.dir / f"guest{i}.log").read_text()[-2000:]
+                    raise LabUnavailable(f"guest {i} did not come up: {log}")
+            nic_file = self.dir / f"nic.{guest_ip(i)}"
+            self.nics[i] = nic_file.read_text().strip() if nic_file.exists() else "eth0"
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for p in self.host_procs:
+            if p.poll() is None:
+                p.kill()
+        for i, p in enumerate(self.procs):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old)
+            except (ValueError, TypeError):
+                pass
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- running things ---------------------------------------------------------------------
+    def _agent(self, guest: int, req: dict, timeout: float) -> Result:
+        cmd = ["ip", "netns", "exec", self.ns, sys.executable, str(self.dir / "client.py"),
+               guest_ip(guest), json.dumps(req)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Result(124, "", "agent request timed out")
+        try:
+            d = json.loads(p.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return Result(255, p.stdout, p.stderr)
+        return Result(d["rc"], d["stdout"], d["stderr"])
+
+    def guest(self, i: int, cmd: str, timeout: float = 120) -> Result:
+        """Run ``cmd`` (a shell line) in guest ``i`` and wait for it."""
+        return self._agent(i, {"op": "run", "cmd": cmd, "timeout": timeout}, timeout + 15)
+
+    def guest_start(self, i: int, cmd: str) -> GuestJob:
+        """Start ``cmd`` in guest ``i`` in the background; ``.wait()`` collects it."""
+        self._job += 1
+        jid = f"j{self._job}"
+        r = self._agent(i, {"op": "start", "id": jid, "cmd": cmd}, 30)
+        if not r.ok:
+            raise RuntimeError(f"could not start {cmd!r} in guest {i}: {r.stderr}")
+        return GuestJob(self, i, jid)
+
+    def _host_argv(self, cmd: str | list[str]) -> list[str]:
+        argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+        if argv and argv[0] == "softrdma":
+            argv = [sys.executable, "-m", "softrdma"] + argv[1:]
+        return ["ip", "netns", "exec", self.ns] + argv
+
+    def host(self, cmd: str | list[str], timeout: float = 120,
+             env: dict[str, str] | None = None) -> Result:
+        """Run ``cmd`` on the softrdma side (in the lab's namespace) and wait for it."""
+        try:
+            p = subprocess.run(self._host_argv(cmd), capture_output=True, text=True,
+                               timeout=timeout, env=self._env(env))
+        except subprocess.TimeoutExpired as e:
+            return Result(124, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else
+                          (e.stdout or ""), "TIMEOUT")
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    def host_start(self, cmd: str | list[str],
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
+        p = subprocess.Popen(self._host_argv(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=self._env(env))
+        self.host_procs.append(p)
+        return p
+
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(extra or {})
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def capture(self, path: str | Path) -> subprocess.Popen:
+        """tcpdump of all RoCEv2 traffic on the lab's bridge into ``path``; stop with
+        ``.terminate()``."""
+        p = subprocess.Popen(["ip", "netns", "exec", self.ns, "tcpdump", "-i", "br0", "-U", "-s",
+                              "0", "-w", str(path), "udp", "port", "4791"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        return p
+
+    def netem(self, i: int, spec: str | None) -> Result:
+        """Apply ``tc netem`` (e.g. "loss 5%") to guest ``i``'s NIC, or remove it (None)."""
+        nic = self.nics[i]
+        if spec is None:
+            return self.guest(i, f"tc qdisc del dev {nic} root 2>/dev/null; true")
+        return self.guest(i, f"tc qdisc replace dev {nic} root netem {spec}")

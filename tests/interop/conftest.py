@@ -1,0 +1,58 @@
+"""Session fixture: one lab of real Linux rxe peers (softrdma.lab) for all interop tests.
+
+Missing prerequisites skip these tests locally with one line naming them, and fail under
+CI=true. Each test that fails keeps a pcap of its traffic in tests/interop/failed-pcaps/.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from softrdma.lab import Lab, LabUnavailable, missing_prerequisites
+
+from ..conftest import IN_CI
+
+FAILED = Path(__file__).parent / "failed-pcaps"
+
+
+@pytest.fixture(scope="session")
+def lab():
+    miss = missing_prerequisites()
+    if miss:
+        msg = "rxe interop lab prerequisites missing: " + ", ".join(miss)
+        if IN_CI:
+            pytest.fail("CI=true and " + msg)
+        pytest.skip(msg)
+    try:
+        lb = Lab(guests=1)
+    except LabUnavailable as e:
+        if IN_CI:
+            pytest.fail(f"CI=true and the lab did not start: {e}")
+        pytest.skip(str(e))
+    yield lb
+    lb.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call":
+        item._interop_failed = rep.failed
+
+
+@pytest.fixture
+def scenario(lab, request, tmp_path):
+    """Capture the scenario's RoCE traffic; keep the pcap if the test fails; undo netem."""
+    pcap = tmp_path / f"{request.node.name}.pcap"
+    cap = lab.capture(pcap)
+    yield lab
+    cap.terminate()
+    cap.wait(timeout=10)
+    lab.netem(0, None)
+    if getattr(request.node, "_interop_failed", False) and pcap.exists():
+        FAILED.mkdir(exist_ok=True)
+        shutil.copy(pcap, FAILED / pcap.name)
