@@ -308,6 +308,8 @@ class Lab:
         argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
         if argv and argv[0] == "softrdma":
             argv = [sys.executable, "-m", "softrdma"] + argv[1:]
+        elif argv and argv[0] in ("python3", "python"):
+            argv = [sys.executable] + argv[1:]
         return ["ip", "netns", "exec", self.ns] + argv
 
     def host(self, cmd: str | list[str], timeout: float = 120,
