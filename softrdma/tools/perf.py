@@ -422,8 +422,8 @@ class Perf:
         return ToolError(f"Completion with error at {where}: Failed status "
                          f"{wc_status_str(wc.status)} ({wc.status}) for wr_id {wc.wr_id}")
 
-    def wait_send(self) -> Any:
-        cq = self.scq
+    def _wait_one(self, cq: Any) -> Any:
+        """The next completion of ``cq``, making progress while there is none."""
         while True:
             n, wcs = cq.poll(1)
             if n:
@@ -433,16 +433,11 @@ class Perf:
                 return wc
             self.idle()
 
+    def wait_send(self) -> Any:
+        return self._wait_one(self.scq)
+
     def wait_recv(self) -> Any:
-        cq = self.rcq
-        while True:
-            n, wcs = cq.poll(1)
-            if n:
-                wc = wcs[0]
-                if wc.status:
-                    raise self._bad(wc, "client" if not self.server else "server")
-                return wc
-            self.idle()
+        return self._wait_one(self.rcq)
 
     # -- address cycling (increase_rem_addr / increase_loc_addr) ---------------------------------
     def slots(self, size: int) -> tuple[int, int]:
