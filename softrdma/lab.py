@@ -337,13 +337,21 @@ class Lab:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
-    def capture(self, path: str | Path) -> subprocess.Popen:
-        """tcpdump of all RoCEv2 traffic on the lab's bridge into ``path``; stop with
-        ``.terminate()``."""
-        p = subprocess.Popen(["ip", "netns", "exec", self.ns, "tcpdump", "-i", "br0", "-U", "-s",
+    def capture(self, path: str | Path, iface: str = "br0") -> subprocess.Popen:
+        """tcpdump of RoCEv2 traffic into ``path``; stop with ``.terminate()``. ``br0`` sees
+        everything softrdma sends and receives; traffic between two guests is forwarded
+        between their tap ports and only seen there (``tap0`` for guest 0)."""
+        p = subprocess.Popen(["ip", "netns", "exec", self.ns, "tcpdump", "-i", iface, "-U", "-s",
                               "0", "-w", str(path), "udp", "port", "4791"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # tcpdump says "listening on br0" once the capture is armed; packets sent before
+        # that are lost, so wait for it rather than for a guessed delay
+        assert p.stderr is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = p.stderr.readline()
+            if not line or "listening on" in line:
+                break
         return p
 
     def netem(self, i: int, spec: str | None) -> Result:
