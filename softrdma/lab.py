@@ -330,6 +330,17 @@ class Lab:
         self.host_procs.append(p)
         return p
 
+    def kill_host_procs(self) -> None:
+        """Kill host-side commands started with host_start that are still running."""
+        for p in self.host_procs:
+            if p.poll() is None:
+                p.kill()
+                try:
+                    p.communicate(timeout=10)
+                except (subprocess.TimeoutExpired, ValueError):
+                    pass
+        self.host_procs = [p for p in self.host_procs if p.poll() is None]
+
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env.update(extra or {})

@@ -53,6 +53,7 @@ def scenario(lab, request, tmp_path):
     cap.terminate()
     cap.wait(timeout=10)
     lab.netem(0, None)
+    lab.kill_host_procs()  # whatever a failed scenario left running on the softrdma side
     if getattr(request.node, "_interop_failed", False) and pcap.exists():
         FAILED.mkdir(exist_ok=True)
         shutil.copy(pcap, FAILED / pcap.name)

@@ -32,9 +32,14 @@ def run_case(lab, rxe, soft, softrdma_is_server, env=None):
     port = next(PORTS)
     if softrdma_is_server:
         p = lab.host_start(f"{soft} -p {port} --addr {HOST_IP}", env=env)
-        time.sleep(1.5)
-        g = lab.guest(0, f"timeout 120 {rxe} -p {port} {HOST_IP}", timeout=140)
-        out, err = p.communicate(timeout=140)
+        try:
+            time.sleep(1.5)
+            g = lab.guest(0, f"timeout 120 {rxe} -p {port} {HOST_IP}", timeout=140)
+            out, err = p.communicate(timeout=140)
+        finally:
+            if p.poll() is None:  # never leave a server holding UDP 4791 for the next test
+                p.kill()
+                p.communicate()
         return (p.returncode, out, err), (g.rc, g.stdout, g.stderr)
     job = lab.guest_start(0, f"timeout 120 {rxe} -p {port}")
     time.sleep(1.5)

@@ -26,9 +26,14 @@ def _run(lab, kind, size, iters, softrdma_is_server, env=None):
     soft_cmd = f"softrdma pingpong {kind} --addr {HOST_IP} -n {iters} -s {size} -p {port} {extra}"
     if softrdma_is_server:
         srv = lab.host_start(soft_cmd, env=env)
-        time.sleep(1.0)
-        cli = lab.guest(0, rxe_cmd + HOST_IP, timeout=100)
-        out, err = srv.communicate(timeout=100)
+        try:
+            time.sleep(1.0)
+            cli = lab.guest(0, rxe_cmd + HOST_IP, timeout=100)
+            out, err = srv.communicate(timeout=100)
+        finally:
+            if srv.poll() is None:  # never leave a server holding UDP 4791 for the next test
+                srv.kill()
+                srv.communicate()
         return (srv.returncode, out, err), (cli.rc, cli.stdout, cli.stderr)
     job = lab.guest_start(0, rxe_cmd)
     time.sleep(1.0)
@@ -54,15 +59,26 @@ def test_pingpong(scenario, kind, size, role):
 
 
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
-@pytest.mark.parametrize("kind", ["rc", "srq"])
+@pytest.mark.parametrize("kind", ["rc"])
 def test_pingpong_with_loss(scenario, kind, role):
-    """5 % loss both ways: tc netem on the guest's NIC drops rxe's packets, softrdma's own
-    fault injection (SOFTRDMA_TX_LOSS) drops its packets (the host kernel here has no
-    netem). Retransmission, NAKs and duplicates meet rxe's own engines."""
+    """5 % loss on the server's packets (data and ACKs), so retransmission, PSN NAKs and
+    duplicates meet rxe's own engines: with softrdma serving, softrdma's requester retries
+    and rxe's responder NAKs and re-ACKs; with rxe serving, the other way round.
+
+    Loss on the client's packets is left out on purpose: the pingpong protocol ends when the
+    client has its last message, so a lost final ACK from the client leaves the server
+    retrying forever at a QP that no longer exists (retry_cnt 7 is infinite on rxe too).
+    ibv_srq_pingpong is left out for the same reason in both directions: with several QPs
+    one side can finish while the other still waits for ACKs on other QPs. (Seen in the
+    lab, with rxe and softrdma alike as the side left retrying.)"""
     lab = scenario
-    assert lab.netem(0, "loss 5%").ok
+    env = None
+    if role == "softrdma-server":
+        env = {"SOFTRDMA_TX_LOSS": "0.05"}  # softrdma's own seeded fault injection
+    else:
+        assert lab.netem(0, "loss 5%").ok  # tc netem on the rxe guest's NIC
     iters, size = 30, 4096
     (src, sout, serr), (rrc, rout, rerr) = _run(lab, kind, size, iters, role == "softrdma-server",
-                                                env={"SOFTRDMA_TX_LOSS": "0.05"})
+                                                env=env)
     assert src == 0 and rrc == 0, f"softrdma: {serr}\nrxe: {rerr}"
     assert _ok(sout, iters, size) and _ok(rout, iters, size)
