@@ -25,7 +25,11 @@ CASES = [
     ("write_lat", "ib_write_lat -x 1 -n 50 -s 64 -F", "softrdma perf write --lat -n 50 -s 64", 64, 50),
     ("read_lat", "ib_read_lat -x 1 -n 50 -s 64 -F", "softrdma perf read --lat -n 50 -s 64", 64, 50),
 ]
-ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", re.M)
+# perftest's result row. Its latency columns can read "inf"/"-nan" inside a TCG guest, where
+# it measures the CPU frequency as 0 (-F ignores that); the row must still be there with
+# the right size and iteration count.
+_NUM = r"(?:[\d.]+|inf|-?nan)"
+ROW = re.compile(rf"^\s*(\d+)\s+(\d+)\s+{_NUM}\s+{_NUM}", re.M)
 
 
 def run_case(lab, rxe, soft, softrdma_is_server, env=None):
