@@ -27,6 +27,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["SoftDevice", "DeviceLimits", "RXE_MAX_HDR_LENGTH", "active_mtu_for"]
 
+from ..wire.opcodes import OPCODES as _OPCODES
+
+_RESPONSE_OPCODES = frozenset(op for op, i in _OPCODES.items() if i.is_response)
 RXE_MAX_HDR_LENGTH = 80  # rxe subtracts this from the netdev MTU before picking an IB MTU
 RXE_MIN_QP_INDEX = 16  # first QPN handed to users; 0 (SMI) and 1 (GSI) are reserved
 
@@ -154,6 +157,7 @@ class SoftDevice:
         # fault injection: drop this fraction of outgoing packets (seeded; counted as
         # drops["injected_loss"]); SOFTRDMA_TX_LOSS sets it for devices bound to UDP
         self.tx_loss = 0.0
+        self.tx_loss_requests_only = False  # SOFTRDMA_TX_LOSS_KIND=requests: spare ACKs
 
     # -- addressing ------------------------------------------------------------------
     def gid_for_ip(self, ip: str) -> bytes:
@@ -194,7 +198,8 @@ class SoftDevice:
             c = icrc_ipv6(pkt, self.ip_packed, dst_ip, sport)
         pkt[n - 4:] = c.to_bytes(4, "little")
         data = bytes(pkt)
-        if self.tx_loss and self.rng.random() < self.tx_loss:
+        if self.tx_loss and self.rng.random() < self.tx_loss and not (
+                self.tx_loss_requests_only and data[0] in _RESPONSE_OPCODES):
             self.counters.drop("injected_loss")
             return
         self.counters.sent_pkts += 1
@@ -252,6 +257,7 @@ class SoftDevice:
         self.udp = UdpTransport(self, raw_rx=raw_rx)
         self.clock = time.monotonic
         self.tx_loss = float(os.environ.get("SOFTRDMA_TX_LOSS", self.tx_loss) or 0.0)
+        self.tx_loss_requests_only = os.environ.get("SOFTRDMA_TX_LOSS_KIND") == "requests"
         path = capture or os.environ.get("SOFTRDMA_PCAP")
         if path:
             from .capture import PacketCapture
