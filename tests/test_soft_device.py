@@ -245,3 +245,14 @@ def test_injected_tx_loss_is_seeded_and_counted(devices, monkeypatch):
     assert a.cq.poll_all()[0].status == 0
     assert da.counters.completer_retry_err >= 1
     a.close(), b.close()
+
+
+def test_bad_icrc_is_dropped_whatever_the_source_port():
+    """Source port 0 is a legal value in the ICRC (the ConnectX CNP vector uses it): it must
+    not switch verification off."""
+    from softrdma.soft.device import SoftDevice
+    d = SoftDevice("t-port0", "10.9.9.1")
+    raw = build(Opcode.RC_SEND_ONLY, dest_qp=0x20, psn=1, payload=b"hi")  # ICRC left 0: wrong
+    for sport in (0, 0xC001):
+        d.receive(bytes(raw), bytes([10, 9, 9, 2]), d.ip_packed, sport=sport, verify_icrc=True)
+    assert d.counters.icrc_err == 2 and d.counters.drops["bad_icrc"] == 2

@@ -45,10 +45,10 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
     if verify:
         roce = pkt.buf
         if len(src_ip) == 4:
-            good = icrc_ipv4(roce, src_ip, dst_ip, sport, ip_id=ip_id) if sport else None
+            good = icrc_ipv4(roce, src_ip, dst_ip, sport, ip_id=ip_id)
         else:
-            good = icrc_ipv6(roce, src_ip, dst_ip, sport) if sport else None
-        if good is not None and good != pkt.icrc:
+            good = icrc_ipv6(roce, src_ip, dst_ip, sport)
+        if good != pkt.icrc:
             c.icrc_err += 1
             c.drop("bad_icrc")
             return
