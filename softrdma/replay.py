@@ -153,7 +153,6 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         my_qpn = mine_out[0].pkt.src_qp
     reqs_in = [c for c in to_me if c.pkt.info.is_request]
     reqs_out = [c for c in mine_out if c.pkt.info.is_request]
-    resps_in = [c for c in to_me if c.pkt.info.is_response]
     mtu = 1024
 
     dev = SoftDevice(device_name, str(ipaddress.ip_address(me)), mtu=1500, seed=1)

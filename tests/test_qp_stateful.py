@@ -27,7 +27,6 @@ from softrdma.errors import PyverbsRDMAError
 from softrdma.verbs_api import (
     AH, CQ, PD, QP, Context, QPCap, QPInitAttr, RecvWR, SendWR, add_device, remove_device,
 )
-from softrdma.verbs_api import enums as E
 
 from .verbs_helpers import (
     ERR, INIT, MASK_BITS, NO_SUCH_QPN, PATHS, RC, RESET, RTR, RTS, SQD, STATE_NAMES, TABLE, UC,

@@ -14,7 +14,6 @@ with what the real tool sent in the capture.
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import re
 import socket

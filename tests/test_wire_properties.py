@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from softrdma.wire.frames import FrameError, decode_frame, encode_frame, LINKTYPE_RAW
 from softrdma.wire.icrc import icrc_from_ip_packet
-from softrdma.wire.opcodes import OPCODES, Hdr
+from softrdma.wire.opcodes import OPCODES
 from softrdma.wire.packet import DecodeError, FIELDS_BY_HEADER, build, parse
 from softrdma.wire.pcap import PcapError, PcapWriter, read_pcap
 

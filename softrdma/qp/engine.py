@@ -12,6 +12,7 @@ from typing import Any
 
 from ..enums import ibv_qp_state as S, ibv_qp_type as T, mtu_to_bytes
 from .completer import Completer
+from .psn import psn_diff
 from .params import qp_timeout_seconds, udp_sport_for_path, udp_sport_for_qpn
 from .requester import Requester
 from .responder import Responder
@@ -163,7 +164,6 @@ class QpEngine:
         qp = self.qp
         if qp.qp_type != T.IBV_QPT_RC or qp.state not in (S.IBV_QPS_RTS, S.IBV_QPS_SQD):
             return
-        from .psn import psn_diff
         if psn_diff(self.req.psn, self.comp.psn) > 0:
             t = qp_timeout_seconds(qp.attr.timeout)
             if t is not None:

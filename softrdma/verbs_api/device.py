@@ -24,7 +24,7 @@ from ..errors import PyverbsRDMAError
 from ..soft.device import SoftDevice
 from .attr import GID
 from .enums import (
-    ibv_atomic_cap, ibv_event_type, ibv_gid_type, ibv_link_layer, ibv_node_type, ibv_port_state,
+    ibv_atomic_cap, ibv_gid_type, ibv_link_layer, ibv_node_type, ibv_port_state,
     ibv_transport_type,
 )
 

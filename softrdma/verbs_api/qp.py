@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 from ..errors import PyverbsRDMAError
 from ..qp.transitions import check_transition
-from ..qp.wqe import RecvWqe, SendWqe, WqeState
+from ..qp.wqe import RecvWqe, SendWqe
 from .ah import AddressVector, resolve_av
 from .attr import AHAttr, QPAttr, QPCap, QPInitAttr
 from .base import Resource

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .enums import ibv_send_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode, wc_status_str
+from .enums import ibv_send_flags, ibv_wr_opcode
 
 __all__ = ["SGE", "SendWR", "RecvWR", "WC", "MWBindInfo"]
 

@@ -28,7 +28,7 @@ from .headers import (
     BTH_PSN_MASK, BTH_QPN_MASK, BTH_SE, BTH_STRUCT, DEFAULT_PKEY, DETH_STRUCT, RETH_STRUCT,
     U32_STRUCT,
 )
-from .opcodes import BTH_SIZE, ICRC_SIZE, Hdr, OpInfo, OPCODE_LIST
+from .opcodes import ICRC_SIZE, Hdr, OpInfo, OPCODE_LIST
 
 __all__ = ["DecodeError", "RocePacket", "parse", "build", "FIELDS_BY_HEADER"]
 

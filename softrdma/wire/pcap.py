@@ -17,7 +17,6 @@ scapy and ``softrdma dissect`` all read.
 
 from __future__ import annotations
 
-import io
 import os
 import struct
 import time

@@ -5,8 +5,6 @@ data."""
 from __future__ import annotations
 
 import json
-import socket
-import struct
 import time
 
 from softrdma.lab import HOST_IP, guest_ip
