@@ -62,10 +62,39 @@ def _kernel() -> str | None:
     return str(cands[-1]) if cands else None
 
 
+def tool_path() -> str:
+    """The PATH the lab runs its tools with: this interpreter's own bin directory first.
+
+    virtme-ng installs ``vng`` and ``virtme-run`` beside the interpreter of a virtual
+    environment, and ``vng`` runs ``virtme-run`` by name. A program started as
+    ``.venv/bin/python`` without the venv activated (CI, the README's test command) does not
+    have that directory on PATH, so it is added here rather than expected from the caller.
+    """
+    here = str(Path(sys.executable).parent)  # not resolved: a venv's python is a symlink
+    parts = [here] + [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep)
+                      if p and p != here]
+    for sysdir in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+        if sysdir not in parts:  # ip, tc and qemu live in sbin, which a user PATH may lack
+            parts.append(sysdir)
+    return os.pathsep.join(parts)
+
+
+def tool_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """os.environ with :func:`tool_path` as PATH (and ``extra`` on top)."""
+    env = dict(os.environ)
+    env["PATH"] = tool_path()
+    env.update(extra or {})
+    return env
+
+
 def _vng() -> str:
-    """virtme-ng's command: on PATH, or beside this interpreter (a virtual environment)."""
-    beside = Path(sys.executable).parent / "vng"
-    return str(beside) if beside.exists() else "vng"
+    """virtme-ng's command, found on :func:`tool_path`."""
+    return shutil.which("vng", path=tool_path()) or "vng"
+
+
+def vng_command(kernel: str, *args: str) -> list[str]:
+    """The virtme-ng command line that boots ``kernel`` under TCG (the recipe's flags)."""
+    return [_vng(), "--run", kernel, "--disable-kvm", "--force-9p", *args]
 
 
 def _python() -> str:
@@ -79,11 +108,12 @@ def missing_prerequisites() -> list[str]:
     out = []
     if os.geteuid() != 0:
         out.append("root (network namespaces, tap devices)")
+    path = tool_path()
     for exe, pkg in (("ip", "iproute2"), ("qemu-system-x86_64", "qemu-system-x86"),
-                     (_vng(), "virtme-ng (pip)"), ("ibv_rc_pingpong", "ibverbs-utils"),
-                     ("ib_write_bw", "perftest"), ("rdma", "iproute2 (rdma tool)"),
-                     ("tcpdump", "tcpdump")):
-        if shutil.which(exe) is None:
+                     ("vng", "virtme-ng (pip)"), ("virtme-run", "virtme-ng (pip)"),
+                     ("ibv_rc_pingpong", "ibverbs-utils"), ("ib_write_bw", "perftest"),
+                     ("rdma", "iproute2 (rdma tool)"), ("tcpdump", "tcpdump")):
+        if shutil.which(exe, path=path) is None:
             out.append(f"{exe} ({pkg})")
     if _kernel() is None:
         out.append("a kernel image in /boot (linux-image-amd64)")
@@ -209,7 +239,8 @@ class Lab:
             raise SystemExit(128 + signum)
 
     def _sh(self, cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, shell=True, capture_output=True, text=True, check=check)
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, check=check,
+                              env=tool_env())
 
     def _up(self, memory: str, boot_timeout: float) -> None:
         (self.dir / "agent.py").write_text(_AGENT)
@@ -226,14 +257,15 @@ class Lab:
         kernel = _kernel()
         for i in range(self.n):
             mac = f"52:54:00:00:00:{0x11 + i:02x}"
-            cmd = ["ip", "netns", "exec", ns, _vng(), "--run", kernel, "--disable-kvm",
-                   "--force-9p", "--name", f"g{i}", "--memory", memory, "--rwdir", str(self.dir),
+            cmd = ["ip", "netns", "exec", ns] + vng_command(
+                   kernel, "--name", f"g{i}", "--memory", memory, "--rwdir", str(self.dir),
                    f"--qemu-opts=-netdev tap,id=t{i},ifname=tap{i},script=no,downscript=no "
                    f"-device virtio-net-pci,netdev=t{i},mac={mac}",
-                   "--exec", f"{self.dir}/setup.sh {guest_ip(i)} {self.dir} {_python()}"]
+                   "--exec", f"{self.dir}/setup.sh {guest_ip(i)} {self.dir} {_python()}")
             log = open(self.dir / f"guest{i}.log", "w")
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                               stdin=subprocess.DEVNULL, start_new_session=True))
+                                               stdin=subprocess.DEVNULL, start_new_session=True,
+                                               env=tool_env()))
         deadline = time.monotonic() + boot_timeout
         for i in range(self.n):
             while True:
@@ -264,7 +296,7 @@ class Lab:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, env=tool_env())
         for sig, old in self._old_handlers.items():
             try:
                 signal.signal(sig, old)
@@ -282,7 +314,8 @@ class Lab:
         cmd = ["ip", "netns", "exec", self.ns, sys.executable, str(self.dir / "client.py"),
                guest_ip(guest), json.dumps(req)]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                               env=tool_env())
         except subprocess.TimeoutExpired:
             return Result(124, "", "agent request timed out")
         try:
@@ -342,8 +375,7 @@ class Lab:
         self.host_procs = [p for p in self.host_procs if p.poll() is None]
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(extra or {})
+        env = tool_env(extra)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
@@ -354,7 +386,8 @@ class Lab:
         between their tap ports and only seen there (``tap0`` for guest 0)."""
         p = subprocess.Popen(["ip", "netns", "exec", self.ns, "tcpdump", "-i", iface, "-U", "-s",
                               "0", "-w", str(path), "udp", "port", "4791"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=tool_env())
         # tcpdump says "listening on br0" once the capture is armed; packets sent before
         # that are lost, so wait for it rather than for a guessed delay
         assert p.stderr is not None
