@@ -1,9 +1,18 @@
 """The progress engine: what makes a soft device move on its own, like a NIC.
 
-A :class:`Progress` thread waits (``select``) on the device's socket and a wake-up pipe,
-delivers arriving packets to the engines, and fires the QPs' timers on time. Verbs calls
-run on the caller's thread under the device lock (``post_send`` sends at once); the thread
-only does what nobody asked for: receive and time out. ``stop()`` joins it.
+A :class:`Progress` thread waits on the device's socket and a wake-up pipe (``selectors``:
+epoll on Linux, so descriptors numbered above 1,024 are fine), delivers arriving packets
+to the engines, fires the QPs' timers on time and handles looped-back packets. Verbs calls
+run on the caller's thread under the device lock (``post_send`` sends at once, and a
+caller polling an empty CQ reads the socket itself); the thread does what nobody asked
+for: receive while the program sleeps or blocks, and time out. ``stop()`` joins it, and
+every thread still running at interpreter exit is stopped by an ``atexit`` hook, so a
+program that never closes its context still exits at once.
+
+The thread cannot die silently: an unexpected error while handling one event is logged
+and counted (``counters.progress_errors``) and the loop goes on; if the loop itself cannot
+go on (its selector fails), the device is marked failed (:meth:`SoftDevice.fail`), which
+wakes every waiter with an error.
 
 Manual mode (``SoftDevice.attach_udp(..., thread=False)``) has no thread: the program
 calls ``device.poll(timeout)`` to make progress, deterministically.
@@ -11,29 +20,38 @@ calls ``device.poll(timeout)`` to make progress, deterministically.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
-import select
+import selectors
 import threading
 import time
+import weakref
 from typing import Any
 
-__all__ = ["Progress", "poll_once"]
+__all__ = ["Progress", "poll_once", "stop_all"]
 
 MAX_SLEEP = 0.05  # seconds; bounds the wait when no timer is armed
+log = logging.getLogger("softrdma")
+_running: "weakref.WeakSet[Progress]" = weakref.WeakSet()
 
 
 def poll_once(device: Any, transport: Any, timeout: float) -> int:
     """Wait up to ``timeout`` for packets or the next timer, handle them; return events."""
     with device.lock:
         dl = device.next_deadline()
+        n = device.run_local()
     now = time.monotonic()
     wait = timeout if dl is None else max(0.0, min(timeout, dl - now))
-    r, _, _ = select.select([transport.fileno()], [], [], wait)
-    n = 0
+    if n:
+        wait = 0.0
+    sel = transport.selector()
+    ready = sel.select(wait)
     with device.lock:
-        if r:
+        if ready:
             n += transport.receive_ready()
         n += device.fire_timers(time.monotonic())
+        n += device.run_local()
     return n
 
 
@@ -44,53 +62,94 @@ class Progress(threading.Thread):
         self.transport = transport
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(transport.fileno(), selectors.EVENT_READ, "rx")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._stopping = False
         self._sleep_until = 0.0
+        self._logged: set[type] = set()
         device.on_timer_change = self._on_timer_change
+
+    def start(self) -> None:
+        super().start()
+        _running.add(self)
 
     def _on_timer_change(self, deadline: float | None) -> None:
         # a timer armed earlier than our wake-up time: wake the thread to re-plan
         if deadline is not None and deadline < self._sleep_until:
-            try:
-                os.write(self._wake_w, b"t")
-            except OSError:
-                pass
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"w")
+        except OSError:  # full (a wake-up is pending anyway) or closed (stopping)
+            pass
 
     def run(self) -> None:
         dev = self.device
         tr = self.transport
-        fds = [tr.fileno(), self._wake_r]
-        while not self._stopping:
+        try:
+            while not self._stopping:
+                with dev.lock:
+                    dl = dev.next_deadline()
+                now = time.monotonic()
+                wait = MAX_SLEEP if dl is None else max(0.0, min(MAX_SLEEP, dl - now))
+                self._sleep_until = now + wait
+                ready = self._sel.select(wait)
+                self._sleep_until = 0.0
+                if self._stopping:
+                    break
+                rx = False
+                for key, _ in ready:
+                    if key.data == "wake":
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except OSError:
+                            pass
+                    else:
+                        rx = True
+                self._step(rx)
+        except BaseException as e:  # the loop itself broke: nobody may wait in vain
+            if not self._stopping:
+                dev.fail(e)
+
+    def _step(self, rx: bool) -> None:
+        dev = self.device
+        try:
             with dev.lock:
-                dl = dev.next_deadline()
-            now = time.monotonic()
-            wait = MAX_SLEEP if dl is None else max(0.0, min(MAX_SLEEP, dl - now))
-            self._sleep_until = now + wait
-            try:
-                r, _, _ = select.select(fds, [], [], wait)
-            except (OSError, ValueError):
-                break
-            self._sleep_until = 0.0
-            if self._stopping:
-                break
-            if self._wake_r in r:
-                try:
-                    os.read(self._wake_r, 4096)
-                except OSError:
-                    pass
-            with dev.lock:
-                if fds[0] in r:
-                    tr.receive_ready()
+                if rx:
+                    self.transport.receive_ready()
                 dev.fire_timers(time.monotonic())
+                dev.run_local()
+        except Exception as e:
+            # One event went wrong (QP-level errors are contained below us; this is a
+            # last line). Count it, log the first of each kind with its traceback, go on.
+            dev.counters.progress_errors = getattr(dev.counters, "progress_errors", 0) + 1
+            if type(e) not in self._logged:
+                self._logged.add(type(e))
+                log.exception("softrdma device %s: error in the progress thread", dev.name)
 
     def stop(self) -> None:
         self._stopping = True
-        try:
-            os.write(self._wake_w, b"s")
-        except OSError:
-            pass
+        self._wake()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=5)
-        self.device.on_timer_change = None
+        _running.discard(self)
+        if self.device.on_timer_change == self._on_timer_change:
+            self.device.on_timer_change = None
+        self._sel.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+
+def stop_all() -> None:
+    """Stop every running progress thread and close its device's sockets (at exit)."""
+    for p in list(_running):
+        try:
+            p.device.detach()
+        except Exception:  # exiting: do what can be done for the others
+            pass
+
+
+atexit.register(stop_all)

@@ -1,12 +1,19 @@
 """Binding a soft device to real UDP sockets on port 4791.
 
 Sending: rxe gives every QP its own UDP source port (0xC000 + a hash) and the ICRC covers
-that port, so softrdma sends each packet from a socket bound to ``(address, source port)``
-(made on first use and kept). IPv4 sockets are unconnected with ``IP_PMTUDISC_DO``, which
-makes Linux send DF with IP ID 0, the value our ICRC assumes. If a source port cannot be
-bound (another program holds it), the packet is rebuilt for the main socket's port 4791
-and sent from it, and ``counters.sport_fallback`` counts it: rxe does not check source
-ports, so peers still accept it.
+that port, so softrdma sends each packet from a socket bound to ``(address, source port)``.
+Those sockets form a bounded pool (:data:`TX_POOL` per device, and no more than an eighth of
+the process's descriptor limit; the least recently used is closed first and counted in
+``counters.sport_evicted``), so thousands of QPs cost a bounded number of descriptors. IPv4 sockets are
+unconnected with ``IP_PMTUDISC_DO``, which makes Linux send DF with IP ID 0, the value our
+ICRC assumes. If a source port cannot be had (another program holds it, or the process is
+out of descriptors), the packet is rebuilt for the main socket's port 4791 and sent from
+it, and ``counters.sport_fallback`` counts it: rxe does not check source ports, so peers
+still accept it.
+
+Packets addressed to the device itself never touch a socket: they go to the device's
+loopback queue (rxe's ``rxe_loopback``), handled on the same thread right after the call
+that sent them.
 
 Receiving: one socket bound to ``(address, 4791)``. Over IPv6 every field the ICRC covers is
 known (addresses, ports, length), so the ICRC is verified. Over IPv4 the IP identification
@@ -19,19 +26,26 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import resource
+import selectors
 import socket
 import struct
+from collections import OrderedDict
 from typing import Any
 
 from ..wire.headers import ROCE_V2_UDP_DPORT
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
 
-__all__ = ["UdpTransport", "TransportError"]
+__all__ = ["UdpTransport", "TransportError", "TX_POOL"]
 
 IP_MTU_DISCOVER = 10
 IP_PMTUDISC_DO = 2
 UDP_NO_CHECK6_RX = 102
 SOCKBUF = 4 << 20
+TX_POOL = 256  # source-port sockets kept open per device (descriptors are finite) ...
+TX_POOL_SHARE = 8  # ... and at most 1/8 of the process's descriptor limit
+# errors that say "no descriptor or buffer right now", not "this port is someone else's"
+_TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class TransportError(OSError):
@@ -46,7 +60,12 @@ class UdpTransport:
         self.v6 = device.ip_version == 6
         self.family = socket.AF_INET6 if self.v6 else socket.AF_INET
         self.sock = self._bind(port)
-        self.tx: dict[int, socket.socket | None] = {port: self.sock}
+        self.tx: OrderedDict[int, socket.socket] = OrderedDict()  # the LRU pool
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft_limit == resource.RLIM_INFINITY:
+            soft_limit = 1 << 20
+        self.tx_pool = max(4, min(TX_POOL, soft_limit // TX_POOL_SHARE))
+        self.busy_ports: set[int] = set()  # bound by another program: always fall back
         self.raw: socket.socket | None = None
         if raw_rx and not self.v6:
             self.raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
@@ -56,12 +75,18 @@ class UdpTransport:
         device.verify_icrc = self.v6 or self.raw is not None
         device.counters.__dict__.setdefault("icrc_unchecked", 0)
         device.counters.__dict__.setdefault("sport_fallback", 0)
+        device.counters.__dict__.setdefault("sport_evicted", 0)
         self._buf = bytearray(65536)
         self._addr: dict[bytes, tuple[str, int]] = {}
+        self._sel: selectors.BaseSelector | None = None
         self.closed = False
 
     def _bind(self, port: int) -> socket.socket:
-        s = socket.socket(self.family, socket.SOCK_DGRAM)
+        try:
+            s = socket.socket(self.family, socket.SOCK_DGRAM)
+        except OSError as e:
+            raise TransportError(e.errno, f"cannot open a UDP socket for {self.ip}:{port}: "
+                                          f"{e.strerror}") from None
         try:
             if self.v6:
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -88,15 +113,43 @@ class UdpTransport:
     def fileno(self) -> int:
         return (self.raw or self.sock).fileno()
 
+    def selector(self) -> selectors.BaseSelector:
+        """A selector (epoll: no 1,024-descriptor limit) watching the receive socket."""
+        if self._sel is None:
+            self._sel = selectors.DefaultSelector()
+            self._sel.register(self.fileno(), selectors.EVENT_READ)
+        return self._sel
+
     # -- send ---------------------------------------------------------------------------------
+    def _tx_socket(self, sport: int) -> socket.socket | None:
+        """The pooled socket bound to ``sport``, or None to fall back to port 4791."""
+        if sport == self.port:
+            return self.sock
+        s = self.tx.get(sport)
+        if s is not None:
+            self.tx.move_to_end(sport)
+            return s
+        if sport in self.busy_ports:
+            return None
+        if len(self.tx) >= self.tx_pool:
+            # the least recently used port's socket goes; the port stays right on the wire
+            self.tx.popitem(last=False)[1].close()
+            self.device.counters.sport_evicted += 1
+        try:
+            s = self._bind(sport)
+        except TransportError as e:
+            if e.errno not in _TRANSIENT:
+                self.busy_ports.add(sport)
+            return None
+        self.tx[sport] = s
+        return s
+
     def send(self, data: bytes, dst_ip: bytes, sport: int) -> None:
-        s = self.tx.get(sport, 0)
-        if s == 0:
-            try:
-                s = self._bind(sport)
-            except TransportError:
-                s = None
-            self.tx[sport] = s
+        dev = self.device
+        if dst_ip == dev.ip_packed:  # loopback: no socket, handled right after this call
+            dev._rxq.append((data, dst_ip, dst_ip, sport))
+            return
+        s = self._tx_socket(sport)
         if s is None:
             # rebuild the ICRC for the main socket's port, which the packet will carry
             self.device.counters.sport_fallback += 1
@@ -172,7 +225,11 @@ class UdpTransport:
         if self.closed:
             return
         self.closed = True
-        for s in {id(s): s for s in self.tx.values() if s is not None}.values():
+        if self._sel is not None:
+            self._sel.close()
+        for s in self.tx.values():
             s.close()
+        self.tx.clear()
+        self.sock.close()
         if self.raw is not None:
             self.raw.close()
