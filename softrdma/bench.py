@@ -119,7 +119,7 @@ def run_qp_bench(n: int = QP_TARGET_COUNT, depth: int = 128, sample: int = 1000,
 
     out = print if not quiet else (lambda *a, **k: None)
     name = f"softrdma-qpbench-{os.getpid()}"
-    add_device("127.0.0.254", name=name)
+    add_device("127.0.0.254", name=name, live=False)  # no traffic: no socket
     res: dict[str, float] = {}
     scale = n / QP_TARGET_COUNT
     target_bytes, target_s = QP_TARGET_BYTES * scale, QP_TARGET_SECONDS * scale

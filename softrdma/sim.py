@@ -51,7 +51,7 @@ class SimNetwork:
         """Create a soft device (registered, so ``Context(name=dev.name)`` opens it) whose
         packets travel over this network."""
         from .verbs_api.device import add_device
-        dev = add_device(ip, name=name, mtu=mtu, seed=self.rng.randrange(1 << 30))
+        dev = add_device(ip, name=name, mtu=mtu, seed=self.rng.randrange(1 << 30), live=False)
         self.attach(dev)
         return dev
 

@@ -369,7 +369,7 @@ TestQPStateMachine = QPMachine.TestCase
 
 
 def setup_module(module):
-    add_device("127.0.0.11", name=DEV_NAME)
+    add_device("127.0.0.11", name=DEV_NAME, live=False)  # stepped with progress()
 
 
 def teardown_module(module):

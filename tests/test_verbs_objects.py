@@ -48,7 +48,7 @@ DEV_IP = "127.0.0.7"
 @pytest.fixture(scope="module")
 def dev():
     """A device of its own, so packets and events of other tests never reach it."""
-    d = add_device(DEV_IP, name=DEV_NAME)
+    d = add_device(DEV_IP, name=DEV_NAME, live=False)  # stepped with progress()
     yield d
     remove_device(DEV_NAME)
 

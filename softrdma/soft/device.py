@@ -1,31 +1,53 @@
 """The soft RoCE device: what rxe keeps per ``rxe_dev``, minus the I/O.
 
 A :class:`SoftDevice` is made for one IP address. It owns the GID table, the port and
-device attributes (rxe's limits), QP numbers, the memory key table, and the list of
-packets waiting to leave. It opens no socket and reads no clock: a driver (the in-memory
-link for tests, the UDP transport for real traffic) feeds it packets and the time, and
-takes its outgoing packets.
+device attributes (rxe's limits), QP numbers, the memory key table, and the packets
+looped back to itself. The protocol decisions are the engines' (``softrdma.qp``); the
+device only moves packets and time between them and a driver:
+
+* **live** (the default for devices opened through the verbs API): the first
+  :meth:`open` binds UDP 4791 (:meth:`attach_udp`) and starts a progress thread, like a
+  NIC that is simply there; the last :meth:`release` stops it again.
+* **manual** (``live=False``): nothing moves unless the program says so, with
+  :meth:`progress` (in-memory loopback, virtual time) or ``attach_udp(thread=False)`` and
+  :meth:`poll`; the simulated network and capture replay drive devices this way.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import logging
+import os
 import random
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..enums import bytes_to_mtu, ibv_mtu
+from ..completion import AsyncEvent
+from ..enums import bytes_to_mtu, ibv_event_type, ibv_mtu
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from .capture import PacketCapture
+from .progress import Progress, poll_once
 from .rx import receive_packet
 from .memory import KeyTable
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
+from .udp import TransportError, UdpTransport
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..verbs_api.qp import QP
 
-__all__ = ["SoftDevice", "DeviceLimits", "RXE_MAX_HDR_LENGTH", "active_mtu_for"]
+__all__ = ["SoftDevice", "DeviceLimits", "DeviceFailed", "RXE_MAX_HDR_LENGTH",
+           "active_mtu_for", "LOOPBACK_TRIES"]
+
+log = logging.getLogger("softrdma")
+LOOPBACK_TRIES = 64  # an auto-addressed device tries 127.0.0.1, .2, ... this many addresses
+
+
+class DeviceFailed(OSError):
+    """The device's progress machinery stopped; nothing on it can complete any more."""
 
 from ..wire.opcodes import OPCODES as _OPCODES
 
@@ -112,24 +134,22 @@ class SoftDevice:
     """
 
     def __init__(self, name: str, ip: str, *, mtu: int | None = None, mac: bytes | None = None,
-                 netdev: NetdevInfo | None = None, seed: int | None = None) -> None:
+                 netdev: NetdevInfo | None = None, seed: int | None = None, live: bool = False,
+                 auto_address: bool = False) -> None:
         self.name = name
-        self.ip = str(ipaddress.ip_address(ip))
-        self.ip_packed = ipaddress.ip_address(ip).packed
-        self.ip_version = ipaddress.ip_address(ip).version
-        self.netdev = netdev or netdev_for_ip(self.ip)
-        self.mac = mac or self.netdev.mac
-        self.netdev_mtu = mtu or self.netdev.mtu
-        self.active_mtu = active_mtu_for(self.netdev_mtu)
+        self._mtu_override = mtu
+        self._mac_override = mac
+        self.set_address(ip, netdev)
         self.max_mtu = ibv_mtu.IBV_MTU_4096
         self.limits = DeviceLimits()
         self.rng = random.Random(seed)
-        self.gid_table: list[bytes] = [eui64_link_local(self.mac)]
-        if self.ip_version == 4:
-            self.gid_table.append(ipv4_mapped_gid(self.ip))
-        else:
-            self.gid_table.append(ipaddress.IPv6Address(self.ip).packed)
-        self.node_guid = self.gid_table[0][8:]
+        # live: open() attaches UDP and a progress thread; auto_address: if UDP 4791 on a
+        # loopback address is taken (another softrdma process), move to the next address
+        self.live = live
+        self.auto_address = auto_address
+        self._auto_attached = False
+        self.fatal: BaseException | None = None
+        self.fatal_listeners: list[Callable[[BaseException], None]] = []
         self.keys = KeyTable(self.rng)
         self.qps: dict[int, "QP"] = {}
         self._next_qpn = RXE_MIN_QP_INDEX
@@ -160,6 +180,27 @@ class SoftDevice:
         self.tx_loss_requests_only = False  # SOFTRDMA_TX_LOSS_KIND=requests: spare ACKs
 
     # -- addressing ------------------------------------------------------------------
+    def set_address(self, ip: str, netdev: NetdevInfo | None = None) -> None:
+        """(Re)bind the device to ``ip``: MAC, MTU and the GID table follow, as an rxe
+        device follows its netdev. Only while no QP exists (an address change moves the
+        GIDs peers would use)."""
+        if getattr(self, "qps", None):
+            raise RuntimeError("cannot change the address of a device with QPs")
+        addr = ipaddress.ip_address(ip)
+        self.ip = str(addr)
+        self.ip_packed = addr.packed
+        self.ip_version = addr.version
+        self.netdev = netdev or netdev_for_ip(self.ip)
+        self.mac = self._mac_override or self.netdev.mac
+        self.netdev_mtu = self._mtu_override or self.netdev.mtu
+        self.active_mtu = active_mtu_for(self.netdev_mtu)
+        self.gid_table: list[bytes] = [eui64_link_local(self.mac)]
+        if self.ip_version == 4:
+            self.gid_table.append(ipv4_mapped_gid(self.ip))
+        else:
+            self.gid_table.append(ipaddress.IPv6Address(self.ip).packed)
+        self.node_guid = self.gid_table[0][8:]
+
     def gid_for_ip(self, ip: str) -> bytes:
         a = ipaddress.ip_address(ip)
         return ipv4_mapped_gid(str(a)) if a.version == 4 else a.packed
@@ -225,14 +266,94 @@ class SoftDevice:
     def progress(self) -> int:
         """Deliver looped-back packets and fire due timers at ``self.now``; return how many
         events were handled. The manual-mode driver: call until it returns 0."""
-        n = 0
         with self.lock:
-            while self._rxq:
-                data, src, dst, sport = self._rxq.popleft()
-                receive_packet(self, data, src, dst, 0, None, sport, True)
-                n += 1
+            n = self.run_local()
             n += self.fire_timers(self.now)
+            n += self.run_local()
         return n
+
+    def run_local(self) -> int:
+        """Deliver the packets this device sent to itself (rxe's loopback), including the
+        answers they provoke; return how many. Called with the lock held, after a verbs
+        call or a progress step has finished, never from inside an engine: engines only
+        queue, so none is re-entered while it is mid-way through a state machine."""
+        q = self._rxq
+        n = 0
+        while q:
+            data, src, dst, sport = q.popleft()
+            receive_packet(self, data, src, dst, 0, None, sport, True)
+            n += 1
+        return n
+
+    def after_post(self) -> None:
+        """A verbs call queued work: with a transport attached, loopback traffic is handled
+        at once on the caller's thread (no hand-off to the progress thread, which a
+        busy-polling caller would starve of the GIL). Manual devices without a transport
+        keep their packets until :meth:`progress`, so tests and lessons can step."""
+        if self._rxq and self.udp is not None:
+            self.run_local()
+
+    def poll_nowait(self) -> int:
+        """Progress driven by a caller polling a CQ: read what arrived, handle loopback.
+        Skips (returns 0) if another thread is already making progress."""
+        if self.fatal is not None:
+            raise DeviceFailed(errno.EIO, f"device {self.name} stopped: {self.fatal!r}")
+        if not self.lock.acquire(blocking=False):
+            return 0
+        try:
+            n = self.udp.receive_ready(64) if self.udp is not None else 0
+            return n + self.run_local()
+        finally:
+            self.lock.release()
+
+    # -- opening (live devices) -------------------------------------------------------------
+    def open(self) -> None:
+        """A context opened the device: a live device starts moving packets by itself (UDP
+        4791 and a progress thread). Raises :class:`TransportError` if it cannot bind."""
+        with self.lock:
+            if self.live and self.udp is None:
+                self._go_live()
+            self.contexts += 1
+
+    def release(self) -> None:
+        """A context closed; the last one stops what :meth:`open` started."""
+        with self.lock:
+            self.contexts = max(0, self.contexts - 1)
+            last = self.contexts == 0 and self._auto_attached
+        if last:
+            self.detach()
+
+    def _go_live(self) -> None:
+        start = ipaddress.ip_address(self.ip)
+        tries = LOOPBACK_TRIES if self.auto_address and start.is_loopback and \
+            start.version == 4 else 1
+        for i in range(tries):
+            if i:
+                self.set_address(str(start + i))
+            try:
+                self.attach_udp()
+            except TransportError as e:
+                if e.errno != errno.EADDRINUSE or i == tries - 1:
+                    if i:
+                        self.set_address(str(start))
+                    raise
+                continue
+            self._auto_attached = True
+            return
+
+    def fail(self, exc: BaseException) -> None:
+        """The progress machinery stopped for good: tell every waiter (contexts wake their
+        completion channels and raise DEVICE_FATAL) instead of leaving them hanging."""
+        if self.fatal is not None:
+            return
+        self.fatal = exc
+        log.error("softrdma device %s stopped: %r", self.name, exc)
+        self.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_DEVICE_FATAL, 1))
+        for fn in list(self.fatal_listeners):
+            try:
+                fn(exc)
+            except Exception:  # a listener must not keep the others from learning it
+                log.exception("fatal listener of %s failed", self.name)
 
     @property
     def now(self) -> float:
@@ -248,10 +369,6 @@ class SoftDevice:
         """Bind the device to UDP port 4791 on its address and, by default, start the
         progress thread. ``capture`` (or the SOFTRDMA_PCAP environment variable) names a pcap
         file that gets every packet sent and received."""
-        import os
-        import time
-        from .progress import Progress
-        from .udp import UdpTransport
         if self.udp is not None:
             return self.udp
         self.udp = UdpTransport(self, raw_rx=raw_rx)
@@ -260,19 +377,15 @@ class SoftDevice:
         self.tx_loss_requests_only = os.environ.get("SOFTRDMA_TX_LOSS_KIND") == "requests"
         path = capture or os.environ.get("SOFTRDMA_PCAP")
         if path:
-            from .capture import PacketCapture
             self.capture = PacketCapture(path.replace("{name}", self.name))
         if thread:
             self.progress_thread = Progress(self, self.udp)
             self.progress_thread.start()
-        from ..completion import AsyncEvent
-        from ..enums import ibv_event_type
         self.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_PORT_ACTIVE, 1))
         return self.udp
 
     def poll(self, timeout: float = 0.0) -> int:
         """Manual mode: wait up to ``timeout`` seconds for packets or a timer and handle them."""
-        from .progress import poll_once
         if self.udp is None:
             return self.progress()
         return poll_once(self, self.udp, timeout)
@@ -282,13 +395,16 @@ class SoftDevice:
         if self.progress_thread is not None:
             self.progress_thread.stop()
             self.progress_thread = None
-        if self.udp is not None:
-            self.udp.close()
-            self.udp = None
-        if self.capture is not None and hasattr(self.capture, "close"):
-            self.capture.close()
-            self.capture = None
-        self.clock = None
+        with self.lock:
+            if self.udp is not None:
+                self.udp.close()
+                self.udp = None
+            if self.capture is not None and hasattr(self.capture, "close"):
+                self.capture.close()
+                self.capture = None
+            self.clock = None
+            self._auto_attached = False
+            self.transmit = self._loopback
 
     # -- timers ----------------------------------------------------------------------------
     def timer_changed(self, qp: Any) -> None:

@@ -32,7 +32,7 @@ def _make(addrs: list[str]) -> None:
     for ip in addrs:
         name = f"softrdma-{ip}"
         if name not in _registry:
-            add_device(ip, name=name)
+            add_device(ip, name=name, live=False)  # queried only: no socket
 
 
 def _guid(g: int) -> str:

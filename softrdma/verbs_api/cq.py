@@ -87,15 +87,28 @@ class CompChannel(Resource):
                     pass
             return cq
 
+    def _wake_fatal(self) -> None:
+        """The device failed: make the fd readable so a blocked waiter wakes and learns it."""
+        with self._lock:
+            if not self.closed:
+                try:
+                    os.write(self._w, b"f")
+                except OSError:
+                    pass
+
     def get_cq_event(self, cq: "CQ | None" = None, timeout: float | None = None) -> "CQ":
         """Wait for the next CQ event (ibv_get_cq_event) and return its CQ. ``timeout`` in
-        seconds (None blocks, as libibverbs does) raises ETIMEDOUT when it expires."""
+        seconds (None blocks, as libibverbs does) raises ETIMEDOUT when it expires; a
+        device whose progress stopped raises EIO rather than blocking forever."""
         self._check()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             ev_cq = self._pop()
             if ev_cq is not None:
                 break
+            if self.device.fatal is not None:
+                raise PyverbsRDMAError(f"Failed to get CQ event: device {self.device.name} "
+                                       f"stopped ({self.device.fatal!r})", errno.EIO)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise PyverbsRDMAError("Failed to get CQ event: timed out", errno.ETIMEDOUT)
@@ -185,7 +198,15 @@ class CQ(Resource):
         """Up to ``num_entries`` completions, oldest first: ``(count, [WC, ...])`` as pyverbs."""
         self._check()
         out: list[WC] = []
-        with self.device.lock:
+        dev = self.device
+        if not self._wcs and dev.udp is not None:
+            # the caller is waiting for completions: make progress on its own thread
+            try:
+                dev.poll_nowait()
+            except OSError as e:
+                raise PyverbsRDMAError(f"Failed to poll CQ: {e.strerror or e}",
+                                       e.errno or errno.EIO) from None
+        with dev.lock:
             q = self._wcs
             while q and len(out) < num_entries:
                 out.append(q.popleft())

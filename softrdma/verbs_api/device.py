@@ -1,8 +1,17 @@
 """Devices and contexts: ``get_device_list``, ``Context`` and its queries, async events.
 
-The embedded default is one soft device, ``softrdma0``, on 127.0.0.1 (or on the address in
-the ``SOFTRDMA_IP`` environment variable): no configuration needed. More devices can be
-made for other addresses with :func:`add_device`::
+The embedded default is one soft device, ``softrdma0``, alive like an rxe device: the
+first :class:`Context` binds it to UDP 4791 on the first free loopback address (127.0.0.1,
+or 127.0.0.2 when another softrdma process has that one, and so on; its GID table says
+which) and starts its progress thread, so packets move and timers fire with no call beyond
+the verbs. Settings (environment):
+
+* ``SOFTRDMA_IP=addr`` pins the default device's address (no moving on);
+* ``SOFTRDMA_PROGRESS=manual`` makes it a manual device: nothing moves until the program
+  calls ``get_soft_device().progress()`` (in-memory loopback, virtual time), for
+  deterministic tests and step-by-step lessons.
+
+More devices can be made for other addresses with :func:`add_device`::
 
     from softrdma.verbs_api import Context, add_device
     add_device("127.0.0.2", name="softrdma1")
@@ -22,6 +31,7 @@ from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ..soft.device import SoftDevice
+from ..soft.udp import TransportError
 from .attr import GID
 from .enums import (
     ibv_atomic_cap, ibv_gid_type, ibv_link_layer, ibv_node_type, ibv_port_state,
@@ -38,14 +48,24 @@ DEFAULT_NAME = "softrdma0"
 
 def _ensure_default() -> None:
     if not _registry:
-        ip = os.environ.get("SOFTRDMA_IP", "127.0.0.1")
-        _registry[DEFAULT_NAME] = SoftDevice(DEFAULT_NAME, ip)
+        pinned = os.environ.get("SOFTRDMA_IP")
+        mode = os.environ.get("SOFTRDMA_PROGRESS", "thread").strip().lower()
+        if mode not in ("thread", "manual"):
+            raise PyverbsRDMAError(f"SOFTRDMA_PROGRESS={mode!r}: expected 'thread' or 'manual'",
+                                   errno.EINVAL)
+        _registry[DEFAULT_NAME] = SoftDevice(DEFAULT_NAME, pinned or "127.0.0.1",
+                                             live=mode == "thread", auto_address=not pinned)
 
 
 def add_device(ip: str, name: str | None = None, *, mtu: int | None = None,
-               seed: int | None = None) -> SoftDevice:
+               seed: int | None = None, live: bool = True) -> SoftDevice:
     """Create a soft device for ``ip`` (the GID table, port MTU and MAC come from the
-    interface holding it; ``mtu`` overrides the interface MTU) and return it."""
+    interface holding it; ``mtu`` overrides the interface MTU) and return it.
+
+    A live device (the default) binds UDP 4791 on ``ip`` and starts its progress thread
+    when the first context opens it; ``live=False`` makes a manual device, driven by the
+    program (``device.progress()``, ``attach_udp(thread=False)`` and ``device.poll()``) or
+    by a harness such as :class:`softrdma.sim.SimNetwork`."""
     with _registry_lock:
         _ensure_default() if name != DEFAULT_NAME else None
         if name is None:
@@ -55,7 +75,7 @@ def add_device(ip: str, name: str | None = None, *, mtu: int | None = None,
             name = f"softrdma{i}"
         if name in _registry:
             raise PyverbsRDMAError(f"device {name} already exists", errno.EEXIST)
-        dev = SoftDevice(name, ip, mtu=mtu, seed=seed)
+        dev = SoftDevice(name, ip, mtu=mtu, seed=seed, live=live)
         _registry[name] = dev
         return dev
 
@@ -213,9 +233,20 @@ class Context:
         # every PD, CQ, CompChannel, ... made in this context, in creation order (a dict used
         # as an ordered set, so destroying one of 10,000 QPs does not scan a list)
         self.children: dict[Any, None] = {}
+        try:
+            self.device.open()
+        except TransportError as e:
+            os.close(self._ev_r)
+            os.close(self._ev_w)
+            self.closed = True
+            hint = " (SOFTRDMA_IP pins it)" if self.device.name == DEFAULT_NAME and \
+                os.environ.get("SOFTRDMA_IP") else ""
+            raise PyverbsRDMAError(f"Failed to open device {self.name}: "
+                                   f"{e.args[1] if len(e.args) > 1 else e}{hint}",
+                                   e.errno or errno.EIO) from None
         with self.device.lock:
-            self.device.contexts += 1
             self.device.async_listeners.append(self._on_async_event)
+            self.device.fatal_listeners.append(self._on_fatal)
 
     # -- lifetime ------------------------------------------------------------------
     def _check(self) -> None:
@@ -237,9 +268,11 @@ class Context:
             for obj in [c for c in self.children if isinstance(c, kind)]:
                 obj._destroy()
         with self.device.lock:
-            self.device.contexts -= 1
             if self._on_async_event in self.device.async_listeners:
                 self.device.async_listeners.remove(self._on_async_event)
+            if self._on_fatal in self.device.fatal_listeners:
+                self.device.fatal_listeners.remove(self._on_fatal)
+        self.device.release()
         os.close(self._ev_r)
         os.close(self._ev_w)
         self.closed = True
@@ -324,6 +357,13 @@ class Context:
         return 0xFFFF if index == 0 else 0
 
     # -- async events ----------------------------------------------------------------
+    def _on_fatal(self, exc: BaseException) -> None:
+        # wake whoever blocks on a completion channel of ours: they find the device failed
+        from .cq import CompChannel
+        for c in list(self.children):
+            if isinstance(c, CompChannel):
+                c._wake_fatal()
+
     def _on_async_event(self, ev: AsyncEvent) -> None:
         # Like uverbs: an event about a QP, CQ or SRQ goes to the context that owns it;
         # port and device events (element is a port number) go to every context.

@@ -177,6 +177,7 @@ class QP(Resource):
         self._check()
         with self.device.lock:
             self._modify(attr, int(attr_mask))
+            self.device.after_post()  # a move to RTS may have sent queued work
 
     def _modify(self, attr: QPAttr, mask: int) -> None:
         what = "Failed to modify QP"
@@ -410,6 +411,7 @@ class QP(Resource):
                 self.flush()
             else:
                 self.engine.kick()
+            self.device.after_post()
 
     def _make_send_wqe(self, w: SendWR) -> SendWqe:
         what = "Failed to post send"
