@@ -1,21 +1,34 @@
 """The ``softrdma`` command line.
 
-Each subcommand lives in a small function; errors the user can fix (a missing file, a file
-that is not a capture) print one line to stderr and exit with status 2, never a traceback.
+Each subcommand lives in a small function. Whatever the user gets wrong ends with exactly one
+line on stderr, never a traceback: a bad option or value is a usage error (status 2, checked
+by argparse where the mirrored tool checks it while parsing its options); a failure at run
+time (an unknown device, a peer that cannot be reached, a file that cannot be written) is
+status 1. ``dissect`` keeps status 2 for a file it cannot read (1 is for bad frames).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 __all__ = ["main"]
 
 
 class CliError(Exception):
-    """An error to report in one line, exit status 2."""
+    """An error to report in one line, exit status 2: a usage error found after parsing
+    (options that do not go together), or dissect's unreadable file."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the option and what is wrong with it), not
+    the usage text and then the error; ``--help`` still shows the usage."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _cmd_dissect(args: argparse.Namespace) -> int:
@@ -54,12 +67,15 @@ def _cmd_dissect(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+#: the largest RDMA WRITE payload one UDP datagram can carry: 65507 bytes of UDP payload
+#: (IPv4) less BTH (12), RETH (16) and ICRC (4)
+MAX_BENCH_PAYLOAD = 65507 - 12 - 16 - 4
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "qps":
         from .bench import QP_TARGET_BYTES, QP_TARGET_COUNT, QP_TARGET_SECONDS, run_qp_bench
 
-        if args.qps < 1:
-            raise CliError("--qps must be at least 1")
         r = run_qp_bench(n=args.qps, depth=args.depth)
         scale = args.qps / QP_TARGET_COUNT
         ok = r["create_seconds"] < QP_TARGET_SECONDS * scale and \
@@ -72,7 +88,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="softrdma", description="A pure-Python software RoCEv2 stack.")
+    from .tools.argtypes import int_range, positive_float
+    p = _Parser(prog="softrdma", description="A pure-Python software RoCEv2 stack.")
     p.add_argument("--version", action="version", version=f"softrdma {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -105,10 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "missed: 10,000 QPs in 200 MB and 10 s, scaled).")
     b.add_argument("--what", choices=["wire", "qps"], default="wire",
                    help="what to measure (default: wire)")
-    b.add_argument("--size", type=int, default=4096, help="wire: payload bytes (default 4096)")
-    b.add_argument("--seconds", type=float, default=1.0, help="wire: time per measurement")
-    b.add_argument("--qps", type=int, default=10_000, help="qps: how many QPs (default 10000)")
-    b.add_argument("--depth", type=int, default=128,
+    b.add_argument("--size", type=int_range(0, MAX_BENCH_PAYLOAD), default=4096,
+                   help=f"wire: payload bytes, 0..{MAX_BENCH_PAYLOAD} (default 4096)")
+    b.add_argument("--seconds", type=positive_float, default=1.0,
+                   help="wire: time per measurement (> 0)")
+    b.add_argument("--qps", type=int_range(1, None), default=10_000,
+                   help="qps: how many QPs (default 10000)")
+    b.add_argument("--depth", type=int_range(0, None), default=128,
                    help="qps: max_send_wr and max_recv_wr of each QP (default 128)")
     b.set_defaults(func=_cmd_bench)
     return p
@@ -149,6 +169,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:
             pass
         return 0
+    except Exception as e:  # the last resort: options are validated before this can happen
+        if os.environ.get("SOFTRDMA_DEBUG"):
+            raise
+        if isinstance(e, OSError) and e.strerror:
+            what = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+        elif isinstance(e, MemoryError):
+            what = "out of memory"
+        else:
+            what = f"unexpected error: {type(e).__name__}: {e}"
+        print(f"softrdma {args.command}: {what} (SOFTRDMA_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

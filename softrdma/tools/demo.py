@@ -21,18 +21,26 @@ from ..enums import (
     IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 )
 from ..verbs_api import Context, QPCap
+from .argtypes import int_range, ip_address
 from .common import ToolError, open_device
 
 __all__ = ["add_parser", "run"]
+
+#: the demo's regions are 0x20000 apart in each 1 MiB MR (WRITE at 0x20000, WRITE with
+#: immediate at 0x40000, READ into 0x60000, atomics at 0x80000/0x90000)
+MAX_SIZE = 0x20000
+IMM_SEND = 100  # bytes of the SEND with immediate (fewer when --size is smaller)
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="run every RC operation between two soft devices on loopback",
                        description=__doc__)
-    p.add_argument("--addrs", nargs=2, default=["127.0.0.1", "127.0.0.2"], metavar="IP",
-                   help="the two devices' addresses (127.0.0.1 127.0.0.2)")
+    p.add_argument("--addrs", nargs=2, type=ip_address, default=["127.0.0.1", "127.0.0.2"],
+                   metavar="IP", help="the two devices' addresses, two different local IPs "
+                                      "(127.0.0.1 127.0.0.2)")
     p.add_argument("--pcap", help="where to keep the capture (default: a temporary file)")
-    p.add_argument("--size", type=int, default=10000, help="message size (10000: several MTUs)")
+    p.add_argument("--size", type=int_range(1, MAX_SIZE), default=10000,
+                   help=f"message size, 1..{MAX_SIZE} (10000: several MTUs)")
     p.set_defaults(func=run)
 
 
@@ -47,7 +55,21 @@ def _wait(ep: Any, n: int, timeout: float = 10.0) -> list[Any]:
 
 def run(a: argparse.Namespace) -> int:
     from ..testing import Endpoint, _connect
-    pcap = a.pcap or os.path.join(tempfile.mkdtemp(prefix="softrdma-demo-"), "demo.pcap")
+    if a.addrs[0] == a.addrs[1]:
+        from ..cli import CliError
+        raise CliError(f"argument --addrs: the two devices need two different addresses, not "
+                       f"{a.addrs[0]} twice")
+    if a.pcap:
+        # the capture is the first device's ({name} in the path is its name, as for
+        # SOFTRDMA_PCAP); it must be writable before any device is up
+        pcap = a.pcap.replace("{name}", f"softrdma-{a.addrs[0]}")
+        try:
+            with open(pcap, "ab"):
+                pass
+        except OSError as e:
+            raise ToolError(f"cannot write the capture {pcap}: {e.strerror}") from None
+    else:
+        pcap = os.path.join(tempfile.mkdtemp(prefix="softrdma-demo-"), "demo.pcap")
     os.environ.pop("SOFTRDMA_PCAP", None)
     devs = []
     for ip in a.addrs:
@@ -82,7 +104,8 @@ def run(a: argparse.Namespace) -> int:
         check("SEND", wb[0].status == 0 and b_ep.mr.read(n, 0) == pattern,
               f"{wb[0].byte_len} bytes received")
         b_ep.post_recv(b_ep.sge(0, n), wr_id=2)
-        a_ep.post_send(IBV_WR_SEND_WITH_IMM, a_ep.sge(0, 100), wr_id=11, imm=0xC0FFEE)
+        a_ep.post_send(IBV_WR_SEND_WITH_IMM, a_ep.sge(0, min(n, IMM_SEND)), wr_id=11,
+                       imm=0xC0FFEE)
         _wait(a_ep, 1)
         wb = _wait(b_ep, 1)
         check("SEND with immediate", wb[0].imm_data == 0xC0FFEE, f"imm 0x{wb[0].imm_data:x}")

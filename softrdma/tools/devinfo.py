@@ -9,18 +9,19 @@ import argparse
 from typing import Any
 
 from ..enums import ibv_port_state, mtu_to_bytes
+from .argtypes import ip_address
 
 __all__ = ["add_parsers"]
 
 
 def add_parsers(sub: Any) -> None:
     d = sub.add_parser("devices", help="list soft devices (like ibv_devices)")
-    d.add_argument("-a", "--addr", action="append", default=[],
+    d.add_argument("-a", "--addr", action="append", default=[], type=ip_address,
                    help="also make a device for this IP address (repeatable)")
     d.set_defaults(func=run_devices)
     v = sub.add_parser("devinfo", help="device and port attributes (like ibv_devinfo)")
     v.add_argument("-d", "--ib-dev", help="only this device")
-    v.add_argument("-a", "--addr", action="append", default=[],
+    v.add_argument("-a", "--addr", action="append", default=[], type=ip_address,
                    help="also make a device for this IP address (repeatable)")
     v.add_argument("-v", "--verbose", action="store_true", help="all attributes, GIDs, counters")
     v.set_defaults(func=run_devinfo)

@@ -15,9 +15,13 @@ import subprocess
 import sys
 from typing import Any
 
+from .argtypes import int_range
 from .common import ToolError
 
 __all__ = ["add_parser"]
+
+MAX_GUESTS = 244  # guest i is 10.77.0.(11 + i)
+_GUESTS = int_range(1, MAX_GUESTS)
 
 
 def add_parser(sub: Any) -> None:
@@ -25,15 +29,15 @@ def add_parser(sub: Any) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ls = p.add_subparsers(dest="lab_cmd", metavar="{run,shell,guest}", required=True)
     r = ls.add_parser("run", help="boot, run a command on the softrdma side, tear down")
-    r.add_argument("--guests", type=int, default=1)
+    r.add_argument("--guests", type=_GUESTS, default=1, help=f"1..{MAX_GUESTS} (1)")
     r.add_argument("--guest-cmd", help="start this in guest 0 first (e.g. a server)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the host-side command")
     r.set_defaults(func=_run)
     s = ls.add_parser("shell", help="boot and open a shell in the lab's network namespace")
-    s.add_argument("--guests", type=int, default=1)
+    s.add_argument("--guests", type=_GUESTS, default=1, help=f"1..{MAX_GUESTS} (1)")
     s.set_defaults(func=_shell)
     g = ls.add_parser("guest", help="(inside 'lab shell') run a command in a guest")
-    g.add_argument("index", type=int)
+    g.add_argument("index", type=int_range(0, MAX_GUESTS - 1), help="guest number, from 0")
     g.add_argument("cmd", nargs=argparse.REMAINDER)
     g.set_defaults(func=_guest)
 

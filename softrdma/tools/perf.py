@@ -38,6 +38,7 @@ from ..enums import (
 from ..verbs_api import (
     CQ, MR, PD, QP, SGE, AHAttr, Context, GlobalRoute, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR,
 )
+from .argtypes import c_int, int_range, ip_address, perftest_size
 from .common import ToolError, open_device, resolve, tcp_connect, tcp_listen
 from .perftest_oob import BwReport, Dest, PerftestComm
 
@@ -57,6 +58,15 @@ DEF_CQ_MOD = 100
 DEF_QP_TIME = 14
 MIN_ITER = 5
 MAX_ITER = 100000000
+MIN_TX, MAX_TX = 1, 15000
+MIN_RX, MAX_RX = 1, 16384
+MIN_GID_IX, MAX_GID_IX = 0, 64
+MIN_QP_NUM, MAX_QP_NUM = 1, 16384
+MIN_CQ_MOD, MAX_CQ_MOD = 1, 1024
+MAX_INLINE = 1024
+MIN_IB_PORT = 1
+MAX_SL = 15
+DEF_RX_RDMA = 1
 MAX_SIZE = 8388608
 MSG_SIZE_CQ_MOD_LIMIT = 8192
 DEF_INLINE_WRITE = 220
@@ -96,32 +106,49 @@ def add_parser(sub: Any) -> None:
     p.add_argument("verb", choices=["send", "write", "read", "atomic"])
     p.add_argument("servername", nargs="?", help="connect to this server (else: be the server)")
     p.add_argument("--lat", action="store_true", help="latency test (ib_*_lat), not bandwidth")
-    p.add_argument("-p", "--port", type=int, default=DEF_PORT,
+    # perftest's parser (perftest_parameters.c, CHECK_VALUE_IN_RANGE and friends) checks
+    # these while parsing: a usage error (status 1 there, 2 here like any usage error)
+
+    def rng(lo: int, hi: int | None, name: str) -> Any:
+        return int_range(lo, hi, f"{name} should be between {{lo}} and {{hi}} (got {{v}})")
+
+    p.add_argument("-p", "--port", type=int_range(1, 65535), default=DEF_PORT,
                    help=f"listen on/connect to port (default {DEF_PORT})")
     p.add_argument("-d", "--ib-dev", help="use this device (softrdma-<IP>)")
-    p.add_argument("--addr", help="local IP address for the soft device (perftest has none; its "
-                                  "-a is --all)")
-    p.add_argument("-i", "--ib-port", type=int, default=1, help="port of the device (1)")
-    p.add_argument("-s", "--size", type=int,
+    p.add_argument("--addr", type=ip_address,
+                   help="local IP address for the soft device (perftest has none; its -a is "
+                        "--all)")
+    p.add_argument("-i", "--ib-port", default=1, help="port of the device (1)",
+                   type=int_range(MIN_IB_PORT, 255, "IB Port can't be less than {lo} (got {v})"))
+    p.add_argument("-s", "--size", type=perftest_size,
                    help=f"message size (bw {DEF_SIZE_BW}, lat {DEF_SIZE_LAT}, atomic 8 only)")
-    p.add_argument("-n", "--iters", type=int,
+    p.add_argument("-n", "--iters", type=rng(MIN_ITER, MAX_ITER, "Iteration num"),
                    help=f"exchanges, at least {MIN_ITER} (write bw {DEF_ITERS_WB}, else {DEF_ITERS})")
-    p.add_argument("-D", "--duration", type=float, help="BW tests: run for this many seconds")
-    p.add_argument("-m", "--mtu", type=int, default=0, help="path MTU 256..4096 (port MTU)")
-    p.add_argument("-x", "--gid-index", type=int, default=1,
+    p.add_argument("-D", "--duration", help="BW tests: run for this many seconds",
+                   type=int_range(1, None, "Duration period must be positive (got {v})"))
+    p.add_argument("-m", "--mtu", type=c_int, default=0, help="path MTU 256..4096 (port MTU)")
+    p.add_argument("-x", "--gid-index", type=rng(MIN_GID_IX, MAX_GID_IX, "Gid index"), default=1,
                    help="GID index (default 1: the device's IP address)")
     p.add_argument("-F", "--CPU-freq", action="store_true", help="ignored (perftest compatibility)")
     p.add_argument("-a", "--all", action="store_true", help="run sizes 2 .. 2^23")
-    p.add_argument("-t", "--tx-depth", type=int, help=f"send queue depth (bw {DEF_TX_BW}, lat 1)")
-    p.add_argument("-r", "--rx-depth", type=int, help=f"send: receives posted ({DEF_RX_SEND})")
-    p.add_argument("-q", "--qp", type=int, default=1, help="BW tests: number of QPs (1)")
-    p.add_argument("-Q", "--cq-mod", type=int, help=f"a completion every N sends ({DEF_CQ_MOD})")
-    p.add_argument("-I", "--inline_size", type=int, help="max size sent inline")
+    p.add_argument("-t", "--tx-depth", type=rng(MIN_TX, MAX_TX, "Tx depth"),
+                   help=f"send queue depth (bw {DEF_TX_BW}, lat 1)")
+    p.add_argument("-r", "--rx-depth", type=rng(MIN_RX, MAX_RX, "Rx depth"),
+                   help=f"send: receives posted ({DEF_RX_SEND})")
+    p.add_argument("-q", "--qp", type=rng(MIN_QP_NUM, MAX_QP_NUM, "num of Qps"), default=1,
+                   help="BW tests: number of QPs (1)")
+    p.add_argument("-Q", "--cq-mod", type=rng(MIN_CQ_MOD, MAX_CQ_MOD, "CQ moderation"),
+                   help=f"a completion every N sends ({DEF_CQ_MOD})")
+    p.add_argument("-I", "--inline_size", type=rng(0, MAX_INLINE, "Max inline"),
+                   help="max size sent inline")
     p.add_argument("-A", "--atomic_type", choices=["CMP_AND_SWAP", "FETCH_AND_ADD"],
-                   default="FETCH_AND_ADD", help="atomic: operation (FETCH_AND_ADD)")
-    p.add_argument("-o", "--outs", type=int, help="read/atomic: outstanding (device max)")
-    p.add_argument("-u", "--qp-timeout", type=int, default=DEF_QP_TIME, help="QP timeout (14)")
-    p.add_argument("-S", "--sl", type=int, default=0, help="service level (0)")
+                   help="atomic: operation (FETCH_AND_ADD)")
+    p.add_argument("-o", "--outs", type=c_int, help="read/atomic: outstanding (device max)")
+    p.add_argument("-u", "--qp-timeout", type=int_range(0, 31), default=DEF_QP_TIME,
+                   help="QP timeout 0..31 (14)")
+    p.add_argument("-S", "--sl", type=int_range(0, MAX_SL, f"Only {MAX_SL + 1} Service levels "
+                                                "(got {v})"), default=0,
+                   help="service level (0)")
     p.add_argument("-N", "--noPeak", action="store_true", help="BW tests: no peak BW")
     p.add_argument("--report_gbits", action="store_true", help="BW in Gb/s, not MB/s")
     p.add_argument("-R", "--rdma_cm", action="store_true", help="rdma_cm: not supported yet")
@@ -808,10 +835,20 @@ def _defaults(a: argparse.Namespace) -> None:
         raise ToolError("-q is for the BW tests (latency tests use one QP)")
     if a.lat and a.duration:
         raise ToolError("-D is supported for the BW tests only")
-    if a.qp < 1 or a.qp > 16384:
-        raise ToolError(" Num of qps should be between 1 and 16384")
-    if a.gid_index < 0:
-        raise ToolError("softrdma perf needs a GID index (-x, default 1): RoCE always uses one")
+    # perftest's checks of options that depend on the test (its parser, force_dependecies)
+    if a.inline_size is not None and a.verb in ("read", "atomic"):
+        raise ToolError("Inline feature not available on READ/Atomic verbs")
+    if a.outs is not None and a.verb not in ("read", "atomic"):
+        raise ToolError("Setting Outstanding reads only available on READ verb")
+    if a.rx_depth is not None and a.verb != "send" and a.rx_depth > DEF_RX_RDMA:
+        raise ToolError("On RDMA verbs rx depth can be only 1")
+    if a.atomic_type is not None and a.verb != "atomic":
+        raise ToolError("You are not running the atomic_lat/bw test! To change the atomic "
+                        "action type, you must run one of the atomic tests")
+    if a.atomic_type is None:
+        a.atomic_type = "FETCH_AND_ADD"
+    if a.duration and a.all:
+        raise ToolError("Duration mode currently doesn't support running on all sizes.")
     if a.verb == "atomic":
         if a.size is not None and a.size != DEF_SIZE_ATOMIC:
             raise ToolError("Message size cannot be changed for Atomic tests ")
@@ -824,8 +861,6 @@ def _defaults(a: argparse.Namespace) -> None:
         raise ToolError(f" Message Size should be between 1 and {MAX_SIZE}")
     if a.iters is None:
         a.iters = DEF_ITERS_WB if (a.verb == "write" and not a.lat) else DEF_ITERS
-    if not MIN_ITER <= a.iters <= MAX_ITER:
-        raise ToolError(f" Iteration num should be between {MIN_ITER} and {MAX_ITER}")
     if a.tx_depth is None:
         a.tx_depth = DEF_TX_LAT if a.lat else DEF_TX_BW
     if a.rx_depth is None:
@@ -853,6 +888,16 @@ def _defaults(a: argparse.Namespace) -> None:
         a.size = MAX_SIZE
 
 
+def _check_device(a: argparse.Namespace, dev: Any) -> None:
+    """What perftest learns from the device before it connects (the port, the GID)."""
+    if a.ib_port != 1:
+        raise ToolError(f"Unable to query port {a.ib_port}: the device has port 1 only")
+    g = a.gid_index
+    if g >= len(dev.gid_table) or not any(dev.gid_table[g]):
+        raise ToolError(f"Failed to query GID index {g}: the entry is empty (the device's GIDs "
+                        f"are 0..{len(dev.gid_table) - 1})")
+
+
 def run(a: argparse.Namespace) -> int:
     _defaults(a)
     server = a.servername is None
@@ -860,6 +905,7 @@ def run(a: argparse.Namespace) -> int:
     dev = open_device(a.ib_dev, a.addr, peer=peer, mtu=None)
     perf: Perf | None = None
     try:
+        _check_device(a, dev)
         if server:
             print("\n************************************\n* Waiting for client to connect... *\n"
                   "************************************", flush=True)

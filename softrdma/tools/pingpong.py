@@ -9,6 +9,16 @@ either side can be the unmodified rdma-core tool on a Linux rxe host:
 - one buffer per side is received into and sent from (UD: receives get 40 bytes of GRH
   first); the client sends first; each side sends again once its previous send completed
   and a receive arrived; ``iters`` each way.
+
+Options are checked as rdma-core checks them, numbers read as ``strtol(optarg, NULL, 0)``
+reads them: a usage error (one line, exit status 2; rdma-core prints its usage and exits 1)
+for ``-p`` outside 1..65535, ``-i`` below 1, ``-m`` other than 256/512/1024/2048/4096, srq's
+``-s`` below 1, and for what rdma-core reads as unsigned and softrdma refuses rather than
+wraps (a negative or non-numeric ``-s``, ``-r``, ``-n``, ``-q``; ``-r``, ``-n`` and ``-q``
+of 0; ``-l`` above 15). Then, with rdma-core's messages and status 1: srq's "rx_depth N is
+too small for M QPs" and "num_qp N must be less than 255", and before any connection
+"can't read sgid of index N" (an empty GID entry too), ud's "Requested size larger than
+port MTU", a size above the port's max_msg_sz, an rx depth above the device's max_qp_wr.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from ..verbs_api import (
     AH, CQ, MR, PD, QP, SGE, SRQ, AHAttr, CompChannel, Context, GlobalRoute, QPAttr, QPCap,
     QPInitAttr, RecvWR, SendWR, SrqAttr, SrqInitAttr,
 )
+from .argtypes import c_int, choice_int, int_range, ip_address
 from .common import ToolError, open_device, recv_exact, resolve, tcp_connect, tcp_listen
 
 __all__ = ["add_parser", "run"]
@@ -39,6 +50,8 @@ UD_QKEY = 0x11111111
 MSG_SIZE = 52
 SRQ_MAX_QP = 256
 GRH = 40
+UINT_MAX = 0xFFFFFFFF
+MTUS = (256, 512, 1024, 2048, 4096)  # pingpong.c's pp_mtu_to_enum
 
 
 def encode_dest(lid: int, qpn: int, psn: int, gid: bytes) -> bytes:
@@ -69,20 +82,32 @@ def add_parser(sub: Any) -> None:
                                    "ibv_srq_pingpong. Without SERVER, wait for a client.")
     p.add_argument("kind", choices=["rc", "uc", "ud", "srq"])
     p.add_argument("servername", nargs="?", help="connect to this server (else: be the server)")
-    p.add_argument("-p", "--port", type=int, default=18515, help="listen on/connect to port (18515)")
+    # What rdma-core refuses while parsing (usage, exit status 1 there, 2 here like any usage
+    # error): -p above 65535, -i below 1, -m not a valid MTU, srq's -s below 1. The other
+    # numbers are unsigned there (strtoul); a negative or non-numeric one is refused here
+    # rather than wrapped or read as 0.
+    p.add_argument("-p", "--port", type=int_range(1, 65535), default=18515,
+                   help="listen on/connect to port (18515)")
     p.add_argument("-d", "--ib-dev", help="use this device (softrdma-<IP>)")
-    p.add_argument("-a", "--addr", help="local IP address for the soft device")
-    p.add_argument("-i", "--ib-port", type=int, default=1, help="port of the device (1)")
-    p.add_argument("-s", "--size", type=int, help="message size (4096; ud: 1024)")
-    p.add_argument("-m", "--mtu", type=int, default=1024, help="path MTU (1024)")
-    p.add_argument("-r", "--rx-depth", type=int, help="receives to post at a time (500)")
-    p.add_argument("-n", "--iters", type=int, default=1000, help="exchanges (1000)")
-    p.add_argument("-l", "--sl", type=int, default=0, help="service level (0)")
+    p.add_argument("-a", "--addr", type=ip_address, help="local IP address for the soft device")
+    p.add_argument("-i", "--ib-port", type=int_range(1, None), default=1,
+                   help="port of the device (1)")
+    p.add_argument("-s", "--size", type=int_range(0, UINT_MAX),
+                   help="message size (4096; ud: 1024; srq: at least 1)")
+    p.add_argument("-m", "--mtu", type=choice_int(MTUS), default=1024,
+                   help="path MTU: 256, 512, 1024, 2048 or 4096 (1024)")
+    p.add_argument("-r", "--rx-depth", type=int_range(1, UINT_MAX),
+                   help="receives to post at a time (500)")
+    p.add_argument("-n", "--iters", type=int_range(1, UINT_MAX), default=1000,
+                   help="exchanges (1000)")
+    p.add_argument("-l", "--sl", type=int_range(0, 15), default=0, help="service level 0..15 (0)")
     p.add_argument("-e", "--events", action="store_true", help="sleep on CQ events")
-    p.add_argument("-g", "--gid-idx", type=int, default=1,
-                   help="local GID index (1: the IPv4/IPv6 address; rdma-core's default is none)")
+    p.add_argument("-g", "--gid-idx", type=c_int, default=1,
+                   help="local GID index (1: the IPv4/IPv6 address; negative: none; rdma-core's "
+                        "default is none)")
     p.add_argument("-c", "--chk", action="store_true", help="validate the received buffer")
-    p.add_argument("-q", "--num-qp", type=int, default=16, help="srq: number of QPs (16)")
+    p.add_argument("-q", "--num-qp", type=int_range(1, UINT_MAX), default=16,
+                   help=f"srq: number of QPs, less than {SRQ_MAX_QP} (16)")
     p.add_argument("--counters", action="store_true",
                    help="print the device's counters at the end (softrdma addition)")
     p.set_defaults(func=run)
@@ -209,12 +234,16 @@ def run(a: argparse.Namespace) -> int:
         a.size = 1024 if a.kind == "ud" else 4096
     if a.rx_depth is None:
         a.rx_depth = 500
+    _check(a)
     server = a.servername is None
     peer = resolve(a.servername) if a.servername else None
     dev = open_device(a.ib_dev, a.addr, peer=peer, mtu=None)
-    if a.kind == "ud" and a.size > 128 << int(dev.active_mtu):
-        raise ToolError(f"Requested size larger than port MTU ({128 << int(dev.active_mtu)})")
-    side = _Side(a, dev)
+    try:
+        _check_device(a, dev)
+        side = _Side(a, dev)
+    except BaseException:
+        dev.detach()
+        raise
     try:
         rc = _pingpong(a, side, server, peer)
         if a.counters:
@@ -224,6 +253,37 @@ def run(a: argparse.Namespace) -> int:
     finally:
         side.close()
         dev.detach()
+
+
+def _check(a: argparse.Namespace) -> None:
+    """The checks rdma-core makes after parsing (exit status 1, its messages)."""
+    if a.kind == "srq":
+        if a.size < 1:  # srq_pingpong.c refuses it while parsing: a usage error
+            from ..cli import CliError
+            raise CliError(f"argument -s/--size: {a.size} is not positive (srq)")
+        if a.num_qp > a.rx_depth:
+            raise ToolError(f"rx_depth {a.rx_depth} is too small for {a.num_qp} QPs -- must have "
+                            f"at least one receive per QP.")
+        if a.num_qp >= SRQ_MAX_QP:
+            raise ToolError(f"num_qp {a.num_qp} must be less than {SRQ_MAX_QP - 1}")
+
+
+def _check_device(a: argparse.Namespace, dev: Any) -> None:
+    """What rdma-core finds out from the device before it connects: GID, sizes."""
+    if a.gid_idx >= 0:
+        # ibv_query_gid fails beyond the table (rdma-core: "can't read sgid of index N"); an
+        # empty entry reads as zeros there and fails at RTR, after the exchange: refuse it now
+        if a.gid_idx >= dev.limits.gid_tbl_len or a.gid_idx >= len(dev.gid_table) or \
+                not any(dev.gid_table[a.gid_idx]):
+            raise ToolError(f"can't read sgid of index {a.gid_idx}")
+    mtu = 128 << int(dev.active_mtu)
+    if a.kind == "ud" and a.size > mtu:
+        raise ToolError(f"Requested size larger than port MTU ({mtu})")
+    if a.size > dev.limits.max_msg_sz:  # post_send would refuse it: say so before allocating
+        raise ToolError(f"Requested size larger than port max_msg_sz ({dev.limits.max_msg_sz})")
+    if a.rx_depth > dev.limits.max_qp_wr:  # ibv_create_qp/ibv_create_srq would fail
+        raise ToolError(f"Couldn't create QP (rx_depth {a.rx_depth} is above the device's "
+                        f"max_qp_wr {dev.limits.max_qp_wr})")
 
 
 def _pingpong(a: argparse.Namespace, side: _Side, server: bool, peer: str | None) -> int:
