@@ -168,6 +168,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     try:
         pd = PD(ctx)
         cq = CQ(ctx, 4096)
+        dev.sequential_qpn = True  # pin the captured QPN: the next one allocated is it
         dev._next_qpn = my_qpn
         cap = QPCap(max_send_wr=1024, max_recv_wr=rx_depth, max_send_sge=1, max_recv_sge=1,
                     max_inline_data=256 if inline else 0)

@@ -1,5 +1,5 @@
 """docs/walkthrough-rc-pingpong.md must run: its python blocks, in order, as one program,
-in a fresh interpreter (so the default device is new and QP numbers start at 16). Each
+in a fresh interpreter (so the default device is new). Each
 ``# text`` line right after a ``print(...)`` line is the output that print must produce."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ LAT_RE = re.compile(r"^ (\d+)\s+(\d+)" + r"\s+(\d+\.\d\d)" * 7 + r"\s*$")
 
 def _addr_line(side: str, rdma: bool, read: bool) -> re.Pattern[str]:
     extra = (r" OUT 0x[0-9a-f]{2}" if read else "") + \
-        (r" RKey 0x[0-9a-f]{6} VAddr 0x[0-9a-f]{14}" if rdma else "")
+        (r" RKey 0x[0-9a-f]{6,8} VAddr 0x[0-9a-f]{14}" if rdma else "")
     return re.compile(rf"^ {side} address: LID 0000 QPN 0x[0-9a-f]{{4,6}} PSN (?:0x[0-9a-f]{{4,6}}|000000)"
                       rf"{extra}$")
 

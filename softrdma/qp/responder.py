@@ -12,6 +12,15 @@ ACKs go out for packets that asked for one (AckReq), with the MSN.
 Duplicates are never executed twice: a duplicate send or write is ACKed again, a duplicate
 read is replayed from the requested PSN, a duplicate atomic is answered with the value
 saved when it first executed.
+
+One departure from rxe, against reflection (docs/security.md): rxe re-ACKs every duplicate
+send or write, so anyone who can spoof the peer's address turns the QP into a 1:1 reflector
+towards the peer. softrdma re-ACKs duplicates 1:1 only within ``DUP_ACK_WINDOW`` PSNs behind
+the expected one, where a go-back-N retransmission lands (rxe's requester keeps at most 128
+PSNs unacknowledged); a duplicate further behind is ACKed at most once per
+``DUP_ACK_INTERVAL`` seconds per QP and otherwise counted as ``duplicate_ack_limited``. Every
+such ACK is the same packet (it names the expected PSN - 1), so a requester that really is
+that far behind still learns everything from the first one.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ __all__ = ["Responder", "RespResource"]
 
 _U64 = struct.Struct("<Q")
 _RNR_NAK = 0x20
+DUP_ACK_WINDOW = 256  # duplicates this close behind the expected PSN are re-ACKed 1:1 (rxe)
+DUP_ACK_INTERVAL = 0.001  # further behind: at most one re-ACK per QP per this many seconds
 # plain ints for per-packet flag tests (IntFlag arithmetic is a Python call per use)
 _R_READ, _R_WRITE, _R_ATOMIC = (int(A.IBV_ACCESS_REMOTE_READ), int(A.IBV_ACCESS_REMOTE_WRITE),
                                 int(A.IBV_ACCESS_REMOTE_ATOMIC))
@@ -76,7 +87,7 @@ class _Err(Exception):
 class Responder:
     __slots__ = ("eng", "qp", "psn", "ack_psn", "msn", "opcode", "sent_psn_nak", "drop_msg",
                  "wqe", "wqe_offset", "va", "rkey", "resid", "length", "resources", "res_head",
-                 "status", "syndrome", "goto_error")
+                 "status", "syndrome", "goto_error", "far_dup_ack_at")
 
     def __init__(self, eng: "QpEngine") -> None:
         self.eng = eng
@@ -100,6 +111,7 @@ class Responder:
         self.status = WCS.IBV_WC_SUCCESS
         self.syndrome = AETH_ACK_UNLIMITED
         self.goto_error = False
+        self.far_dup_ack_at = float("-inf")  # when a far-behind duplicate was last re-ACKed
 
     def set_resources(self, n: int) -> None:
         self.resources = [RespResource() for _ in range(n)]
@@ -453,7 +465,14 @@ class Responder:
     def _duplicate(self, pkt: Any) -> None:
         info = pkt.info
         if info.send or info.write:
-            # C9-105: acknowledge again, execute nothing
+            # C9-105: acknowledge again, execute nothing; but not 1:1 for packets that are
+            # too far behind to be a retransmission (see the module doc)
+            if psn_diff(self.psn, pkt.psn) > DUP_ACK_WINDOW:
+                now = self.eng.device.now
+                if now - self.far_dup_ack_at < DUP_ACK_INTERVAL:
+                    self.eng.device.counters.drop("duplicate_ack_limited")
+                    return
+                self.far_dup_ack_at = now
             self.send_ack(AETH_ACK_UNLIMITED, (self.ack_psn - 1) & 0xFFFFFF)
             return
         res = self._find_resource(pkt.psn)

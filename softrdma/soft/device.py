@@ -54,6 +54,7 @@ from ..wire.opcodes import OPCODES as _OPCODES
 _RESPONSE_OPCODES = frozenset(op for op, i in _OPCODES.items() if i.is_response)
 RXE_MAX_HDR_LENGTH = 80  # rxe subtracts this from the netdev MTU before picking an IB MTU
 RXE_MIN_QP_INDEX = 16  # first QPN handed to users; 0 (SMI) and 1 (GSI) are reserved
+RXE_MAX_QPN = 0xFFFFFE  # 0xFFFFFF is the multicast QPN
 
 
 def active_mtu_for(netdev_mtu: int) -> ibv_mtu:
@@ -135,7 +136,8 @@ class SoftDevice:
 
     def __init__(self, name: str, ip: str, *, mtu: int | None = None, mac: bytes | None = None,
                  netdev: NetdevInfo | None = None, seed: int | None = None, live: bool = False,
-                 auto_address: bool = False) -> None:
+                 auto_address: bool = False, sequential_qpn: bool = False,
+                 strict: bool | None = None) -> None:
         self.name = name
         self._mtu_override = mtu
         self._mac_override = mac
@@ -150,9 +152,20 @@ class SoftDevice:
         self._auto_attached = False
         self.fatal: BaseException | None = None
         self.fatal_listeners: list[Callable[[BaseException], None]] = []
-        self.keys = KeyTable(self.rng)
+        # what peers must not be able to guess (memory keys, iovas, QP numbers): from the OS's
+        # random source, or from the seed when one is given (reproducible captures and tests)
+        self.secret_rng: random.Random = random.SystemRandom() if seed is None else \
+            random.Random(f"softrdma-secrets-{seed}")
+        self.keys = KeyTable(self.secret_rng)
         self.qps: dict[int, "QP"] = {}
+        # rxe hands out QPNs in order from 16; softrdma draws them at random unless told to
+        # be sequential (replays of captures pin QPNs through ``_next_qpn``)
+        self.sequential_qpn = sequential_qpn
         self._next_qpn = RXE_MIN_QP_INDEX
+        # strict receive checks (docs/security.md): None -> the SOFTRDMA_STRICT variable
+        if strict is None:
+            strict = os.environ.get("SOFTRDMA_STRICT", "") not in ("", "0")
+        self.strict = strict
         self.counters = Counters()
         self.lock = threading.RLock()
         self.contexts: int = 0
@@ -217,10 +230,21 @@ class SoftDevice:
 
     # -- QP numbers --------------------------------------------------------------------
     def alloc_qpn(self) -> int:
-        """QPNs like rxe's pool: from 16 upward, skipping numbers in use, wrapping at 2^24."""
-        for _ in range(self.limits.max_qp + 1):
+        """A free QPN in [16, 2^24 - 1) (0xFFFFFF is the multicast QPN). By default drawn at
+        random, so an off-path sender cannot guess it (rxe counts up from 16); with
+        ``sequential_qpn`` like rxe's pool: from ``_next_qpn`` upward, skipping numbers in
+        use, wrapping at 2^24."""
+        if not self.sequential_qpn:
+            rng = self.secret_rng
+            for _ in range(64):
+                qpn = rng.randrange(RXE_MIN_QP_INDEX, RXE_MAX_QPN + 1)
+                if qpn not in self.qps:
+                    return qpn
+            # a pathologically full table: fall through to a scan from a random point
+            self._next_qpn = rng.randrange(RXE_MIN_QP_INDEX, RXE_MAX_QPN + 1)
+        for _ in range(RXE_MAX_QPN - RXE_MIN_QP_INDEX + 1):
             qpn = self._next_qpn
-            self._next_qpn = qpn + 1 if qpn + 1 < (1 << 24) else RXE_MIN_QP_INDEX
+            self._next_qpn = qpn + 1 if qpn < RXE_MAX_QPN else RXE_MIN_QP_INDEX
             if qpn not in self.qps:
                 return qpn
         raise MemoryError("no free QP number")

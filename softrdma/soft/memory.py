@@ -1,14 +1,22 @@
 """Memory keys: the one table of MRs and MWs that every access goes through.
 
-Like rxe (rxe_mr.c, rxe_mw.c), a key is ``index << 8 | key_byte``; MR and MW indices come
-from disjoint ranges, and a lookup checks, in order: the key names a live object, the
-whole 32-bit key matches, the protection domain matches, the access rights allow the
-operation, and ``[iova, iova + length)`` lies inside the registered range. Only then is a
-memoryview of exactly that range handed out, so no access can ever reach bytes outside a
-registered, permitted range.
+Like rxe (rxe_mr.c, rxe_mw.c), a key is ``index << 8 | key_byte``, and a lookup checks, in
+order: the key names a live object, the whole 32-bit key matches, the protection domain
+matches, the access rights allow the operation, and ``[iova, iova + length)`` lies inside the
+registered range. Only then is a memoryview of exactly that range handed out, so no access
+can ever reach bytes outside a registered, permitted range.
 
-Addresses are I/O virtual addresses (iova) chosen by the device: page-aligned, unique per
-device, so captures are reproducible and a peer can target them like real addresses.
+Unlike rxe, whose indices are handed out in order (so only the key byte is secret), the
+24-bit index is drawn at random among the free ones, and the key byte too: keys are opaque
+to peers, so all 32 bits of an rkey are unpredictable to anyone who was not given it (see
+docs/security.md). The table stays a dict from index to entry, so a lookup is O(1), and the
+low byte keeps its verbs meaning (``ibv_inc_rkey`` on a memory window changes only it).
+
+Addresses are I/O virtual addresses (iova) chosen by the device: page-aligned and unique per
+device, starting at a random page-aligned base per device, so a peer cannot guess them
+either. Both come from the ``rng`` the table is given: a device made with ``seed=`` draws
+the same keys and addresses every time (reproducible captures and replays); without a seed
+they come from the operating system's random source.
 """
 
 from __future__ import annotations
@@ -46,19 +54,20 @@ class AccessError(Exception):
         self.reason = reason
 
 
-MR_MIN_INDEX = 0x1
-MR_MAX_INDEX = 0x10000
-MW_MIN_INDEX = 0x10001
-MW_MAX_INDEX = 0x20000
-IOVA_BASE = 0x7F5000000000
+KEY_INDEX_MIN = 0x1  # index 0 is never handed out (key 0x000000xx stays invalid)
+KEY_INDEX_MAX = 0xFFFFFF
 PAGE = 4096
+# the random iova base of a device: page-aligned, in [4 GiB, 64 TiB), so ~2^34 choices and
+# room above it for any sane amount of registered memory below the 47-bit user-space limit
+IOVA_BASE_MIN_PAGE = 1 << 20
+IOVA_BASE_MAX_PAGE = 1 << 34
 
 
 @dataclass(eq=False)
 class MemEntry:
     kind: MemKind
     index: int
-    key: int  # the low 8 bits of lkey/rkey
+    key: int  # the low 8 bits of lkey/rkey (``index`` is the high 24)
     pd: Any
     access: int
     iova: int = 0
@@ -80,24 +89,29 @@ class MemEntry:
 
 
 class KeyTable:
+    """``rng`` draws key indices, key bytes and the iova base: a ``random.Random(seed)`` for
+    reproducible devices, a ``random.SystemRandom()`` otherwise."""
+
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
-        self.entries: dict[int, MemEntry] = {}  # index -> entry
-        self._next_mr = MR_MIN_INDEX
-        self._next_mw = MW_MIN_INDEX
-        self._next_iova = IOVA_BASE
+        self.entries: dict[int, MemEntry] = {}  # index (key >> 8) -> entry
+        self._next_iova = rng.randrange(IOVA_BASE_MIN_PAGE, IOVA_BASE_MAX_PAGE) * PAGE
+        self.iova_base = self._next_iova
 
     def _alloc_index(self, kind: MemKind) -> int:
-        lo, hi = (MR_MIN_INDEX, MR_MAX_INDEX) if kind is MemKind.MR else (MW_MIN_INDEX, MW_MAX_INDEX)
-        nxt = self._next_mr if kind is MemKind.MR else self._next_mw
-        for _ in range(hi - lo + 1):
-            idx = nxt
-            nxt = idx + 1 if idx < hi else lo
-            if idx not in self.entries:
-                if kind is MemKind.MR:
-                    self._next_mr = nxt
-                else:
-                    self._next_mw = nxt
+        """A free 24-bit index, drawn at random. The table holds at most a few hundred
+        thousand of 2^24 indices, so a draw is almost always free; a scan from a random
+        point settles the (pathological) case of a nearly full table."""
+        rng, entries = self.rng, self.entries
+        for _ in range(64):
+            idx = rng.randrange(KEY_INDEX_MIN, KEY_INDEX_MAX + 1)
+            if idx not in entries:
+                return idx
+        start = rng.randrange(KEY_INDEX_MIN, KEY_INDEX_MAX + 1)
+        span = KEY_INDEX_MAX - KEY_INDEX_MIN + 1
+        for k in range(span):
+            idx = KEY_INDEX_MIN + (start - KEY_INDEX_MIN + k) % span
+            if idx not in entries:
                 return idx
         raise MemoryError(f"no free {kind.value} index")
 

@@ -1,5 +1,9 @@
 """The receive path's header checks (rxe_recv.c): every packet is counted and either
-handed to its QP's engine or dropped with a reason; nothing malformed goes further."""
+handed to its QP's engine or dropped with a reason; nothing malformed goes further.
+
+Beyond rxe, a device in strict mode (``SoftDevice(strict=True)`` or SOFTRDMA_STRICT=1) also
+drops packets for a connected (RC/UC) QP that do not come from the UDP source port the
+connection's path determines (drop reason ``strict_sport``); see docs/security.md."""
 
 from __future__ import annotations
 
@@ -90,6 +94,12 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         av = qp.av
         if av is None or av.dst_ip != src_ip:
             c.drop("wrong_source")
+            return
+        if dev.strict and sport != qp.engine.src_port:
+            # strict mode: a connected rxe (or softrdma) peer sends every packet of this
+            # connection from the port both ends derive from the path (the flow label, or
+            # both QPNs when it is 0), the port we send from (docs/security.md)
+            c.drop("strict_sport")
             return
     elif pkt.qkey != qp.attr.qkey:
         c.drop("qkey_violation")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import struct
 import tempfile
 import time
@@ -84,8 +85,10 @@ def run(a: argparse.Namespace) -> int:
     b_ep = Endpoint(Context(name=devs[1].name), "RC", 1 << 20, cap, 256)
     ok = True
     try:
-        _connect(a_ep, b_ep, 0x100, 0x200)
-        _connect(b_ep, a_ep, 0x200, 0x100)
+        # random initial PSNs, as every softrdma tool uses (docs/security.md)
+        psn_a, psn_b = secrets.randbits(24), secrets.randbits(24)
+        _connect(a_ep, b_ep, psn_a, psn_b)
+        _connect(b_ep, a_ep, psn_b, psn_a)
         print(f"RC QP 0x{a_ep.qp.qp_num:06x} on {devs[0].ip} <-> QP 0x{b_ep.qp.qp_num:06x} on "
               f"{devs[1].ip}, both RTS (path MTU 1024, timeout 14, retry 7/7)")
         n = a.size

@@ -232,7 +232,9 @@ class Perf:
         self.pd = PD(self.ctx)
         self.mr: MR | None = None
         self.qps: list[QP] = []
-        self.rng = random.Random(os.getpid() * int(time.time()))
+        # initial PSNs: rdma-core seeds lrand48 with getpid() * time(NULL), which anyone
+        # who knows roughly when the tool started can reproduce; ours come from the OS
+        self.rng = random.SystemRandom()
         self.check_msgs: list[str] = []
 
     # -- I/O while waiting ---------------------------------------------------------------------

@@ -24,7 +24,6 @@ port MTU", a size above the port's max_msg_sz, an rx depth above the device's ma
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import select
 import time
@@ -143,7 +142,9 @@ class _Side:
         self.send_flags = IBV_SEND_SIGNALED
         if self.qps[0].cap.max_inline_data >= self.size:
             self.send_flags |= IBV_SEND_INLINE
-        self.rng = random.Random(os.getpid() * int(time.time()))
+        # initial PSNs: rdma-core seeds lrand48 with getpid() * time(NULL), which anyone
+        # who knows roughly when the tool started can reproduce; ours come from the OS
+        self.rng = random.SystemRandom()
         self.psns = [self.rng.getrandbits(24) for _ in self.qps]
         self.gid = self.ctx.query_gid(a.ib_port, a.gid_idx).raw if a.gid_idx >= 0 else bytes(16)
         self.ah = None
