@@ -334,6 +334,7 @@ class Stats:
     legit_ops: int = 0
     recoveries: dict[str, int] = field(default_factory=dict)
     wc_errors: dict[str, int] = field(default_factory=dict)
+    async_events: dict[str, int] = field(default_factory=dict)
     mutations: dict[str, int] = field(default_factory=dict)
 
     def m(self, name: str) -> None:
@@ -569,8 +570,20 @@ class Fuzzer:
                 self.stats.recoveries[p.kind] = self.stats.recoveries.get(p.kind, 0) + 1
                 self._reconnect(p)
 
+    def _async_events(self) -> None:
+        """Read the async events, as a program must: like uverbs, a context queues them
+        until they are read (QP_FATAL, LAST_WQE_REACHED... from every broken QP)."""
+        for s in self.sides:
+            for _ in range(10_000):
+                ev = s.ctx.get_async_event(block=False)
+                if ev is None:
+                    break
+                k = getattr(ev.event_type, "name", str(ev.event_type)).replace("IBV_EVENT_", "")
+                self.stats.async_events[k] = self.stats.async_events.get(k, 0) + 1
+
     def housekeeping(self) -> None:
         from ..enums import IBV_QPS_RTS
+        self._async_events()
         for p in self.pairs:
             for e in p.ends:
                 self._drain(e)
@@ -1182,7 +1195,9 @@ def _run(fz: Fuzzer, seeds: list[bytes], nfiles: int, out: Any) -> int:
     print("QP pairs reset and reconnected during the run: " + (", ".join(
         f"{k} {v}" for k, v in sorted(st.recoveries.items())) or "none"), file=out)
     print("error completions: " + (", ".join(f"{k} {v}" for k, v in sorted(
-        st.wc_errors.items(), key=lambda kv: -kv[1])) or "none"), file=out)
+        st.wc_errors.items(), key=lambda kv: -kv[1])) or "none") + "; async events: " + (
+        ", ".join(f"{k} {v}" for k, v in sorted(st.async_events.items(),
+                                                key=lambda kv: -kv[1])) or "none"), file=out)
     for d in devs:
         c = d.counters
         drops = ", ".join(f"{k} {v}" for k, v in sorted(c.drops.items(), key=lambda kv: -kv[1]))
