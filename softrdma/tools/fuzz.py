@@ -561,6 +561,8 @@ class Fuzzer:
             self.stats.legit_ops += 1
         except PyverbsRDMAError:
             pass
+        except Exception:  # a verbs call must fail with PyverbsRDMAError or not at all
+            self.thread_errors.append("main thread (post_send): " + traceback.format_exc().strip())
 
     def _recover(self) -> None:
         """Reset and reconnect the pairs a forged packet moved to ERR (cheap: states only)."""
@@ -1014,6 +1016,13 @@ class Fuzzer:
                         return "READ: data read back differs"
         return None
 
+    def _exercise_safe(self, p: Pair) -> str | None:
+        try:
+            return self._exercise(p)
+        except Exception as ex:  # the check reports it rather than dying with a traceback
+            self.thread_errors.append("main thread (final check): " + traceback.format_exc().strip())
+            return f"{type(ex).__name__}: {ex}"
+
     def check_pairs(self) -> None:
         from ..enums import IBV_QPS_RTS
         for i, p in enumerate(self.pairs):
@@ -1021,7 +1030,7 @@ class Fuzzer:
             how = "intact"
             err = None
             if all(s == IBV_QPS_RTS for s in states):
-                err = self._exercise(p)
+                err = self._exercise_safe(p)
                 if err is None:
                     self.checks.append(Check(f"{p.kind} pair works", True, how))
                     continue
@@ -1034,7 +1043,7 @@ class Fuzzer:
                 self.srq_posted = [min(x, RECV_TARGET) for x in self.srq_posted]
             p2 = self._make_pair(p.kind, i)
             self.pairs[i] = p2
-            err = self._exercise(p2)
+            err = self._exercise_safe(p2)
             self.checks.append(Check(f"{p.kind} pair works", err is None,
                                      how if err is None else f"{how}; new pair: {err}"))
 
@@ -1150,7 +1159,8 @@ def _run(fz: Fuzzer, seeds: list[bytes], nfiles: int, out: Any) -> int:
     cfg = fz.cfg
     devs = fz.devs
     print(f"softrdma fuzz: seed {cfg.seed}, devices {devs[0].ip} and {devs[1].ip}, "
-          f"{'ICRC verified (raw receive)' if fz.raw else 'ICRC NOT verified (no raw socket)'}",
+          + ("ICRC verified (raw receive)" if fz.raw else "ICRC NOT verified (" + (
+              "--icrc off" if cfg.icrc == "off" else "no raw socket: needs CAP_NET_RAW") + ")"),
           file=out)
     print(f"seeds: {len(seeds)} RoCE frames from {nfiles} captures, "
           f"{len({s[0] for s in seeds})} opcodes; pairs: " + ", ".join(
