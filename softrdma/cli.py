@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_parser(sub)
     from .tools.labcmd import add_parser as _lab_parser
     _lab_parser(sub)
+    from .tools.fuzz import add_parser as _fuzz_parser
+    _fuzz_parser(sub)
 
     b = sub.add_parser("bench", help="benchmark the wire layer against bare zlib.crc32, or "
                                      "QP memory and creation time (--what qps)",
