@@ -29,7 +29,8 @@ def devs():
     made = []
 
     def make(ip, name, **kw):
-        d = add_device(ip, name=name, **kw)
+        # manual devices: the tests step them (or attach UDP themselves)
+        d = add_device(ip, name=name, live=False, **kw)
         made.append(d)
         return d
 
