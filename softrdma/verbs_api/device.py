@@ -13,6 +13,7 @@ made for other addresses with :func:`add_device`::
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import select
 import threading
@@ -46,6 +47,11 @@ def add_device(ip: str, name: str | None = None, *, mtu: int | None = None,
                seed: int | None = None) -> SoftDevice:
     """Create a soft device for ``ip`` (the GID table, port MTU and MAC come from the
     interface holding it; ``mtu`` overrides the interface MTU) and return it."""
+    try:  # EINVAL naming the value, as `rdma link add` refuses a bad netdev
+        ipaddress.ip_address(ip)
+    except ValueError:
+        raise PyverbsRDMAError(f"Failed to add device: ip {ip!r:.60} is not an IP address",
+                               errno.EINVAL) from None
     with _registry_lock:
         _ensure_default() if name != DEFAULT_NAME else None
         if name is None:
@@ -198,6 +204,9 @@ class Context:
     order, every resource made through it that is still open."""
 
     def __init__(self, name: str | bytes | None = None, **kwargs: Any) -> None:
+        if name is not None and not isinstance(name, (str, bytes)):
+            raise PyverbsRDMAError(f"Failed to open device: name must be a str, not "
+                                   f"{type(name).__name__}", errno.EINVAL)
         if isinstance(name, bytes):
             name = name.decode()
         self.device = get_soft_device(name)
