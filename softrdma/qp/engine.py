@@ -4,13 +4,24 @@ Sans-IO: it never touches a socket or a clock. The device hands it packets
 (:meth:`on_packet`) and the time (``device.now``), asks it when it next needs waking
 (:attr:`deadline`) and wakes it (:meth:`on_timer`); it hands packets to
 ``device.send_packet`` and completions to the CQs.
+
+Fault containment: the entry points from outside (:meth:`on_packet` from the receive path,
+:meth:`on_timer` from the device's timers, :meth:`kick` from post_send and modify) catch
+any exception the protocol code did not expect and hand it to :meth:`fault`, which moves
+this QP alone to ERR, as a hardware QP that hit an internal error: outstanding WRs
+complete with IBV_WC_WR_FLUSH_ERR, IBV_EVENT_QP_FATAL is raised, the device's
+``qp_fatal`` counter counts it and the ``softrdma`` logger reports it once with its
+traceback. The device, and every other QP on it, go on. Errors the protocol defines (a
+NAK, a bad key, a retry limit) are not faults: the engines complete them as rxe does.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from ..enums import ibv_qp_state as S, ibv_qp_type as T, mtu_to_bytes
+from ..completion import AsyncEvent
+from ..enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T, mtu_to_bytes
 from .completer import Completer
 from .psn import psn_diff
 from .params import qp_timeout_seconds, udp_sport_for_path, udp_sport_for_qpn
@@ -19,6 +30,8 @@ from .responder import Responder
 from .wqe import WqeState
 
 __all__ = ["QpEngine"]
+
+log = logging.getLogger("softrdma")
 
 
 class QpEngine:
@@ -75,7 +88,7 @@ class QpEngine:
             self.kick()
         elif new == S.IBV_QPS_SQD:
             self.req.drained_sent = False
-            self.req.run()
+            self.kick()
 
     def on_error(self) -> None:
         self._cancel_timers()
@@ -94,8 +107,11 @@ class QpEngine:
         return mtu_to_bytes(qp.attr.path_mtu)
 
     def kick(self) -> None:
-        """Work was posted: let the requester send what it can."""
-        self.req.run()
+        """Work was posted (or the state allows more): let the requester send what it can."""
+        try:
+            self.req.run()
+        except Exception as e:  # contained: see fault()
+            self.fault(e, "send")
 
     def req_wake(self) -> None:
         """The completer freed something the requester may be waiting on."""
@@ -116,11 +132,44 @@ class QpEngine:
         return False
 
     def on_packet(self, pkt: Any, ip_header: bytes) -> None:
-        if pkt.info.is_request:
-            self.resp.on_request(pkt, ip_header)
-        else:
-            self.comp.on_response(pkt)
-            self._rearm_retrans()
+        # A try block costs nothing until something raises (Python 3.11+): no per-packet work.
+        try:
+            if pkt.info.is_request:
+                self.resp.on_request(pkt, ip_header)
+            else:
+                self.comp.on_response(pkt)
+                self._rearm_retrans()
+        except Exception as e:  # contained: see fault()
+            self.fault(e, "receive")
+
+    def fault(self, exc: BaseException, where: str) -> None:
+        """An unexpected exception escaped this QP's protocol code (``where``: "receive",
+        "send" or "timer"). Contain it to this QP: move it to ERR (outstanding WRs complete
+        with IBV_WC_WR_FLUSH_ERR), raise IBV_EVENT_QP_FATAL, count it in the device's
+        ``qp_fatal`` counter and log it once. Never raises: the caller is the receive
+        path, the timer loop or post_send, none of which may die because one QP did."""
+        qp = self.qp
+        dev = self.device
+        dev.counters.qp_fatal += 1
+        log.error("%s: QP 0x%x hit an unexpected %s in its %s path; the QP is moved to ERR "
+                  "(IBV_EVENT_QP_FATAL), the device goes on", dev.name, qp.qp_num,
+                  type(exc).__name__, where, exc_info=exc)
+        was = qp.state
+        try:
+            qp.to_error()
+        except Exception:
+            # The state is too damaged even to flush (a CQ that cannot take a completion):
+            # drop the work without completions rather than leave a half-alive QP.
+            log.debug("flushing QP 0x%x after its fault failed too", qp.qp_num, exc_info=True)
+            qp.state = qp.attr.qp_state = qp.attr.cur_qp_state = S.IBV_QPS_ERR
+            qp.sq.clear()
+            if qp.srq is None:
+                qp.rq.clear()
+        # Never leave a timer armed on a faulted QP: it would fire (and fault) forever.
+        self.retrans_at = self.rnr_at = None
+        dev.timer_changed(qp)
+        if was not in (S.IBV_QPS_ERR, S.IBV_QPS_RESET):
+            dev.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_QP_FATAL, qp))
 
     def invalidate_rkey(self, rkey: int) -> bool:
         """rxe invalidate_rkey: only type 2 windows bound through this QP's PD can be
@@ -180,12 +229,15 @@ class QpEngine:
             self.device.timer_changed(self.qp)
 
     def on_timer(self, now: float) -> None:
-        if self.rnr_at is not None and now >= self.rnr_at:
-            self._set_timer("rnr_at", None)
-            self.req.need_retry = True
-            self.req.wait_for_rnr_timer = False
-            self.req.run()
-        if self.retrans_at is not None and now >= self.retrans_at:
-            self._set_timer("retrans_at", None)
-            self.comp.on_timeout()
-            self._rearm_retrans()
+        try:
+            if self.rnr_at is not None and now >= self.rnr_at:
+                self._set_timer("rnr_at", None)
+                self.req.need_retry = True
+                self.req.wait_for_rnr_timer = False
+                self.req.run()
+            if self.retrans_at is not None and now >= self.retrans_at:
+                self._set_timer("retrans_at", None)
+                self.comp.on_timeout()
+                self._rearm_retrans()
+        except Exception as e:  # contained: see fault()
+            self.fault(e, "timer")

@@ -97,10 +97,12 @@ for _s in _REAL_STATES:
     if _s != S.IBV_QPS_RESET:
         TRANSITIONS[(_s, S.IBV_QPS_ERR)] = (_same(0), _same(0))
 
-#: bits ibv_modify_qp knows; anything else is EOPNOTSUPP like the kernel's uverbs.
+#: bits ibv_modify_qp knows; anything else is EOPNOTSUPP like the kernel's uverbs. A plain
+#: int: ``~`` of an IntFlag only complements the defined bits, so ``mask & ~STANDARD_MASK``
+#: would miss 1 << 26 and above.
 STANDARD_MASK = 0
 for _m in M:
-    STANDARD_MASK |= _m
+    STANDARD_MASK |= int(_m)
 
 
 def mask_names(mask: int) -> str:

@@ -105,6 +105,7 @@ class Counters:
     rcvd_seq_err: int = 0
     ack_deferred: int = 0
     retry_exceeded_err: int = 0
+    qp_fatal: int = 0  # QPs moved to ERR by an unexpected exception (QpEngine.fault)
     retry_rnr_exceeded_err: int = 0
     completer_retry_err: int = 0
     send_err: int = 0

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import PyverbsRDMAError
 from .attr import AHAttr, GID, GlobalRoute
+from ._check import U8, U16, as_flag, as_int, require
 from .base import Resource
 
 __all__ = ["AH", "AddressVector", "resolve_av"]
@@ -30,30 +31,41 @@ class AddressVector:
     flow_label: int
 
 
-def resolve_av(device: Any, attr: AHAttr, what: str) -> AddressVector:
+def resolve_av(device: Any, attr: Any, what: str, field: str = "attr") -> AddressVector:
+    """Check an ``AHAttr`` (``field`` names it in errors, e.g. ``attr.ah_attr``) against
+    the device and return the address vector the data path uses."""
+    require(attr, AHAttr, what, field)
+    for name, hi in (("dlid", U16), ("sl", U8), ("src_path_bits", U8), ("static_rate", U8),
+                     ("port_num", U8)):
+        as_int(getattr(attr, name), what, f"{field}.{name}", hi)
+    is_global = as_flag(attr.is_global, what, f"{field}.is_global")
     if attr.port_num != 1:
-        raise PyverbsRDMAError(f"{what}: port_num {attr.port_num} is not 1", errno.EINVAL)
-    if not attr.is_global or attr.gr is None:
-        raise PyverbsRDMAError(f"{what}: RoCE needs a GRH (is_global=1 and a GlobalRoute "
-                               f"with the destination GID)", errno.EINVAL)
-    gr: GlobalRoute = attr.gr
-    if gr.dgid is None or not GID(gr.dgid):
-        raise PyverbsRDMAError(f"{what}: the destination GID is zero", errno.EINVAL)
+        raise PyverbsRDMAError(f"{what}: {field}.port_num {attr.port_num} is not 1", errno.EINVAL)
+    if not is_global or attr.gr is None:
+        raise PyverbsRDMAError(f"{what}: {field}: RoCE needs a GRH ({field}.is_global=1 and "
+                               f"{field}.gr, a GlobalRoute with the destination GID)",
+                               errno.EINVAL)
+    gr: GlobalRoute = require(attr.gr, GlobalRoute, what, f"{field}.gr")
+    g = f"{field}.gr"
+    dgid_obj = gr.dgid if isinstance(gr.dgid, GID) else \
+        GID._parse(gr.dgid, f"{what}: {g}.dgid") if gr.dgid is not None else None
+    if dgid_obj is None or not dgid_obj:
+        raise PyverbsRDMAError(f"{what}: {g}.dgid: the destination GID is zero", errno.EINVAL)
+    for name, val, hi in (("sgid_index", gr.sgid_index, U8), ("hop_limit", gr.hop_limit, U8),
+                          ("traffic_class", gr.traffic_class, U8),
+                          ("flow_label", gr.flow_label, (1 << 20) - 1)):
+        as_int(val, what, f"{g}.{name}", hi, desc=f"does not fit {hi.bit_length()} bits")
     if not 0 <= gr.sgid_index < len(device.gid_table):
-        raise PyverbsRDMAError(f"{what}: sgid_index {gr.sgid_index} is not a populated GID "
+        raise PyverbsRDMAError(f"{what}: {g}.sgid_index {gr.sgid_index} is not a populated GID "
                                f"(table has {len(device.gid_table)})", errno.EINVAL)
-    for name, val, bits in (("hop_limit", gr.hop_limit, 8), ("traffic_class", gr.traffic_class, 8),
-                            ("flow_label", gr.flow_label, 20)):
-        if not 0 <= val < (1 << bits):
-            raise PyverbsRDMAError(f"{what}: {name} {val} does not fit {bits} bits", errno.EINVAL)
-    dgid = GID(gr.dgid).raw
+    dgid = dgid_obj.raw
     dst_ip = device.ip_of_gid(dgid)
     src_ip = device.ip_of_gid(device.gid_table[gr.sgid_index])
     if len(dst_ip) != len(src_ip):
-        raise PyverbsRDMAError(f"{what}: destination GID {GID(dgid).gid} and source GID index "
+        raise PyverbsRDMAError(f"{what}: {g}.dgid {GID(dgid).gid} and {g}.sgid_index "
                                f"{gr.sgid_index} are of different IP families", errno.EINVAL)
-    return AddressVector(dgid, dst_ip, gr.sgid_index, gr.hop_limit, gr.traffic_class,
-                         gr.flow_label)
+    return AddressVector(dgid, dst_ip, int(gr.sgid_index), int(gr.hop_limit),
+                         int(gr.traffic_class), int(gr.flow_label))
 
 
 class AH(Resource):
@@ -62,10 +74,12 @@ class AH(Resource):
     _kind = "AH"
 
     def __init__(self, pd: Any, attr: AHAttr | None = None, **kwargs: Any) -> None:
+        from .pd import PD
+        require(pd, PD, "Failed to create AH", "pd")
         pd._check()
         if attr is None:
             raise PyverbsRDMAError("Failed to create AH: attr (AHAttr) is required", errno.EINVAL)
-        av = resolve_av(pd.device, attr, "Failed to create AH")
+        av = resolve_av(pd.device, attr, "Failed to create AH", "attr")
         super().__init__(pd.context)
         self.pd = pd
         self.attr = attr

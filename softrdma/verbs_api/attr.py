@@ -8,10 +8,13 @@ arguments and defaults, as plain Python objects you can print and compare.
 from __future__ import annotations
 
 import copy
+import errno
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import PyverbsRDMAError
+from ._check import kind, show
 from .enums import ibv_mig_state, ibv_mtu, ibv_qp_state, ibv_qp_type
 
 __all__ = ["GID", "GlobalRoute", "AHAttr", "QPCap", "QPInitAttr", "QPAttr", "SrqAttr",
@@ -19,27 +22,44 @@ __all__ = ["GID", "GlobalRoute", "AHAttr", "QPCap", "QPInitAttr", "QPAttr", "Srq
 
 
 class GID:
-    """A 16-byte GID. ``GID("fe80::1")``, ``GID(b"...16 bytes...")`` or the pyverbs colon
-    form ``GID("0000:0000:0000:0000:0000:ffff:0a00:0001")``. ``.gid`` gives that form."""
+    """A 16-byte GID. ``GID("fe80::1")``, ``GID(b"...16 bytes...")``, the pyverbs colon
+    form ``GID("0000:0000:0000:0000:0000:ffff:0a00:0001")`` or an IPv4 address (its RoCEv2
+    GID). ``.gid`` gives the colon form. Anything else is PyverbsRDMAError(EINVAL) naming
+    the value."""
 
     __slots__ = ("raw",)
 
     def __init__(self, val: "str | bytes | bytearray | GID | None" = None) -> None:
-        if val is None:
-            self.raw = bytes(16)
-        elif isinstance(val, GID):
-            self.raw = val.raw
-        elif isinstance(val, (bytes, bytearray, memoryview)):
+        self.raw = GID._parse(val, "Invalid GID").raw if val is not None else bytes(16)
+
+    @staticmethod
+    def _parse(val: Any, what: str) -> "GID":
+        """``val`` as a GID, or PyverbsRDMAError(EINVAL) prefixed with ``what``."""
+        g = GID.__new__(GID)
+        if isinstance(val, GID):
+            g.raw = val.raw
+            return g
+        if isinstance(val, (bytes, bytearray, memoryview)):
             if len(val) != 16:
-                raise ValueError(f"a GID is 16 bytes, got {len(val)}")
-            self.raw = bytes(val)
-        else:
-            s = str(val)
+                raise PyverbsRDMAError(f"{what}: a GID is 16 bytes, got {len(val)}",
+                                       errno.EINVAL)
+            g.raw = bytes(val)
+            return g
+        if isinstance(val, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
+            val = str(val)
+        if not isinstance(val, str):
+            raise PyverbsRDMAError(f"{what}: {show(val)} is {kind(val)}, not a GID (a str, "
+                                   f"16 bytes or a GID)", errno.EINVAL)
+        try:
+            g.raw = ipaddress.IPv6Address(val).packed
+        except ValueError:
             try:
-                self.raw = ipaddress.IPv6Address(s).packed
+                a = ipaddress.IPv4Address(val)  # an IPv4 address: its RoCEv2 GID
             except ValueError:
-                a = ipaddress.ip_address(s)  # an IPv4 address: its RoCEv2 GID
-                self.raw = bytes(10) + b"\xff\xff" + a.packed
+                raise PyverbsRDMAError(f"{what}: {show(val)} is not a GID or an IP address",
+                                       errno.EINVAL) from None
+            g.raw = bytes(10) + b"\xff\xff" + a.packed
+        return g
 
     @property
     def gid(self) -> str:
@@ -81,7 +101,7 @@ class GlobalRoute:
 
     def __post_init__(self) -> None:
         if self.dgid is not None and not isinstance(self.dgid, GID):
-            self.dgid = GID(self.dgid)
+            self.dgid = GID._parse(self.dgid, "GlobalRoute: dgid")
 
 
 @dataclass

@@ -19,6 +19,11 @@ class Resource:
     _kind = "resource"
 
     def __init__(self, context: Any) -> None:
+        from .device import Context  # here: device.py does not import this module's users
+        if not isinstance(context, Context):
+            from ._check import kind
+            raise PyverbsRDMAError(f"Failed to create {self._kind}: context is {kind(context)}, "
+                                   f"not a Context", errno.EINVAL)
         context._check()
         self.context = context
         self.device = context.device

@@ -29,6 +29,7 @@ from collections import deque
 from typing import Any, Iterator
 
 from ..errors import PyverbsRDMAError
+from ._check import U32, as_int, require
 from .base import Resource
 from .enums import ibv_event_type
 from .wr import WC
@@ -152,14 +153,18 @@ class CQ(Resource):
 
     def __init__(self, context: Any, cqe: int, cq_context: Any = None,
                  channel: CompChannel | None = None, comp_vector: int = 0) -> None:
+        from .device import Context
         what = "Failed to create CQ"
+        require(context, Context, what, "context")
         context._check()
         lim = context.device.limits
-        if cqe <= 0 or cqe > lim.max_cqe:
-            raise PyverbsRDMAError(f"{what}: cqe {cqe} is outside 1..{lim.max_cqe}", errno.EINVAL)
+        cqe = as_int(cqe, what, "cqe", lim.max_cqe, 1)
+        comp_vector = as_int(comp_vector, what, "comp_vector", (1 << 31) - 1,
+                             desc=">= num_comp_vectors (1)")
         if comp_vector != 0:
             raise PyverbsRDMAError(f"{what}: comp_vector {comp_vector} >= num_comp_vectors (1)",
                                    errno.EINVAL)
+        require(channel, CompChannel, what, "channel", optional=True)
         if channel is not None:
             channel._check()
         with context.device.lock:
@@ -238,6 +243,7 @@ class CQ(Resource):
             self._armed = 2 if solicited_only and self._armed != 1 else 1
 
     def ack_events(self, num_events: int) -> None:
+        num_events = as_int(num_events, "Failed to ack CQ events", "num_events", U32)
         if num_events < 0 or num_events > self._events_unacked:
             raise PyverbsRDMAError(f"Failed to ack {num_events} CQ events: only "
                                    f"{self._events_unacked} unacknowledged", errno.EINVAL)
@@ -247,6 +253,7 @@ class CQ(Resource):
         """ibv_resize_cq: EINVAL if ``cqe`` is out of range or below the completions held."""
         self._check()
         lim = self.device.limits
+        cqe = as_int(cqe, "Failed to resize CQ", "cqe", U32)
         with self.device.lock:
             if cqe <= 0 or cqe > lim.max_cqe or cqe < len(self._wcs):
                 raise PyverbsRDMAError(f"Failed to resize CQ to {cqe}: must be 1..{lim.max_cqe} "

@@ -22,6 +22,7 @@ More devices can be made for other addresses with :func:`add_device`::
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import select
 import threading
@@ -66,6 +67,11 @@ def add_device(ip: str, name: str | None = None, *, mtu: int | None = None,
     when the first context opens it; ``live=False`` makes a manual device, driven by the
     program (``device.progress()``, ``attach_udp(thread=False)`` and ``device.poll()``) or
     by a harness such as :class:`softrdma.sim.SimNetwork`."""
+    try:  # EINVAL naming the value, as `rdma link add` refuses a bad netdev
+        ipaddress.ip_address(ip)
+    except ValueError:
+        raise PyverbsRDMAError(f"Failed to add device: ip {ip!r:.60} is not an IP address",
+                               errno.EINVAL) from None
     with _registry_lock:
         _ensure_default() if name != DEFAULT_NAME else None
         if name is None:
@@ -218,6 +224,9 @@ class Context:
     order, every resource made through it that is still open."""
 
     def __init__(self, name: str | bytes | None = None, **kwargs: Any) -> None:
+        if name is not None and not isinstance(name, (str, bytes)):
+            raise PyverbsRDMAError(f"Failed to open device: name must be a str, not "
+                                   f"{type(name).__name__}", errno.EINVAL)
         if isinstance(name, bytes):
             name = name.decode()
         self.device = get_soft_device(name)

@@ -17,34 +17,51 @@ registered bytes.
 from __future__ import annotations
 
 import errno
+import os
 from typing import Any
 
 from ..errors import PyverbsRDMAError
+from ._check import U32, U64, as_bits, as_flag, as_int, require
 from ..soft.memory import MemEntry
 from .base import Resource
 from .enums import ibv_access_flags as A, ibv_mw_type
 
 __all__ = ["MR", "MW", "MWBind", "check_mr_access"]
 
-_SUPPORTED = (A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_READ
-              | A.IBV_ACCESS_REMOTE_ATOMIC | A.IBV_ACCESS_MW_BIND | A.IBV_ACCESS_ZERO_BASED
-              | A.IBV_ACCESS_RELAXED_ORDERING | A.IBV_ACCESS_FLUSH_GLOBAL
-              | A.IBV_ACCESS_FLUSH_PERSISTENT | A.IBV_ACCESS_HUGETLB)
-_WRITES = A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_ATOMIC
+# Plain ints, not IntFlags: ``~IntFlag`` only complements the defined bits, so
+# ``access & ~_SUPPORTED`` would let 1 << 40 through.
+_SUPPORTED = int(A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_READ
+                 | A.IBV_ACCESS_REMOTE_ATOMIC | A.IBV_ACCESS_MW_BIND | A.IBV_ACCESS_ZERO_BASED
+                 | A.IBV_ACCESS_RELAXED_ORDERING | A.IBV_ACCESS_FLUSH_GLOBAL
+                 | A.IBV_ACCESS_FLUSH_PERSISTENT | A.IBV_ACCESS_HUGETLB)
+_WRITES = int(A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_ATOMIC)
 
 
-def check_mr_access(access: int, what: str) -> None:
-    """ib_check_mr_access: remote write/atomic need local write; no unknown bits."""
+def _max_alloc() -> int:
+    """The most bytes ``MR(pd, length)`` will try to allocate: the machine's physical
+    memory. rxe refuses to pin more than RLIMIT_MEMLOCK (ENOMEM); without pinning, the
+    limit that matters here is not to make the process swap itself to death."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
+        return 1 << 40
+
+
+def check_mr_access(access: Any, what: str, field: str = "access") -> int:
+    """ib_check_mr_access: an int with no unknown bit; remote write/atomic need local write.
+    Returns the access flags as a plain int."""
+    access = as_int(access, what, field, U64, desc="not a set of access flags")
     if access & A.IBV_ACCESS_ON_DEMAND:
         raise PyverbsRDMAError(f"{what}: IBV_ACCESS_ON_DEMAND is not supported by softrdma",
                                errno.EOPNOTSUPP)
     if access & ~_SUPPORTED:
-        raise PyverbsRDMAError(f"{what}: unknown access flags 0x{access & ~_SUPPORTED:x}",
-                               errno.EINVAL)
+        raise PyverbsRDMAError(f"{what}: {field} has unknown access flags "
+                               f"0x{access & ~_SUPPORTED:x}", errno.EINVAL)
     if access & (A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_ATOMIC) and \
             not access & A.IBV_ACCESS_LOCAL_WRITE:
         raise PyverbsRDMAError(f"{what}: IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC "
                                f"require IBV_ACCESS_LOCAL_WRITE", errno.EINVAL)
+    return access
 
 
 def _as_bytes_view(buffer: Any, access: int, what: str) -> memoryview:
@@ -73,15 +90,31 @@ class MR(Resource):
 
     def __init__(self, pd: Any, length: int = 0, access: int = 0, address: int | None = None,
                  implicit: bool = False, *, buffer: Any = None) -> None:
-        pd._check()
+        """Register ``length`` new zeroed bytes (or ``buffer``) with ``access``; ``address``
+        sets the iova (a 64-bit address; by default the device picks one). A length beyond
+        the machine's memory is ENOMEM, as rxe answers when it cannot pin the pages."""
+        from .pd import PD
         what = "Failed to register MR"
-        if implicit:
+        require(pd, PD, what, "pd")
+        pd._check()
+        if as_flag(implicit, what, "implicit"):
             raise PyverbsRDMAError(f"{what}: implicit (ODP) MRs are not supported", errno.EOPNOTSUPP)
-        check_mr_access(access, what)
+        access = check_mr_access(access, what)
+        length = as_int(length, what, "length", U64, desc="not a 64-bit length")
+        if address is not None:
+            address = as_int(address, what, "address", U64, desc="not a 64-bit address")
+            if address + max(length, 1) - 1 > U64:
+                raise PyverbsRDMAError(f"{what}: address 0x{address:x} + length {length} "
+                                       f"wraps past 2^64", errno.EINVAL)
         if buffer is None:
-            if length < 0:
-                raise PyverbsRDMAError(f"{what}: negative length {length}", errno.EINVAL)
-            buffer = bytearray(length)
+            if length > _max_alloc():
+                raise PyverbsRDMAError(f"{what}: length {length} exceeds the machine's memory",
+                                       errno.ENOMEM)
+            try:
+                buffer = bytearray(length)
+            except (MemoryError, OverflowError):
+                raise PyverbsRDMAError(f"{what}: cannot allocate {length} bytes",
+                                       errno.ENOMEM) from None
         mv = _as_bytes_view(buffer, access, what)
         if buffer is not None and length and length != len(mv):
             if length > len(mv):
@@ -92,8 +125,12 @@ class MR(Resource):
         self.pd = pd
         self._buffer = buffer  # keep the object alive as long as the MR
         with self.device.lock:
-            self._entry: MemEntry = self.device.keys.register_mr(pd, mv, int(access),
-                                                                  iova=address)
+            try:
+                self._entry: MemEntry = self.device.keys.register_mr(pd, mv, access,
+                                                                      iova=address)
+            except MemoryError:  # the key table is full (max_mr)
+                self.context.children.pop(self, None)
+                raise PyverbsRDMAError(f"{what}: too many MRs", errno.ENOMEM) from None
             self._entry.owner = self
         self._use(pd)
 
@@ -129,6 +166,8 @@ class MR(Resource):
 
     def read(self, length: int, offset: int = 0) -> bytes:
         self._check()
+        length = as_int(length, "MR read", "length", U64)
+        offset = as_int(offset, "MR read", "offset", U64)
         if offset < 0 or length < 0 or offset + length > self.length:
             raise PyverbsRDMAError(f"MR read [{offset}, +{length}) is outside the MR of "
                                    f"{self.length} bytes", errno.EINVAL)
@@ -138,7 +177,13 @@ class MR(Resource):
         self._check()
         if isinstance(data, str):
             data = data.encode()
-        n = len(data) if length is None else length
+        try:
+            data = memoryview(data).cast("B")
+        except TypeError:
+            raise PyverbsRDMAError(f"MR write: data is a {type(data).__name__}, not bytes or "
+                                   f"str", errno.EINVAL) from None
+        n = len(data) if length is None else as_int(length, "MR write", "length", U64)
+        offset = as_int(offset, "MR write", "offset", U64)
         if offset < 0 or n < 0 or offset + n > self.length or n > len(data):
             raise PyverbsRDMAError(f"MR write [{offset}, +{n}) is outside the MR of "
                                    f"{self.length} bytes", errno.EINVAL)
@@ -150,17 +195,21 @@ class MR(Resource):
         buffer (``addr`` is a buffer object here, 1 = CHANGE_TRANSLATION). Keys change."""
         self._check()
         what = "Failed to re-register MR"
+        flags = as_bits(flags, what, "flags", 7, noun="IBV_REREG_MR_* bits")
+        if flags & 1 and addr is None:
+            length = as_int(length, what, "length", _max_alloc(), desc="beyond memory")
         with self.device.lock:
             if self._entry.refs:
                 raise PyverbsRDMAError(f"{what}: memory windows are bound to it", errno.EBUSY)
             new_pd = pd if flags & 2 else self.pd
-            if new_pd is None or not hasattr(new_pd, "users"):
+            from .pd import PD
+            if not isinstance(new_pd, PD):
                 raise PyverbsRDMAError(f"{what}: IBV_REREG_MR_CHANGE_PD needs a PD", errno.EINVAL)
             new_pd._check()
             if new_pd.context is not self.context:
                 raise PyverbsRDMAError(f"{what}: the PD belongs to another context", errno.EINVAL)
             new_access = access if flags & 4 else self._entry.access
-            check_mr_access(new_access, what)
+            new_access = check_mr_access(new_access, what)
             mv = self._entry.buf
             if flags & 1:
                 buffer = addr if addr is not None else bytearray(length)
@@ -171,7 +220,7 @@ class MR(Resource):
             self.device.keys.remove(self._entry)
             self._release(self.pd)
             self.pd = new_pd
-            self._entry = self.device.keys.register_mr(new_pd, mv, int(new_access))
+            self._entry = self.device.keys.register_mr(new_pd, mv, new_access)
             self._entry.owner = self
             self._use(new_pd)
 
@@ -197,6 +246,7 @@ class MWBind:
     """pyverbs ``MWBind(info, send_flags, wr_id)`` for ``QP.bind_mw`` (type 1 windows)."""
 
     def __init__(self, info: Any, send_flags: int = 0, wr_id: int = 0) -> None:
+        # stored as given; qp.bind_mw checks them (as post_send checks any WR)
         self.bind_info = info
         self.send_flags = send_flags
         self.wr_id = wr_id
@@ -210,9 +260,12 @@ class MW(Resource):
     _kind = "MW"
 
     def __init__(self, pd: Any, mw_type: int = ibv_mw_type.IBV_MW_TYPE_1) -> None:
+        from .pd import PD
+        require(pd, PD, "Failed to allocate MW", "pd")
         pd._check()
+        mw_type = as_int(mw_type, "Failed to allocate MW", "mw_type", U32)
         if mw_type not in (1, 2):
-            raise PyverbsRDMAError(f"Failed to allocate MW: type {mw_type} is not 1 or 2",
+            raise PyverbsRDMAError(f"Failed to allocate MW: mw_type {mw_type} is not 1 or 2",
                                    errno.EINVAL)
         super().__init__(pd.context)
         self.pd = pd

@@ -21,15 +21,19 @@ from typing import Any, Iterable
 from ..errors import PyverbsRDMAError
 from ..qp.transitions import check_transition
 from ..qp.wqe import RecvWqe, SendWqe
-from .ah import AddressVector, resolve_av
+from ._check import U8, U16, U24, U32, U64, as_bits, as_flag, as_int, require
+from .ah import AH, AddressVector, resolve_av
 from .attr import AHAttr, QPAttr, QPCap, QPInitAttr
 from .base import Resource
-from .cq import _async, _ring_size
+from .cq import CQ, _async, _ring_size
+from .mr import _SUPPORTED as _MW_ACCESS_BITS, MR, MW, MWBind
+from .pd import PD
+from .srq import SRQ
 from .enums import (
     ibv_event_type, ibv_mtu, ibv_qp_attr_mask as M, ibv_qp_state as S, ibv_qp_type as T,
     ibv_send_flags as F, ibv_wc_status, ibv_wr_opcode as W,
 )
-from .wr import RecvWR, SendWR, WC
+from .wr import SGE, MWBindInfo, RecvWR, SendWR, WC
 
 __all__ = ["QP"]
 
@@ -49,6 +53,8 @@ _INLINE_OK = {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
               W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV}
 _SGE_SIZE = 16  # sizeof(struct ib_sge): rxe sizes the send WQE by SGEs or inline bytes
 MAX_MSG = 1 << 31
+_SEND_FLAGS = 0x1F  # FENCE | SIGNALED | SOLICITED | INLINE | IP_CSUM
+_QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
 
 
 def _chain(wr: Any) -> Iterable[Any]:
@@ -58,33 +64,92 @@ def _chain(wr: Any) -> Iterable[Any]:
         return
     while wr is not None:
         yield wr
-        wr = getattr(wr, "next_wr", None)
+        wr = getattr(wr, "next_wr", None) if isinstance(wr, (SendWR, RecvWR)) else None
 
 
-def _sges(wr: Any, max_sge: int, what: str) -> tuple[list[tuple[int, int, int]], int]:
-    n = wr.num_sge
-    if n < 0 or n > len(wr.sg_list):
-        raise PyverbsRDMAError(f"{what}: num_sge {n} but {len(wr.sg_list)} SGEs given",
+def _sges(wr: Any, max_sge: int, what: str, f: str) -> tuple[list[tuple[int, int, int]], int]:
+    """Check ``wr``'s scatter/gather list (``f`` names the WR, e.g. ``wr[2]``) and return it
+    as ``(addr, length, lkey)`` int tuples with the total length. The keys themselves are
+    checked when the data moves, as rxe does; here only the shape and the C widths."""
+    sg = wr.sg_list
+    if not isinstance(sg, (list, tuple)):
+        raise PyverbsRDMAError(f"{what}: {f}.sg_list must be a list of SGEs, not "
+                               f"{'None' if sg is None else type(sg).__name__} (leave sg out "
+                               f"for a message without SGEs)", errno.EINVAL)
+    n = as_int(wr.num_sge, what, f"{f}.num_sge", U32)
+    if n > len(sg):
+        raise PyverbsRDMAError(f"{what}: {f}.num_sge {n} but {len(sg)} SGEs in {f}.sg_list",
                                errno.EINVAL)
     if n > max_sge:
-        raise PyverbsRDMAError(f"{what}: num_sge {n} exceeds the QP's max_sge {max_sge}",
+        raise PyverbsRDMAError(f"{what}: {f}.num_sge {n} exceeds the QP's max_sge {max_sge}",
                                errno.EINVAL)
     out = []
     total = 0
-    for s in wr.sg_list[:n]:
-        if s.length < 0 or s.length > 0xFFFFFFFF:
-            raise PyverbsRDMAError(f"{what}: SGE length {s.length} is not a 32-bit length",
-                                   errno.EINVAL)
-        out.append((int(s.addr), int(s.length), int(s.lkey)))
-        total += s.length
+    for j in range(n):
+        s = sg[j]
+        g = f"{f}.sg_list[{j}]"
+        require(s, SGE, what, g)
+        length = as_int(s.length, what, f"{g}.length", U32, desc="not a 32-bit length")
+        out.append((as_int(s.addr, what, f"{g}.addr", U64, desc="not a 64-bit address"),
+                    length, as_int(s.lkey, what, f"{g}.lkey", U32, desc="not a 32-bit key")))
+        total += length
     if total > MAX_MSG:
-        raise PyverbsRDMAError(f"{what}: message of {total} bytes exceeds 2^31", errno.EINVAL)
+        raise PyverbsRDMAError(f"{what}: {f}: message of {total} bytes (the sum of "
+                               f"sg_list[*].length) exceeds 2^31", errno.EINVAL)
     return out, total
 
 
-def _post_recv_checks(device: Any, pd: Any, wr: RecvWR, max_sge: int, what: str) -> RecvWqe:
-    sges, total = _sges(wr, max_sge, f"Failed to post receive to {what}")
-    return RecvWqe(wr.wr_id, sges, total)
+def _post_recv_checks(device: Any, pd: Any, wr: Any, max_sge: int, what: str,
+                      i: int = 0) -> RecvWqe:
+    """Check receive WR number ``i`` and make its WQE (QP and SRQ post_recv)."""
+    what = f"Failed to post receive to {what}"
+    f = f"wr[{i}]"
+    require(wr, RecvWR, what, f)
+    wr_id = as_int(wr.wr_id, what, f"{f}.wr_id", U64)
+    sges, total = _sges(wr, max_sge, what, f)
+    return RecvWqe(wr_id, sges, total)
+
+
+def _check_wr_arg(wr: Any, bad_wr: Any, cls: type, what: str) -> None:
+    """post_send/post_recv's own arguments: a WR, a chain or a non-empty list; ``bad_wr``
+    None or a WR of the same class (it is filled in on failure)."""
+    require(bad_wr, cls, what, "bad_wr", optional=True)
+    if wr is None or (isinstance(wr, (list, tuple)) and not wr):
+        raise PyverbsRDMAError(f"{what}: wr is {'None' if wr is None else 'an empty list'}: "
+                               f"pass a {cls.__name__}, a next_wr chain or a list of them",
+                               errno.EINVAL)
+
+
+def _check_cap(cap: Any, what: str, field: str) -> QPCap:
+    cap = require(cap, QPCap, what, field, optional=True) or QPCap()
+    for name in ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge",
+                 "max_inline_data"):
+        as_int(getattr(cap, name), what, f"{field}.{name}", U32)
+    return cap
+
+
+# attr_mask bit -> the QPAttr fields it makes modify read, with their C widths; checked
+# (type and width) before any rule of the transition table or rxe's value checks runs.
+_MASKED_FIELDS: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = (
+    (M.IBV_QP_STATE, (("qp_state", U32),)),
+    (M.IBV_QP_CUR_STATE, (("cur_qp_state", U32),)),
+    (M.IBV_QP_PKEY_INDEX, (("pkey_index", U16),)),
+    (M.IBV_QP_PORT, (("port_num", U8),)),
+    (M.IBV_QP_QKEY, (("qkey", U32),)),
+    (M.IBV_QP_PATH_MTU, (("path_mtu", U32),)),
+    (M.IBV_QP_TIMEOUT, (("timeout", U8),)),
+    (M.IBV_QP_RETRY_CNT, (("retry_cnt", U8),)),
+    (M.IBV_QP_RNR_RETRY, (("rnr_retry", U8),)),
+    (M.IBV_QP_RQ_PSN, (("rq_psn", U24),)),
+    (M.IBV_QP_MAX_QP_RD_ATOMIC, (("max_rd_atomic", U8),)),
+    (M.IBV_QP_ALT_PATH, (("alt_port_num", U8), ("alt_timeout", U8), ("alt_pkey_index", U16))),
+    (M.IBV_QP_MIN_RNR_TIMER, (("min_rnr_timer", U8),)),
+    (M.IBV_QP_SQ_PSN, (("sq_psn", U24),)),
+    (M.IBV_QP_MAX_DEST_RD_ATOMIC, (("max_dest_rd_atomic", U8),)),
+    (M.IBV_QP_PATH_MIG_STATE, (("path_mig_state", U32),)),
+    (M.IBV_QP_DEST_QPN, (("dest_qp_num", U24),)),
+    (M.IBV_QP_RATE_LIMIT, (("rate_limit", U32),)),
+)
 
 
 class QP(Resource):
@@ -92,27 +157,35 @@ class QP(Resource):
 
     def __init__(self, pd_or_ctx: Any, init_attr: QPInitAttr, qp_attr: QPAttr | None = None,
                  **kwargs: Any) -> None:
-        pd = pd_or_ctx
-        pd._check()
         what = "Failed to create QP"
+        pd = require(pd_or_ctx, PD, what, "pd")
+        pd._check()
+        require(init_attr, QPInitAttr, what, "init_attr")
+        require(qp_attr, QPAttr, what, "qp_attr", optional=True)
         dev = pd.device
         lim = dev.limits
-        qpt = init_attr.qp_type
+        qpt = as_int(init_attr.qp_type, what, "init_attr.qp_type", U32)
         if qpt not in _ALLOWED_OPS:
             raise PyverbsRDMAError(f"{what}: qp_type {qpt} is not supported (RC, UC, UD)",
                                    errno.EOPNOTSUPP if qpt in T._value2member_map_ else errno.EINVAL)
         scq, rcq, srq = init_attr.scq, init_attr.rcq, init_attr.srq
         if scq is None or rcq is None:
-            raise PyverbsRDMAError(f"{what}: both a send CQ (scq) and a receive CQ (rcq) are "
-                                   f"required", errno.EINVAL)
-        for o in (scq, rcq, srq):
+            raise PyverbsRDMAError(f"{what}: both a send CQ (init_attr.scq) and a receive CQ "
+                                   f"(init_attr.rcq) are required", errno.EINVAL)
+        # A PD (or anything else) where a CQ belongs would only fail at the first completion,
+        # inside the data path: refuse it here, by name.
+        require(scq, CQ, what, "init_attr.scq")
+        require(rcq, CQ, what, "init_attr.rcq")
+        require(srq, SRQ, what, "init_attr.srq", optional=True)
+        for name, o in (("init_attr.scq", scq), ("init_attr.rcq", rcq), ("init_attr.srq", srq)):
             if o is not None:
                 o._check()
                 if o.device is not dev:
-                    raise PyverbsRDMAError(f"{what}: CQ/SRQ from another device", errno.EINVAL)
+                    raise PyverbsRDMAError(f"{what}: {name} is from another device", errno.EINVAL)
         if srq is not None and srq.pd is not pd:
             pass  # allowed by the verbs; an SRQ may be in another PD of the same context
-        cap = init_attr.cap or QPCap()
+        cap = _check_cap(init_attr.cap, what, "init_attr.cap")
+        sq_sig_all = as_flag(init_attr.sq_sig_all, what, "init_attr.sq_sig_all")
         # rxe_qp_chk_cap
         for name, val, mx in (("max_send_wr", cap.max_send_wr, lim.max_qp_wr),
                               ("max_send_sge", cap.max_send_sge, lim.max_sge),
@@ -138,7 +211,7 @@ class QP(Resource):
         self.send_cq = scq
         self.recv_cq = rcq
         self.srq = srq
-        self.sq_sig_all = bool(init_attr.sq_sig_all)
+        self.sq_sig_all = sq_sig_all
         # Sizes as rxe reports them back (rxe_qp_init_req / init_resp)
         wqe_size = max(cap.max_send_sge * _SGE_SIZE, cap.max_inline_data)
         self.cap = QPCap(max_send_wr=_ring_size(cap.max_send_wr),
@@ -174,21 +247,39 @@ class QP(Resource):
 
     # -- modify ----------------------------------------------------------------------
     def modify(self, attr: QPAttr, attr_mask: int) -> None:
+        """ibv_modify_qp: apply the attributes of ``attr`` that ``attr_mask`` names; the
+        other attributes of ``attr`` are not read. All or nothing: a failure changes nothing."""
         self._check()
+        what = "Failed to modify QP"
+        require(attr, QPAttr, what, "attr")
+        mask = as_int(attr_mask, what, "attr_mask", U64, desc="not an attribute mask")
         with self.device.lock:
-            self._modify(attr, int(attr_mask))
+            self._modify(attr, mask)
             self.device.after_post()  # a move to RTS may have sent queued work
 
     def _modify(self, attr: QPAttr, mask: int) -> None:
         what = "Failed to modify QP"
+        # Types and C widths of every attribute the mask names, before any rule reads them
+        # (unknown mask bits are refused by check_transition, with EOPNOTSUPP as uverbs).
+        for bit, fields in _MASKED_FIELDS:
+            if mask & bit:
+                for name, hi in fields:
+                    as_int(getattr(attr, name), what, f"attr.{name}", hi)
+        if mask & M.IBV_QP_EN_SQD_ASYNC_NOTIFY:
+            as_flag(attr.en_sqd_async_notify, what, "attr.en_sqd_async_notify")
+        if mask & M.IBV_QP_ACCESS_FLAGS:
+            as_bits(attr.qp_access_flags, what, "attr.qp_access_flags", _QP_ACCESS,
+                    noun="access flags")
+        if mask & M.IBV_QP_CAP:
+            _check_cap(attr.cap, what, "attr.cap")
         cur = attr.cur_qp_state if mask & M.IBV_QP_CUR_STATE else self.state
         new = attr.qp_state if mask & M.IBV_QP_STATE else cur
         for name, val in (("qp_state", new), ("cur_qp_state", cur)):
             if val not in S._value2member_map_ or val == S.IBV_QPS_UNKNOWN:
-                raise PyverbsRDMAError(f"{what}: {name} {val} is not a QP state", errno.EINVAL)
+                raise PyverbsRDMAError(f"{what}: attr.{name} {val} is not a QP state", errno.EINVAL)
         if mask & M.IBV_QP_CUR_STATE and cur != self.state:
             # rxe trusts cur_qp_state only as a hint that must agree with the real state
-            raise PyverbsRDMAError(f"{what}: cur_qp_state {S(cur).name} does not match the QP "
+            raise PyverbsRDMAError(f"{what}: attr.cur_qp_state {S(cur).name} does not match the QP "
                                    f"state {S(self.state).name}", errno.EINVAL)
         check_transition(cur, new, self.qp_type, mask)
         # rxe_qp_chk_attr
@@ -197,28 +288,28 @@ class QP(Resource):
             raise PyverbsRDMAError(f"{what}: the send queue is still draining", errno.EINVAL)
         lim = self.device.limits
         if mask & M.IBV_QP_PORT and attr.port_num != 1:
-            raise PyverbsRDMAError(f"{what}: port_num {attr.port_num} is not 1", errno.EINVAL)
+            raise PyverbsRDMAError(f"{what}: attr.port_num {attr.port_num} is not 1", errno.EINVAL)
         if mask & M.IBV_QP_PKEY_INDEX and not 0 <= attr.pkey_index < lim.max_pkeys:
-            raise PyverbsRDMAError(f"{what}: pkey_index {attr.pkey_index} is outside "
+            raise PyverbsRDMAError(f"{what}: attr.pkey_index {attr.pkey_index} is outside "
                                    f"0..{lim.max_pkeys - 1}", errno.EINVAL)
         av = None
         if mask & M.IBV_QP_AV:
-            av = resolve_av(self.device, attr.ah_attr, f"{what}: ah_attr")
+            av = resolve_av(self.device, attr.ah_attr, what, "attr.ah_attr")
         if mask & M.IBV_QP_ALT_PATH:
-            resolve_av(self.device, attr.alt_ah_attr, f"{what}: alt_ah_attr")
+            resolve_av(self.device, attr.alt_ah_attr, what, "attr.alt_ah_attr")
             if attr.alt_port_num != 1:
-                raise PyverbsRDMAError(f"{what}: alt_port_num {attr.alt_port_num} is not 1",
+                raise PyverbsRDMAError(f"{what}: attr.alt_port_num {attr.alt_port_num} is not 1",
                                        errno.EINVAL)
             if attr.alt_timeout > 31:
-                raise PyverbsRDMAError(f"{what}: alt_timeout {attr.alt_timeout} > 31", errno.EINVAL)
+                raise PyverbsRDMAError(f"{what}: attr.alt_timeout {attr.alt_timeout} > 31", errno.EINVAL)
         if mask & M.IBV_QP_PATH_MTU and not ibv_mtu.IBV_MTU_256 <= attr.path_mtu <= self.device.max_mtu:
-            raise PyverbsRDMAError(f"{what}: path_mtu {attr.path_mtu} is not an IBV_MTU_* value "
+            raise PyverbsRDMAError(f"{what}: attr.path_mtu {attr.path_mtu} is not an IBV_MTU_* value "
                                    f"up to the port's max_mtu", errno.EINVAL)
         if mask & M.IBV_QP_MAX_QP_RD_ATOMIC and not 0 <= attr.max_rd_atomic <= lim.max_qp_init_rd_atom:
-            raise PyverbsRDMAError(f"{what}: max_rd_atomic {attr.max_rd_atomic} exceeds "
+            raise PyverbsRDMAError(f"{what}: attr.max_rd_atomic {attr.max_rd_atomic} exceeds "
                                    f"{lim.max_qp_init_rd_atom}", errno.EINVAL)
         if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC and not 0 <= attr.max_dest_rd_atomic <= lim.max_qp_rd_atom:
-            raise PyverbsRDMAError(f"{what}: max_dest_rd_atomic {attr.max_dest_rd_atomic} "
+            raise PyverbsRDMAError(f"{what}: attr.max_dest_rd_atomic {attr.max_dest_rd_atomic} "
                                    f"exceeds {lim.max_qp_rd_atom}", errno.EINVAL)
         for bit, name, val, mx in ((M.IBV_QP_TIMEOUT, "timeout", attr.timeout, 31),
                                    (M.IBV_QP_RETRY_CNT, "retry_cnt", attr.retry_cnt, 7),
@@ -228,54 +319,54 @@ class QP(Resource):
                                    (M.IBV_QP_QKEY, "qkey", attr.qkey, 0xFFFFFFFF),
                                    (M.IBV_QP_PATH_MIG_STATE, "path_mig_state", attr.path_mig_state, 2)):
             if mask & bit and not 0 <= val <= mx:
-                raise PyverbsRDMAError(f"{what}: {name} {val} is outside 0..{mx}", errno.EINVAL)
+                raise PyverbsRDMAError(f"{what}: attr.{name} {val} is outside 0..{mx}", errno.EINVAL)
         if mask & M.IBV_QP_ACCESS_FLAGS and attr.qp_access_flags & ~0x3FF:
             raise PyverbsRDMAError(f"{what}: unknown qp_access_flags bits "
                                    f"0x{attr.qp_access_flags & ~0x3FF:x}", errno.EINVAL)
         # -- everything checked: apply (rxe_qp_from_attr) --------------------------------
         a = self.attr
         if mask & M.IBV_QP_ACCESS_FLAGS:
-            a.qp_access_flags = attr.qp_access_flags
+            a.qp_access_flags = int(attr.qp_access_flags)
         if mask & M.IBV_QP_PKEY_INDEX:
-            a.pkey_index = attr.pkey_index
+            a.pkey_index = int(attr.pkey_index)
         if mask & M.IBV_QP_PORT:
-            a.port_num = attr.port_num
+            a.port_num = int(attr.port_num)
         if mask & M.IBV_QP_QKEY:
-            a.qkey = attr.qkey
+            a.qkey = int(attr.qkey)
         if mask & M.IBV_QP_AV:
             a.ah_attr = AHAttr(**attr.ah_attr.__dict__)
             self.av = av
             self.engine.on_av(av)
         if mask & M.IBV_QP_ALT_PATH:
             a.alt_ah_attr = AHAttr(**attr.alt_ah_attr.__dict__)
-            a.alt_port_num, a.alt_timeout = attr.alt_port_num, attr.alt_timeout
+            a.alt_port_num, a.alt_timeout = int(attr.alt_port_num), int(attr.alt_timeout)
         if mask & M.IBV_QP_PATH_MTU:
-            a.path_mtu = attr.path_mtu
+            a.path_mtu = int(attr.path_mtu)
         if mask & M.IBV_QP_TIMEOUT:
-            a.timeout = attr.timeout
+            a.timeout = int(attr.timeout)
         if mask & M.IBV_QP_RETRY_CNT:
-            a.retry_cnt = attr.retry_cnt
+            a.retry_cnt = int(attr.retry_cnt)
         if mask & M.IBV_QP_RNR_RETRY:
-            a.rnr_retry = attr.rnr_retry
+            a.rnr_retry = int(attr.rnr_retry)
         if mask & M.IBV_QP_RQ_PSN:
-            a.rq_psn = attr.rq_psn & 0xFFFFFF
+            a.rq_psn = int(attr.rq_psn)
             self.engine.set_rq_psn(a.rq_psn)
         if mask & M.IBV_QP_MAX_QP_RD_ATOMIC:
-            a.max_rd_atomic = _roundup_pow2(attr.max_rd_atomic)
+            a.max_rd_atomic = _roundup_pow2(int(attr.max_rd_atomic))
         if mask & M.IBV_QP_MIN_RNR_TIMER:
-            a.min_rnr_timer = attr.min_rnr_timer
+            a.min_rnr_timer = int(attr.min_rnr_timer)
         if mask & M.IBV_QP_SQ_PSN:
-            a.sq_psn = attr.sq_psn & 0xFFFFFF
+            a.sq_psn = int(attr.sq_psn)
             self.engine.set_sq_psn(a.sq_psn)
         if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC:
-            a.max_dest_rd_atomic = _roundup_pow2(attr.max_dest_rd_atomic)
+            a.max_dest_rd_atomic = _roundup_pow2(int(attr.max_dest_rd_atomic))
             self.engine.on_resp_resources(a.max_dest_rd_atomic)
         if mask & M.IBV_QP_PATH_MIG_STATE:
-            a.path_mig_state = attr.path_mig_state
+            a.path_mig_state = int(attr.path_mig_state)
         if mask & M.IBV_QP_DEST_QPN:
-            a.dest_qp_num = attr.dest_qp_num
+            a.dest_qp_num = int(attr.dest_qp_num)
         if mask & M.IBV_QP_EN_SQD_ASYNC_NOTIFY:
-            a.en_sqd_async_notify = attr.en_sqd_async_notify
+            a.en_sqd_async_notify = int(attr.en_sqd_async_notify)
         if mask & M.IBV_QP_STATE:
             self._set_state(S(new))
 
@@ -364,8 +455,9 @@ class QP(Resource):
     def post_recv(self, wr: RecvWR | list[RecvWR], bad_wr: RecvWR | None = None) -> None:
         """Post receive WRs (a chain or a list). On failure raises PyverbsRDMAError with
         ``bad_wr`` (and ``bad_wr_index``) naming the first WR not posted; earlier WRs stay
-        posted, as with ibv_post_recv."""
+        posted, as with ibv_post_recv. Every field is checked before the WR is queued."""
         self._check()
+        _check_wr_arg(wr, bad_wr, RecvWR, "Failed to post receive")
         with self.device.lock:
             for i, w in enumerate(_chain(wr)):
                 try:
@@ -378,7 +470,8 @@ class QP(Resource):
                     if len(self.rq) >= self.cap.max_recv_wr:
                         raise PyverbsRDMAError(f"Failed to post receive: the receive queue is "
                                                f"full ({self.cap.max_recv_wr})", errno.ENOMEM)
-                    wqe = _post_recv_checks(self.device, self.pd, w, self.cap.max_recv_sge, "QP")
+                    wqe = _post_recv_checks(self.device, self.pd, w, self.cap.max_recv_sge,
+                                            "QP", i)
                 except PyverbsRDMAError as e:
                     _mark_bad(e, w, i, bad_wr)
                     if i and self.state == S.IBV_QPS_ERR:
@@ -393,12 +486,17 @@ class QP(Resource):
                 self.engine.on_recv_posted()
 
     def post_send(self, wr: SendWR | list[SendWR], bad_wr: SendWR | None = None) -> None:
-        """Post send WRs (a chain or a list); errors as for :meth:`post_recv`."""
+        """Post send WRs (a chain or a list); errors as for :meth:`post_recv`.
+
+        Every field of every WR is checked here, before it is queued (types, C widths,
+        known flag bits, object classes; see :mod:`softrdma.verbs_api._check`): a WR the
+        engines accept can no longer fail in a way that escapes its QP."""
         self._check()
+        _check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
         with self.device.lock:
             for i, w in enumerate(_chain(wr)):
                 try:
-                    wqe = self._make_send_wqe(w)
+                    wqe = self._make_send_wqe(w, i)
                 except PyverbsRDMAError as e:
                     _mark_bad(e, w, i, bad_wr)
                     if i and self.state == S.IBV_QPS_ERR:
@@ -413,60 +511,92 @@ class QP(Resource):
                 self.engine.kick()
             self.device.after_post()
 
-    def _make_send_wqe(self, w: SendWR) -> SendWqe:
+    def _make_send_wqe(self, w: Any, i: int = 0) -> SendWqe:
         what = "Failed to post send"
+        f = f"wr[{i}]"
+        require(w, SendWR, what, f)
         if self.state < S.IBV_QPS_RTS:
             raise PyverbsRDMAError(f"{what}: the QP is in {S(self.state).name}, not RTS",
                                    errno.EINVAL)
-        if w.opcode not in _ALLOWED_OPS[self.qp_type]:
+        opcode = as_int(w.opcode, what, f"{f}.opcode", U32)
+        if opcode not in _ALLOWED_OPS[self.qp_type]:
             try:
-                opname = W(w.opcode).name
+                opname = W(opcode).name
             except ValueError:
-                opname = str(w.opcode)
-            raise PyverbsRDMAError(f"{what}: opcode {opname} is not supported on "
+                opname = str(opcode)
+            raise PyverbsRDMAError(f"{what}: {f}.opcode {opname} is not supported on "
                                    f"{self.qp_type.name.removeprefix('IBV_QPT_')} QPs", errno.EINVAL)
         if len(self.sq) >= self.cap.max_send_wr:
             raise PyverbsRDMAError(f"{what}: the send queue is full ({self.cap.max_send_wr})",
                                    errno.ENOMEM)
-        if w.send_flags & ~0x1F:
-            raise PyverbsRDMAError(f"{what}: unknown send_flags 0x{w.send_flags & ~0x1F:x}",
-                                   errno.EINVAL)
-        sges, total = _sges(w, self.cap.max_send_sge, what)
+        send_flags = as_bits(w.send_flags, what, f"{f}.send_flags", _SEND_FLAGS,
+                             noun="send_flags bits")
+        # The C widths of every scalar field, whatever the opcode (the packet builder packs
+        # them into fixed-width headers: an out-of-range value must never get that far).
+        wr_id = as_int(w.wr_id, what, f"{f}.wr_id", U64)
+        imm = as_int(w.imm_data, what, f"{f}.imm_data", U32)
+        remote_addr = as_int(w.remote_addr, what, f"{f}.remote_addr", U64,
+                             desc="not a 64-bit address")
+        rkey = as_int(w.rkey, what, f"{f}.rkey", U32, desc="not a 32-bit key")
+        two = " (for two's complement use value & (2**64 - 1))"
+        compare_add = as_int(w.compare_add, what, f"{f}.compare_add", U64,
+                             desc="not a 64-bit unsigned value" + two)
+        swap = as_int(w.swap, what, f"{f}.swap", U64, desc="not a 64-bit unsigned value" + two)
+        sges, total = _sges(w, self.cap.max_send_sge, what, f)
         inline = None
-        if w.send_flags & F.IBV_SEND_INLINE and w.opcode in _INLINE_OK:
+        if send_flags & F.IBV_SEND_INLINE and opcode in _INLINE_OK:
             if total > self.cap.max_inline_data:
                 raise PyverbsRDMAError(f"{what}: {total} bytes of inline data exceed "
                                        f"max_inline_data {self.cap.max_inline_data}", errno.EINVAL)
             inline = self._gather_inline(sges, what)
-        if w.opcode in _ATOMIC_OPS:
-            if total != 8 or w.remote_addr & 7:
+        if opcode in _ATOMIC_OPS:
+            if total != 8 or remote_addr & 7:
                 raise PyverbsRDMAError(f"{what}: an atomic needs one 8-byte local buffer and "
                                        f"an 8-byte aligned remote_addr", errno.EINVAL)
-        if w.opcode == W.IBV_WR_BIND_MW and (w.mw is None or w.bind_info is None):
-            raise PyverbsRDMAError(f"{what}: BIND_MW needs set_bind_wr(mw, bind_info)", errno.EINVAL)
+        if opcode == W.IBV_WR_BIND_MW:
+            bind_rkey = self._check_bind(w, what, f)
         if self.qp_type == T.IBV_QPT_UD:
             if w.ah is None or getattr(w.ah, "closed", True):
                 raise PyverbsRDMAError(f"{what}: a UD send needs an address handle "
-                                       f"(set_wr_ud)", errno.EINVAL)
+                                       f"({f}.ah, set by set_wr_ud)", errno.EINVAL)
+            require(w.ah, AH, what, f"{f}.ah")
             if w.ah.pd is not self.pd:
-                raise PyverbsRDMAError(f"{what}: the AH belongs to another PD", errno.EINVAL)
-            if not 0 <= w.remote_qpn <= 0xFFFFFF:
-                raise PyverbsRDMAError(f"{what}: remote_qpn {w.remote_qpn} is not 24-bit",
-                                       errno.EINVAL)
-        signaled = self.sq_sig_all or bool(w.send_flags & F.IBV_SEND_SIGNALED)
-        wqe = SendWqe(w.wr_id, int(w.opcode), int(w.send_flags), signaled, sges, inline, total)
-        wqe.imm = w.imm_data & 0xFFFFFFFF
-        wqe.remote_addr = w.remote_addr
-        wqe.rkey = w.rkey
-        wqe.compare_add = w.compare_add
-        wqe.swap = w.swap
+                raise PyverbsRDMAError(f"{what}: {f}.ah belongs to another PD", errno.EINVAL)
+            remote_qpn = as_int(w.remote_qpn, what, f"{f}.remote_qpn", U24,
+                                desc="not a 24-bit QP number")
+            remote_qkey = as_int(w.remote_qkey, what, f"{f}.remote_qkey", U32)
+        signaled = self.sq_sig_all or bool(send_flags & F.IBV_SEND_SIGNALED)
+        wqe = SendWqe(wr_id, opcode, send_flags, signaled, sges, inline, total)
+        wqe.imm = imm
+        wqe.remote_addr = remote_addr
+        wqe.rkey = rkey
+        wqe.compare_add = compare_add
+        wqe.swap = swap
         if self.qp_type == T.IBV_QPT_UD:
             wqe.av = w.ah.av
-            wqe.remote_qpn = w.remote_qpn
-            wqe.remote_qkey = w.remote_qkey
-        if w.opcode == W.IBV_WR_BIND_MW:
-            wqe.mw, wqe.bind_info, wqe.bind_rkey = w.mw, w.bind_info, w.bind_rkey
+            wqe.remote_qpn = remote_qpn
+            wqe.remote_qkey = remote_qkey
+        if opcode == W.IBV_WR_BIND_MW:
+            wqe.mw, wqe.bind_info, wqe.bind_rkey = w.mw, w.bind_info, bind_rkey
         return wqe
+
+    @staticmethod
+    def _check_bind(w: SendWR, what: str, f: str) -> int:
+        """A BIND_MW WR's window, bind info and new rkey (set_bind_wr). Whether the bind is
+        allowed (PD, MR rights, range) is decided when it executes, as rxe does: a
+        completion with IBV_WC_MW_BIND_ERR."""
+        if w.mw is None or w.bind_info is None:
+            raise PyverbsRDMAError(f"{what}: {f}.opcode IBV_WR_BIND_MW needs "
+                                   f"set_bind_wr(mw, bind_info) ({f}.mw, {f}.bind_info)",
+                                   errno.EINVAL)
+        require(w.mw, MW, what, f"{f}.mw")
+        info = require(w.bind_info, MWBindInfo, what, f"{f}.bind_info")
+        require(info.mr, MR, what, f"{f}.bind_info.mr", optional=True)
+        as_int(info.addr, what, f"{f}.bind_info.addr", U64, desc="not a 64-bit address")
+        as_int(info.length, what, f"{f}.bind_info.length", U64, desc="not a 64-bit length")
+        as_bits(info.mw_access_flags, what, f"{f}.bind_info.mw_access_flags",
+                int(_MW_ACCESS_BITS), noun="access flags")
+        return as_int(w.bind_rkey, what, f"{f}.bind_rkey", U32, desc="not a 32-bit key")
 
     def _gather_inline(self, sges: list[tuple[int, int, int]], what: str) -> bytes:
         # Inline data is copied at post time; libibverbs ignores the lkey of inline SGEs, so
@@ -487,6 +617,10 @@ class QP(Resource):
         """ibv_bind_mw for a type 1 window: posts a bind WR; on success ``mw.rkey`` is the
         new rkey once the bind completes (IBV_WC_BIND_MW)."""
         self._check()
+        what = "Failed to bind MW"
+        require(mw, MW, what, "mw")
+        mw._check()
+        require(mw_bind, MWBind, what, "mw_bind")
         if mw.mw_type != 1:
             raise PyverbsRDMAError("Failed to bind MW: use an IBV_WR_BIND_MW work request for "
                                    "type 2 windows", errno.EINVAL)
@@ -511,7 +645,7 @@ class QP(Resource):
 def _mark_bad(e: PyverbsRDMAError, w: Any, i: int, bad_wr: Any) -> None:
     e.bad_wr = w  # type: ignore[attr-defined]
     e.bad_wr_index = i  # type: ignore[attr-defined]
-    if bad_wr is not None:
+    if bad_wr is not None and type(w) is type(bad_wr):
         bad_wr.__dict__.update(w.__dict__)
 
 

@@ -12,6 +12,7 @@ from collections import deque
 from typing import Any
 
 from ..errors import PyverbsRDMAError
+from ._check import U32, as_bits, as_int, require
 from ..qp.wqe import RecvWqe
 from .attr import SrqAttr, SrqInitAttr
 from .base import Resource
@@ -26,10 +27,15 @@ class SRQ(Resource):
     _kind = "SRQ"
 
     def __init__(self, pd: Any, init_attr: SrqInitAttr) -> None:
-        pd._check()
+        from .pd import PD
         what = "Failed to create SRQ"
+        require(pd, PD, what, "pd")
+        pd._check()
         lim = pd.device.limits
-        a = init_attr.attr
+        require(init_attr, SrqInitAttr, what, "init_attr")
+        a = require(init_attr.attr, SrqAttr, what, "init_attr.attr")
+        for name in ("max_wr", "max_sge", "srq_limit"):
+            as_int(getattr(a, name), what, f"init_attr.attr.{name}", U32)
         if a.max_wr <= 0 or a.max_wr > lim.max_srq_wr:
             raise PyverbsRDMAError(f"{what}: max_wr {a.max_wr} is outside 1..{lim.max_srq_wr}",
                                    errno.EINVAL)
@@ -54,19 +60,20 @@ class SRQ(Resource):
         self._use(pd)
 
     def post_recv(self, wr: RecvWR | list[RecvWR], bad_wr: RecvWR | None = None) -> None:
-        from .qp import _chain, _post_recv_checks
+        from .qp import _chain, _check_wr_arg, _post_recv_checks
         self._check()
+        _check_wr_arg(wr, bad_wr, RecvWR, "Failed to post receive to SRQ")
         with self.device.lock:
             for i, w in enumerate(_chain(wr)):
                 try:
                     if len(self.rq) >= self.max_wr:
                         raise PyverbsRDMAError("Failed to post receive to SRQ: the SRQ is full",
                                                errno.ENOMEM)
-                    wqe = _post_recv_checks(self.device, self.pd, w, self.max_sge, "SRQ")
+                    wqe = _post_recv_checks(self.device, self.pd, w, self.max_sge, "SRQ", i)
                 except PyverbsRDMAError as e:
                     e.bad_wr = w
                     e.bad_wr_index = i
-                    if bad_wr is not None:
+                    if bad_wr is not None and type(w) is type(bad_wr):
                         bad_wr.__dict__.update(w.__dict__)
                     raise
                 self.rq.append(wqe)
@@ -85,9 +92,15 @@ class SRQ(Resource):
         self._check()
         what = "Failed to modify SRQ"
         lim = self.device.limits
+        require(attr, SrqAttr, what, "attr")
+        # plain ints: an IntFlag complement would miss bits above the defined ones
+        attr_mask = as_bits(attr_mask, what, "attr_mask", int(ibv_srq_attr_mask.IBV_SRQ_MAX_WR)
+                            | int(ibv_srq_attr_mask.IBV_SRQ_LIMIT), noun="mask bits")
+        if attr_mask & ibv_srq_attr_mask.IBV_SRQ_MAX_WR:
+            as_int(attr.max_wr, what, "attr.max_wr", U32)
+        if attr_mask & ibv_srq_attr_mask.IBV_SRQ_LIMIT:
+            as_int(attr.srq_limit, what, "attr.srq_limit", U32)
         with self.device.lock:
-            if attr_mask & ~(ibv_srq_attr_mask.IBV_SRQ_MAX_WR | ibv_srq_attr_mask.IBV_SRQ_LIMIT):
-                raise PyverbsRDMAError(f"{what}: unknown mask bits 0x{attr_mask:x}", errno.EINVAL)
             new_max = self.max_wr
             if attr_mask & ibv_srq_attr_mask.IBV_SRQ_MAX_WR:
                 if attr.max_wr <= 0 or attr.max_wr > lim.max_srq_wr:

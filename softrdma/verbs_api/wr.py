@@ -7,17 +7,29 @@ Same constructors as pyverbs::
     wr.set_wr_rdma(rkey=peer_rkey, addr=peer_addr)
 
 Differences from pyverbs, for convenience: ``num_sge`` defaults to ``len(sg)``; WRs can be
-chained with ``next_wr`` as in C, or passed as a list to ``post_send``.
+chained with ``next_wr`` as in C, or passed as a list to ``post_send``. Leaving ``sg`` out
+makes a WR without SGEs (a zero-length message); ``sg=None`` is refused at post time, as
+pyverbs refuses it.
+
+These are plain records, like the C structs: the constructors and setters store what they
+are given, and ``post_send``/``post_recv`` check every field (types, widths, known flag
+bits, object classes) before anything is queued, naming the field that is wrong::
+
+    Failed to post send: wr[1].remote_addr 18446744073709551616 is not a 64-bit value
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from .enums import ibv_send_flags, ibv_wr_opcode
 
 __all__ = ["SGE", "SendWR", "RecvWR", "WC", "MWBindInfo"]
+
+
+def _default_num_sge(sg_list: Any) -> int:
+    return len(sg_list) if isinstance(sg_list, list) else 0
 
 
 @dataclass
@@ -39,27 +51,41 @@ class MWBindInfo:
     mw_access_flags: int = 0
 
 
+def _sg_list(sg: Any) -> Any:
+    """The WR's list of SGEs: a copy of a list or tuple; anything else (None included) is
+    kept as given, for post_send/post_recv to refuse with the field's name."""
+    if isinstance(sg, (list, tuple)):
+        return list(sg)
+    return sg
+
+
 class RecvWR:
-    def __init__(self, wr_id: int = 0, num_sge: int | None = None, sg: list[SGE] | None = None,
+    """``ibv_recv_wr``: ``wr_id`` (64-bit), ``sg`` (a list of :class:`SGE`), ``num_sge``
+    (defaults to ``len(sg)``), ``next_wr``."""
+
+    def __init__(self, wr_id: int = 0, num_sge: int | None = None, sg: Sequence[SGE] = (),
                  next_wr: "RecvWR | None" = None) -> None:
         self.wr_id = wr_id
-        self.sg_list = list(sg or [])
-        self.num_sge = len(self.sg_list) if num_sge is None else num_sge
+        self.sg_list = _sg_list(sg)
+        self.num_sge = _default_num_sge(self.sg_list) if num_sge is None else num_sge
         self.next_wr = next_wr
 
     def __repr__(self) -> str:
-        return f"RecvWR(wr_id={self.wr_id}, sg={self.sg_list})"
+        return f"RecvWR(wr_id={self.wr_id!r}, sg={self.sg_list!r})"
 
 
 class SendWR:
+    """``ibv_send_wr``. The union members are plain attributes, set directly or with
+    :meth:`set_wr_rdma`, :meth:`set_wr_atomic`, :meth:`set_wr_ud`, :meth:`set_bind_wr`."""
+
     def __init__(self, wr_id: int = 0, opcode: int = ibv_wr_opcode.IBV_WR_SEND,
-                 num_sge: int | None = None, imm_data: int = 0, sg: list[SGE] | None = None,
+                 num_sge: int | None = None, imm_data: int = 0, sg: Sequence[SGE] = (),
                  send_flags: int = ibv_send_flags.IBV_SEND_SIGNALED,
                  next_wr: "SendWR | None" = None) -> None:
         self.wr_id = wr_id
         self.opcode = opcode
-        self.sg_list = list(sg or [])
-        self.num_sge = len(self.sg_list) if num_sge is None else num_sge
+        self.sg_list = _sg_list(sg)
+        self.num_sge = _default_num_sge(self.sg_list) if num_sge is None else num_sge
         self.imm_data = imm_data  # also invalidate_rkey for SEND_WITH_INV (a union in C)
         self.send_flags = send_flags
         self.next_wr = next_wr
@@ -103,13 +129,19 @@ class SendWR:
         self.mw = mw
         self.bind_info = bind_info
         # The window's rkey after the bind; by default ibv_inc_rkey(mw.rkey) (the index
-        # stays, the low byte moves on), as pyverbs' set_bind_wr does.
-        self.bind_rkey = rkey if rkey is not None else \
-            (mw.rkey & ~0xFF) | ((mw.rkey + 1) & 0xFF)
+        # stays, the low byte moves on), as pyverbs' set_bind_wr does. Without a usable
+        # mw.rkey the value stays None and post_send refuses the WR, naming wr.mw.
+        if rkey is None:
+            cur = getattr(mw, "rkey", None)
+            rkey = (cur & ~0xFF) | ((cur + 1) & 0xFF) if type(cur) is int else None
+        self.bind_rkey = rkey
 
     def __repr__(self) -> str:
-        return (f"SendWR(wr_id={self.wr_id}, opcode={ibv_wr_opcode(self.opcode).name}, "
-                f"sg={self.sg_list})")
+        try:
+            op = ibv_wr_opcode(self.opcode).name
+        except Exception:  # repr must work on a WR that post_send would refuse
+            op = repr(self.opcode)
+        return f"SendWR(wr_id={self.wr_id!r}, opcode={op}, sg={self.sg_list!r})"
 
 
 from ..completion import WC  # noqa: E402  (defined with the core, re-exported here)
