@@ -48,7 +48,7 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def dev():
-    d = add_device(DEV_IP, name=DEV_NAME)
+    d = add_device(DEV_IP, name=DEV_NAME, live=False)  # stepped with progress()
     yield d
     remove_device(DEV_NAME)
 
