@@ -9,9 +9,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .enums import ibv_event_type, ibv_wc_opcode, ibv_wc_status, wc_status_str
+from .enums import ibv_event_type, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode as W, wc_status_str
 
-__all__ = ["WC", "AsyncEvent"]
+__all__ = ["WC", "AsyncEvent", "wc_opcode_of", "WC_RECV", "WC_RECV_RDMA_WITH_IMM"]
+
+# The completion opcode of each send work request opcode (rxe's wr_to_wc_opcode), as plain
+# ints: the completer looks one up per completed WQE.
+_WC_OF_WR = {int(k): int(v) for k, v in {
+    W.IBV_WR_SEND: ibv_wc_opcode.IBV_WC_SEND,
+    W.IBV_WR_SEND_WITH_IMM: ibv_wc_opcode.IBV_WC_SEND,
+    W.IBV_WR_SEND_WITH_INV: ibv_wc_opcode.IBV_WC_SEND,
+    W.IBV_WR_RDMA_WRITE: ibv_wc_opcode.IBV_WC_RDMA_WRITE,
+    W.IBV_WR_RDMA_WRITE_WITH_IMM: ibv_wc_opcode.IBV_WC_RDMA_WRITE,
+    W.IBV_WR_RDMA_READ: ibv_wc_opcode.IBV_WC_RDMA_READ,
+    W.IBV_WR_ATOMIC_CMP_AND_SWP: ibv_wc_opcode.IBV_WC_COMP_SWAP,
+    W.IBV_WR_ATOMIC_FETCH_AND_ADD: ibv_wc_opcode.IBV_WC_FETCH_ADD,
+    W.IBV_WR_BIND_MW: ibv_wc_opcode.IBV_WC_BIND_MW,
+    W.IBV_WR_LOCAL_INV: ibv_wc_opcode.IBV_WC_LOCAL_INV,
+}.items()}
+WC_RECV = int(ibv_wc_opcode.IBV_WC_RECV)
+WC_RECV_RDMA_WITH_IMM = int(ibv_wc_opcode.IBV_WC_RECV_RDMA_WITH_IMM)
+
+
+def wc_opcode_of(wr_opcode: int) -> int:
+    """The ``ibv_wc_opcode`` a completed send WR of ``wr_opcode`` reports."""
+    return _WC_OF_WR.get(wr_opcode, 0)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 from softrdma.enums import IBV_WR_SEND
 from softrdma.qp.params import RXE_ROCE_V2_SPORT, calc_flow_label
 from softrdma.soft.device import SoftDevice
-from softrdma.soft.memory import AccessError
+from softrdma.qp.memory import AccessError
 from softrdma.testing import Endpoint, _connect
 from softrdma.verbs_api import Context, QPCap
 from softrdma.verbs_api.device import _registry, add_device

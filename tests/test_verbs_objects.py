@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from softrdma.errors import PyverbsRDMAError
-from softrdma.soft.memory import AccessError, KeyTable
+from softrdma.qp.memory import AccessError, KeyTable
 from softrdma.verbs_api import (
     AH, CQ, GID, MR, MW, PD, QP, SGE, SRQ, AHAttr, CompChannel, Context, GlobalRoute, MWBind,
     MWBindInfo, QPCap, QPInitAttr, RecvWR, SendWR, SrqAttr, SrqInitAttr, add_device,
@@ -694,7 +694,7 @@ def test_srq_limit_event(env):
     remaining = 10
     fired_at = None
     while remaining:
-        srq._take()
+        srq.take()
         remaining -= 1
         ev = ctx.get_async_event(block=False)
         if ev is not None:
@@ -703,7 +703,7 @@ def test_srq_limit_event(env):
             fired_at = remaining
     assert fired_at == 4  # the first time fewer than 5 receives are left
     assert srq.query().srq_limit == 0  # disarmed
-    assert srq._take() is None
+    assert srq.take() is None
 
 
 def test_srq_errors(env):
@@ -1096,11 +1096,11 @@ def test_type2_window_bind_through_a_work_request(env):
     assert new >> 8 == old >> 8 and new & 0xFF == (old + 1) & 0xFF  # ibv_inc_rkey
     keys = ctx.device.keys
     assert len(keys.resolve(new, env.pd, p.mr.buf + 128, 256, int(RR), remote=True,
-                            qp=p.qp)) == 256
+                            qp=p.qp.engine)) == 256
     with pytest.raises(AccessError):
-        keys.resolve(old, env.pd, p.mr.buf + 128, 8, int(RR), remote=True, qp=p.qp)
+        keys.resolve(old, env.pd, p.mr.buf + 128, 8, int(RR), remote=True, qp=p.qp.engine)
     with pytest.raises(AccessError):  # outside the window, inside the MR
-        keys.resolve(new, env.pd, p.mr.buf + 120, 16, int(RR), remote=True, qp=p.qp)
+        keys.resolve(new, env.pd, p.mr.buf + 120, 16, int(RR), remote=True, qp=p.qp.engine)
     p.close()
 
 

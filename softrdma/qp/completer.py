@@ -15,11 +15,11 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any
 
-from ..soft.memory import AccessError
+from .memory import AccessError
 from ..enums import (
     ibv_qp_state as S, ibv_wc_flags as WCF, ibv_wc_status as WCS, ibv_wr_opcode as W,
 )
-from ..completion import WC
+from ..completion import WC, wc_opcode_of
 from ..wire.headers import NakCode
 from ..wire.opcodes import Opcode as O
 from .dma import NoSpace, scatter
@@ -32,10 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Completer"]
 
-_WC_OPCODE = {W.IBV_WR_RDMA_WRITE: 1, W.IBV_WR_RDMA_WRITE_WITH_IMM: 1, W.IBV_WR_SEND: 0,
-              W.IBV_WR_SEND_WITH_IMM: 0, W.IBV_WR_SEND_WITH_INV: 0, W.IBV_WR_RDMA_READ: 2,
-              W.IBV_WR_ATOMIC_CMP_AND_SWP: 3, W.IBV_WR_ATOMIC_FETCH_AND_ADD: 4,
-              W.IBV_WR_BIND_MW: 5, W.IBV_WR_LOCAL_INV: 6}
 _READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
 _NAK_STATUS = {NakCode.INVALID_REQUEST: WCS.IBV_WC_REM_INV_REQ_ERR,
                NakCode.REMOTE_ACCESS_ERROR: WCS.IBV_WC_REM_ACCESS_ERR,
@@ -48,7 +44,7 @@ class Completer:
 
     def __init__(self, eng: "QpEngine") -> None:
         self.eng = eng
-        self.qp = eng.qp
+        self.qp = eng  # the QP is its engine (rxe: struct rxe_qp)
         self.reset()
 
     def reset(self) -> None:
@@ -70,8 +66,8 @@ class Completer:
         if wqe.signaled or wqe.status != WCS.IBV_WC_SUCCESS:
             flags = WCF.IBV_WC_WITH_IMM if wqe.opcode in (W.IBV_WR_SEND_WITH_IMM,
                                                           W.IBV_WR_RDMA_WRITE_WITH_IMM) else 0
-            qp.send_cq._push(WC(wr_id=wqe.wr_id, status=wqe.status,
-                                opcode=_WC_OPCODE.get(wqe.opcode, 0), byte_len=wqe.length,
+            qp.send_cq.push(WC(wr_id=wqe.wr_id, status=wqe.status,
+                                opcode=wc_opcode_of(wqe.opcode), byte_len=wqe.length,
                                 qp_num=qp.qp_num, wc_flags=int(flags)))
         sq = qp.sq
         if sq and sq[0] is wqe:

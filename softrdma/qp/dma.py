@@ -2,14 +2,14 @@
 
 rxe's ``copy_data``: every SGE is resolved through its lkey with the access the operation
 needs, so a bad lkey, a range outside the MR or a missing permission raises
-:class:`~softrdma.soft.memory.AccessError` and nothing is copied past that point.
+:class:`~softrdma.qp.memory.AccessError` and nothing is copied past that point.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..soft.memory import AccessError
+from .memory import AccessError
 
 __all__ = ["gather", "scatter", "NoSpace", "AccessError"]
 

@@ -1,9 +1,16 @@
-"""One QP's protocol engine: requester, completer and responder plus the QP's timers.
+"""One QP as the protocol core owns it (rxe's ``struct rxe_qp``): its state, attributes,
+queues and address, and its requester, completer and responder, plus the QP's timers.
 
-Sans-IO: it never touches a socket or a clock. The device hands it packets
-(:meth:`on_packet`) and the time (``device.now``), asks it when it next needs waking
-(:attr:`deadline`) and wakes it (:meth:`on_timer`); it hands packets to
-``device.send_packet`` and completions to the CQs.
+Sans-IO: it never touches a socket or a clock. Everything it needs from above comes
+through the Protocols of :mod:`softrdma.qp.interfaces`, handed in at creation: the device
+(:class:`~softrdma.qp.interfaces.DeviceServices`: time, counters, key table, transmit,
+timers, async events), the send and receive CQs
+(:class:`~softrdma.qp.interfaces.CompletionSink`) and an optional SRQ
+(:class:`~softrdma.qp.interfaces.RecvSource`). The device hands it packets
+(:meth:`on_packet`), asks it when it next needs waking (:attr:`deadline`) and wakes it
+(:meth:`on_timer`). The verbs ``QP`` is a thin translation layer over it, as
+``rxe_verbs.c`` is over ``rxe_qp``; ``owner`` is that object, used only as the element of
+the async events the engine raises.
 
 Fault containment: the entry points from outside (:meth:`on_packet` from the receive path,
 :meth:`on_timer` from the device's timers, :meth:`kick` from post_send and modify) catch
@@ -18,46 +25,60 @@ NAK, a bad key, a retry limit) are not faults: the engines complete them as rxe 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any
 
-from ..completion import AsyncEvent
-from ..enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T, mtu_to_bytes
+from ..completion import WC, WC_RECV, AsyncEvent, wc_opcode_of
+from ..enums import (
+    ibv_event_type, ibv_qp_state as S, ibv_qp_type as T, ibv_wc_status as WCS, mtu_to_bytes,
+)
 from .completer import Completer
-from .psn import psn_diff
+from .interfaces import AttrView, CompletionSink, DeviceServices, RecvSource
 from .params import qp_timeout_seconds, udp_sport_for_path, udp_sport_for_qpn
+from .psn import psn_diff
 from .requester import Requester
 from .responder import Responder
-from .wqe import WqeState
+from .wqe import RecvWqe, SendWqe, WqeState
 
 __all__ = ["QpEngine"]
 
 log = logging.getLogger("softrdma")
+_FLUSH = int(WCS.IBV_WC_WR_FLUSH_ERR)
 
 
 class QpEngine:
-    __slots__ = ("qp", "device", "req", "comp", "resp", "src_port", "dst_ip", "retrans_at",
-                 "rnr_at")
+    __slots__ = ("device", "owner", "qp_num", "qp_type", "pd", "send_cq", "recv_cq", "srq",
+                 "state", "attr", "av", "sq", "rq", "comm_est_sent", "last_wqe_sent",
+                 "closed", "req", "comp", "resp", "src_port", "dst_ip", "retrans_at", "rnr_at")
 
-    def __init__(self, qp: Any) -> None:
-        self.qp = qp
-        self.device = qp.device
+    def __init__(self, device: DeviceServices, qp_num: int, qp_type: int, pd: Any,
+                 send_cq: CompletionSink, recv_cq: CompletionSink, srq: RecvSource | None,
+                 attr: AttrView, owner: Any = None) -> None:
+        self.device = device
+        self.owner = owner if owner is not None else self
+        self.qp_num = qp_num
+        self.qp_type = qp_type
+        self.pd = pd  # compared by identity with the PD of every key the QP uses
+        self.send_cq = send_cq
+        self.recv_cq = recv_cq
+        self.srq = srq
+        self.state = S.IBV_QPS_RESET
+        self.attr = attr
+        self.av: Any = None  # the path (AddressVector) once IBV_QP_AV is set
+        self.sq: deque[SendWqe] = deque()
+        self.rq: deque[RecvWqe] = deque()
+        self.comm_est_sent = False
+        self.last_wqe_sent = False
+        self.closed = False
         self.req = Requester(self)
         self.comp = Completer(self)
         self.resp = Responder(self)
-        self.src_port = udp_sport_for_qpn(qp.qp_num)
+        self.src_port = udp_sport_for_qpn(qp_num)
         self.dst_ip: bytes | None = None
         self.retrans_at: float | None = None
         self.rnr_at: float | None = None
 
-    # -- control path hooks (called by the QP under the device lock) -----------------------
-    def reset(self) -> None:
-        self.req.reset()
-        self.comp.reset()
-        self.resp.reset()
-        self.src_port = udp_sport_for_qpn(self.qp.qp_num)
-        self.dst_ip = None
-        self._cancel_timers()
-
+    # -- control path (called under the device lock) ---------------------------------------
     def set_sq_psn(self, psn: int) -> None:
         self.req.psn = psn
         self.comp.psn = psn
@@ -66,23 +87,49 @@ class QpEngine:
         self.resp.psn = psn
         self.resp.ack_psn = psn
 
-    def on_av(self, av: Any) -> None:
+    def set_av(self, av: Any) -> None:
+        self.av = av
         self.dst_ip = av.dst_ip
-        if self.qp.qp_type in (T.IBV_QPT_RC, T.IBV_QPT_UC):
-            self.src_port = udp_sport_for_path(av.flow_label, self.qp.qp_num,
-                                               self.qp.attr.dest_qp_num)
+        if self.qp_type in (T.IBV_QPT_RC, T.IBV_QPT_UC):
+            self.src_port = udp_sport_for_path(av.flow_label, self.qp_num,
+                                               self.attr.dest_qp_num)
 
-    def on_resp_resources(self, n: int) -> None:
+    def set_resp_resources(self, n: int) -> None:
         self.resp.set_resources(n)
 
-    def on_state(self, old: int, new: int) -> None:
-        qp = self.qp
-        if new == S.IBV_QPS_RTR and qp.qp_type in (T.IBV_QPT_RC, T.IBV_QPT_UC) and qp.av:
+    def set_state(self, new: int, fresh_attr: AttrView | None = None) -> None:
+        """Enter state ``new`` (the transition was checked by the caller). RESET forgets
+        everything (``fresh_attr`` replaces the attributes); ERR flushes both queues;
+        RTR fixes the source port; RTS and SQD let the requester run."""
+        old = self.state
+        self.state = new
+        if new == S.IBV_QPS_RESET:
+            if fresh_attr is not None:
+                self.attr = fresh_attr
+            self.sq.clear()
+            if self.srq is None:
+                self.rq.clear()
+            self.av = None
+            self.comm_est_sent = False
+            self.last_wqe_sent = False  # a reused QP reports LAST_WQE_REACHED again
+            self.req.reset()
+            self.comp.reset()
+            self.resp.reset()
+            self.src_port = udp_sport_for_qpn(self.qp_num)
+            self.dst_ip = None
+            self._cancel_timers()
+        self.attr.qp_state = self.attr.cur_qp_state = new
+        if new == S.IBV_QPS_ERR:
+            if old != S.IBV_QPS_ERR:
+                self._cancel_timers()
+            self.flush()
+        elif new == S.IBV_QPS_RTR and self.qp_type in (T.IBV_QPT_RC, T.IBV_QPT_UC) and self.av:
             # the source port hashes both QP numbers, known now
-            self.src_port = udp_sport_for_path(qp.av.flow_label, qp.qp_num, qp.attr.dest_qp_num)
-        if new == S.IBV_QPS_RTS:
+            self.src_port = udp_sport_for_path(self.av.flow_label, self.qp_num,
+                                               self.attr.dest_qp_num)
+        elif new == S.IBV_QPS_RTS:
             if old == S.IBV_QPS_RTR:
-                self.req.rd_atomic = qp.attr.max_rd_atomic
+                self.req.rd_atomic = self.attr.max_rd_atomic
                 self.comp.reset_retry_counters()
             self.req.drained_sent = False
             self.kick()
@@ -90,18 +137,41 @@ class QpEngine:
             self.req.drained_sent = False
             self.kick()
 
-    def on_error(self) -> None:
-        self._cancel_timers()
+    def to_error(self) -> None:
+        """Move to ERR from inside the data path (a fatal completion, a protocol error)."""
+        if self.state not in (S.IBV_QPS_ERR, S.IBV_QPS_RESET):
+            self.set_state(S.IBV_QPS_ERR)
 
-    def on_recv_posted(self) -> None:
-        pass
+    def flush(self) -> None:
+        """Complete every outstanding WR with IBV_WC_WR_FLUSH_ERR (the QP is in ERR). With
+        an SRQ the receives are not the QP's: tell the owner once (LAST_WQE_REACHED)."""
+        sq = self.sq
+        while sq:
+            w = sq.popleft()
+            self.send_cq.push(WC(wr_id=w.wr_id, status=_FLUSH, opcode=wc_opcode_of(w.opcode),
+                                 qp_num=self.qp_num))
+        if self.srq is None:
+            rq = self.rq
+            while rq:
+                r = rq.popleft()
+                self.recv_cq.push(WC(wr_id=r.wr_id, status=_FLUSH, opcode=WC_RECV,
+                                     qp_num=self.qp_num))
+        elif not self.last_wqe_sent:
+            self.last_wqe_sent = True
+            self.device.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_QP_LAST_WQE_REACHED,
+                                              self.owner))
+
+    @property
+    def sq_draining(self) -> bool:
+        return self.state == S.IBV_QPS_SQD and self.in_flight()
 
     def destroy(self) -> None:
+        self.closed = True
         self._cancel_timers()
 
     # -- data path -------------------------------------------------------------------------
     def mtu(self) -> int:
-        qp = self.qp
+        qp = self
         if qp.qp_type == T.IBV_QPT_UD:
             return mtu_to_bytes(self.device.active_mtu)
         return mtu_to_bytes(qp.attr.path_mtu)
@@ -117,14 +187,14 @@ class QpEngine:
         """The completer freed something the requester may be waiting on."""
         req = self.req
         if req.need_retry or req.wait_psn or req.wait_fence or req.need_rd_atomic or \
-                req.wqe_index < len(self.qp.sq):
+                req.wqe_index < len(self.sq):
             req.wait_psn = False
             req.run()
         self._rearm_retrans()
 
     def in_flight(self) -> bool:
         """Some WQE was (partly) sent and is not complete yet."""
-        for w in self.qp.sq:
+        for w in self.sq:
             if w.state in (WqeState.PROCESSING, WqeState.PENDING):
                 return True
             if w.state == WqeState.POSTED:
@@ -148,7 +218,7 @@ class QpEngine:
         with IBV_WC_WR_FLUSH_ERR), raise IBV_EVENT_QP_FATAL, count it in the device's
         ``qp_fatal`` counter and log it once. Never raises: the caller is the receive
         path, the timer loop or post_send, none of which may die because one QP did."""
-        qp = self.qp
+        qp = self
         dev = self.device
         dev.counters.qp_fatal += 1
         log.error("%s: QP 0x%x hit an unexpected %s in its %s path; the QP is moved to ERR "
@@ -167,25 +237,9 @@ class QpEngine:
                 qp.rq.clear()
         # Never leave a timer armed on a faulted QP: it would fire (and fault) forever.
         self.retrans_at = self.rnr_at = None
-        dev.timer_changed(qp)
+        dev.timer_changed(self)
         if was not in (S.IBV_QPS_ERR, S.IBV_QPS_RESET):
-            dev.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_QP_FATAL, qp))
-
-    def invalidate_rkey(self, rkey: int) -> bool:
-        """rxe invalidate_rkey: only type 2 windows bound through this QP's PD can be
-        invalidated (user MRs are not fast-register MRs)."""
-        from ..soft.memory import MemKind
-        e = self.device.keys.get(rkey)
-        if e is None or e.kind is not MemKind.MW or e.mw_type != 2 or not e.valid:
-            return False
-        if e.pd is not self.qp.pd and (e.mr is None or e.mr.pd is not self.qp.pd):
-            return False
-        if e.mr is not None:
-            e.mr.refs -= 1
-        e.mr = None
-        e.valid = False
-        e.qp = None
-        return True
+            dev.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_QP_FATAL, self.owner))
 
     # -- timers -------------------------------------------------------------------------------
     @property
@@ -199,18 +253,18 @@ class QpEngine:
 
     def _set_timer(self, which: str, at: float | None) -> None:
         setattr(self, which, at)
-        self.device.timer_changed(self.qp)
+        self.device.timer_changed(self)
 
     def arm_retrans_if_idle(self) -> None:
         """update_state: arm the retransmit timer unless it is already running."""
         if self.retrans_at is None:
-            t = qp_timeout_seconds(self.qp.attr.timeout)
+            t = qp_timeout_seconds(self.attr.timeout)
             if t is not None:
                 self._set_timer("retrans_at", self.device.now + t)
 
     def _rearm_retrans(self) -> None:
         """COMPST_EXIT: push the timer out while there are unacknowledged packets."""
-        qp = self.qp
+        qp = self
         if qp.qp_type != T.IBV_QPT_RC or qp.state not in (S.IBV_QPS_RTS, S.IBV_QPS_SQD):
             return
         if psn_diff(self.req.psn, self.comp.psn) > 0:
@@ -226,7 +280,7 @@ class QpEngine:
     def _cancel_timers(self) -> None:
         if self.retrans_at is not None or self.rnr_at is not None:
             self.retrans_at = self.rnr_at = None
-            self.device.timer_changed(self.qp)
+            self.device.timer_changed(self)
 
     def on_timer(self, now: float) -> None:
         try:

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..soft.memory import AccessError, MemKind
+from ..completion import AsyncEvent
 from ..enums import (
-    ibv_qp_state as S, ibv_qp_type as T, ibv_send_flags as F, ibv_wc_status as WCS,
-    ibv_wr_opcode as W,
+    ibv_event_type, ibv_qp_state as S, ibv_qp_type as T, ibv_send_flags as F,
+    ibv_wc_status as WCS, ibv_wr_opcode as W,
 )
 from ..wire.opcodes import OPCODE_LIST, Opcode as O
 from ..wire.packet import build
 from .dma import gather
+from .memory import AccessError
+from .mw import bind_mw, invalidate_rkey
 from .params import RXE_MAX_PKT_PER_ACK, RXE_MAX_UNACKED_PSNS
 from .psn import psn_diff
 from .wqe import SendWqe, WqeState
@@ -66,7 +68,7 @@ class Requester:
 
     def __init__(self, eng: "QpEngine") -> None:
         self.eng = eng
-        self.qp = eng.qp
+        self.qp = eng  # the QP is its engine (rxe: struct rxe_qp)
         self.reset()
 
     def reset(self) -> None:
@@ -256,10 +258,10 @@ class Requester:
         qp = self.qp
         status = WCS.IBV_WC_SUCCESS
         if wqe.opcode == W.IBV_WR_LOCAL_INV:
-            if not self.eng.invalidate_rkey(wqe.imm):
+            if not invalidate_rkey(keys, qp.pd, wqe.imm):
                 status = WCS.IBV_WC_LOC_QP_OP_ERR
         else:
-            status = _bind_mw(keys, qp, wqe)
+            status = bind_mw(keys, qp.pd, qp, wqe.mw, wqe.bind_info, wqe.bind_rkey)
         self.wqe_index += 1
         if status != WCS.IBV_WC_SUCCESS:
             wqe.status = status
@@ -274,9 +276,8 @@ class Requester:
         if qp.state == S.IBV_QPS_SQD and not self.drained_sent and not self.eng.in_flight():
             self.drained_sent = True
             if qp.attr.en_sqd_async_notify:
-                from ..completion import AsyncEvent
-                from ..enums import ibv_event_type
-                self.eng.device.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_SQ_DRAINED, qp))
+                self.eng.device.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_SQ_DRAINED,
+                                                      qp.owner))
 
     # ------------------------------------------------------------------------------
     def retry(self) -> None:
@@ -324,50 +325,3 @@ class Requester:
         self.opcode = cont + (0x20 if self.qp.qp_type == T.IBV_QPT_UC else 0)
         wqe.state = WqeState.PROCESSING
         # keep first_psn: the message's PSN range does not change on retry
-
-
-def _bind_mw(keys, qp, wqe: SendWqe) -> int:
-    """rxe_bind_mw: bind a window to a range of an MR; returns a WC status."""
-    from ..enums import ibv_access_flags as A
-    mw_obj = wqe.mw
-    info = wqe.bind_info
-    if mw_obj is None or getattr(mw_obj, "closed", True) or info is None:
-        return WCS.IBV_WC_MW_BIND_ERR
-    mw = mw_obj._entry
-    if mw.pd is not qp.pd:
-        return WCS.IBV_WC_MW_BIND_ERR
-    if mw.mw_type == 2 and mw.valid:
-        return WCS.IBV_WC_MW_BIND_ERR  # a bound type 2 window must be invalidated first
-    mr_obj = info.mr
-    mr = getattr(mr_obj, "_entry", None)
-    length = info.length
-    if length == 0 and mw.mw_type == 1:
-        # zero-length bind of a type 1 window unbinds it
-        if mw.mr is not None:
-            mw.mr.refs -= 1
-        mw.mr = None
-        mw.valid = False
-        mw.key = wqe.bind_rkey & 0xFF
-        return WCS.IBV_WC_SUCCESS
-    if mr is None or mr.kind is not MemKind.MR or not mr.valid or getattr(mr_obj, "closed", True):
-        return WCS.IBV_WC_MW_BIND_ERR
-    if mr.pd is not qp.pd or not mr.access & A.IBV_ACCESS_MW_BIND:
-        return WCS.IBV_WC_MW_BIND_ERR
-    acc = info.mw_access_flags
-    if acc & (A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_ATOMIC) and \
-            not mr.access & A.IBV_ACCESS_LOCAL_WRITE:
-        return WCS.IBV_WC_MW_BIND_ERR
-    if info.addr < mr.iova or info.addr + length > mr.iova + mr.length:
-        return WCS.IBV_WC_MW_BIND_ERR
-    if mw.mr is not None:
-        mw.mr.refs -= 1
-    mw.mr = mr
-    mr.refs += 1
-    mw.iova = info.addr
-    mw.length = length
-    mw.access = int(acc & (A.IBV_ACCESS_REMOTE_READ | A.IBV_ACCESS_REMOTE_WRITE
-                           | A.IBV_ACCESS_REMOTE_ATOMIC))
-    mw.key = wqe.bind_rkey & 0xFF
-    mw.qp = qp if mw.mw_type == 2 else None
-    mw.valid = True
-    return WCS.IBV_WC_SUCCESS

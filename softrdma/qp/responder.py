@@ -28,12 +28,12 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any
 
-from ..soft.memory import Access, AccessError
+from .memory import Access, AccessError
 from ..enums import (
     ibv_access_flags as A, ibv_qp_state as S, ibv_qp_type as T, ibv_wc_flags as WCF,
     ibv_wc_status as WCS,
 )
-from ..completion import WC
+from ..completion import WC, WC_RECV, WC_RECV_RDMA_WITH_IMM
 from ..wire.headers import AETH_ACK_UNLIMITED, NakCode
 from ..wire.opcodes import Opcode as O
 from ..wire.packet import build
@@ -91,7 +91,7 @@ class Responder:
 
     def __init__(self, eng: "QpEngine") -> None:
         self.eng = eng
-        self.qp = eng.qp
+        self.qp = eng  # the QP is its engine (rxe: struct rxe_qp)
         self.resources: list[RespResource] = []
         self.reset()
 
@@ -221,7 +221,7 @@ class Responder:
             raise _Err("too_many_rd_atomic")
         if info.consumes_rwqe:
             if qp.srq is not None:
-                wqe = qp.srq._take() if not qp.srq.closed else None
+                wqe = qp.srq.take() if not qp.srq.closed else None
             else:
                 wqe = qp.rq[0] if qp.rq else None
             if wqe is None:
@@ -341,10 +341,10 @@ class Responder:
             if self.status == WCS.IBV_WC_SUCCESS and info is not None:
                 self.eng.device.counters.rdma_recvs += 1
                 if info.with_imm and info.write:
-                    wc.opcode = 0x81  # IBV_WC_RECV_RDMA_WITH_IMM
+                    wc.opcode = WC_RECV_RDMA_WITH_IMM
                     wc.byte_len = self.length
                 else:
-                    wc.opcode = 0x80  # IBV_WC_RECV
+                    wc.opcode = WC_RECV
                     wc.byte_len = self.wqe_offset
                 flags = _WC_GRH
                 if info.with_imm:
@@ -358,12 +358,12 @@ class Responder:
                     wc.src_qp = pkt.src_qp
                 wc.wc_flags = flags
             else:
-                wc.opcode = 0x80
+                wc.opcode = WC_RECV
             if qp.srq is None and qp.rq and qp.rq[0] is wqe:
                 qp.rq.popleft()
             self.wqe = None
             self.wqe_offset = 0
-            if not qp.recv_cq._push(wc, solicited=bool(pkt.se) if pkt is not None else True):
+            if not qp.recv_cq.push(wc, solicited=bool(pkt.se) if pkt is not None else True):
                 self.goto_error = True  # RESPST_ERR_CQ_OVERFLOW (class G)
         if pkt is not None and qp.qp_type == T.IBV_QPT_RC:
             self._acknowledge(pkt)

@@ -32,12 +32,11 @@ from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from .capture import PacketCapture
 from .progress import Progress, poll_once
 from .rx import receive_packet
-from .memory import KeyTable
+from ..qp.engine import QpEngine
+from ..qp.memory import KeyTable
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
 from .udp import TransportError, UdpTransport
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..verbs_api.qp import QP
 
 __all__ = ["SoftDevice", "DeviceLimits", "DeviceFailed", "RXE_MAX_HDR_LENGTH",
            "active_mtu_for", "LOOPBACK_TRIES"]
@@ -158,7 +157,7 @@ class SoftDevice:
         self.secret_rng: random.Random = random.SystemRandom() if seed is None else \
             random.Random(f"softrdma-secrets-{seed}")
         self.keys = KeyTable(self.secret_rng)
-        self.qps: dict[int, "QP"] = {}
+        self.qps: dict[int, QpEngine] = {}  # QPN -> the QP's engine (rxe's QP pool)
         # rxe hands out QPNs in order from 16; softrdma draws them at random unless told to
         # be sequential (replays of captures pin QPNs through ``_next_qpn``)
         self.sequential_qpn = sequential_qpn
@@ -256,7 +255,7 @@ class SoftDevice:
         if dst_ip is None:
             self.counters.drop("no_path")
             return
-        sport = qp.engine.src_port
+        sport = qp.src_port
         n = len(pkt)
         if len(dst_ip) == 4:
             c = icrc_ipv4(pkt, self.ip_packed, dst_ip, sport)
@@ -433,7 +432,7 @@ class SoftDevice:
 
     # -- timers ----------------------------------------------------------------------------
     def timer_changed(self, qp: Any) -> None:
-        d = qp.engine.deadline
+        d = qp.deadline
         if d is None:
             self.timer_qps.discard(qp)
         else:
@@ -444,16 +443,16 @@ class SoftDevice:
     def next_deadline(self) -> float | None:
         best = None
         for qp in self.timer_qps:
-            d = qp.engine.deadline
+            d = qp.deadline
             if d is not None and (best is None or d < best):
                 best = d
         return best
 
     def fire_timers(self, now: float) -> int:
-        due = [qp for qp in self.timer_qps if (qp.engine.deadline or now + 1) <= now]
+        due = [qp for qp in self.timer_qps if (qp.deadline or now + 1) <= now]
         for qp in due:
             if not qp.closed:
-                qp.engine.on_timer(now)
+                qp.on_timer(now)
         return len(due)
 
     def emit_async(self, event: Any) -> None:

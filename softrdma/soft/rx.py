@@ -95,7 +95,7 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         if av is None or av.dst_ip != src_ip:
             c.drop("wrong_source")
             return
-        if dev.strict and sport != qp.engine.src_port:
+        if dev.strict and sport != qp.src_port:
             # strict mode: a connected rxe (or softrdma) peer sends every packet of this
             # connection from the port both ends derive from the path (the flow label, or
             # both QPNs when it is 0), the port we send from (docs/security.md)
@@ -106,7 +106,7 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         return
     if info.is_request and st == S.IBV_QPS_RTR and not qp.comm_est_sent:
         qp.comm_est_sent = True
-        dev.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_COMM_EST, qp))
+        dev.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_COMM_EST, qp.owner))
     if ip_header is None and qp.qp_type == T.IBV_QPT_UD:
         ip_header = synth_ip_header(src_ip, dst_ip, len(data), ip_id)  # UDP payload length
-    qp.engine.on_packet(pkt, ip_header or b"")
+    qp.on_packet(pkt, ip_header or b"")

@@ -182,7 +182,7 @@ class CQ(Resource):
         self._use(channel)
 
     # -- producer side (engines) -------------------------------------------------------
-    def _push(self, wc: WC, solicited: bool = False) -> bool:
+    def push(self, wc: WC, solicited: bool = False) -> bool:
         """Add a completion (called by the engines with the device lock held)."""
         if self.closed:
             return False

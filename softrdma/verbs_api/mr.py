@@ -22,7 +22,8 @@ from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ._check import U32, U64, as_bits, as_flag, as_int, require
-from ..soft.memory import MemEntry
+from ..qp.memory import MemEntry
+from ..qp.mw import unbind
 from .base import Resource
 from .enums import ibv_access_flags as A, ibv_mw_type
 
@@ -286,9 +287,7 @@ class MW(Resource):
     def _destroy(self) -> None:
         if not self.closed:
             e = self._entry
-            if e.mr is not None:
-                e.mr.refs -= 1
-                e.mr = None
+            unbind(e)
             self.device.keys.remove(e)
             self._release(self.pd)
         super()._destroy()

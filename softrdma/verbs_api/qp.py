@@ -19,6 +19,9 @@ from collections import deque
 from typing import Any, Iterable
 
 from ..errors import PyverbsRDMAError
+from ..qp.memory import AccessError
+from ..qp.mw import BindRequest
+from ..qp.engine import QpEngine
 from ..qp.transitions import check_transition
 from ..qp.wqe import RecvWqe, SendWqe
 from ._check import U8, U16, U24, U32, U64, as_bits, as_flag, as_int, require
@@ -203,8 +206,19 @@ class QP(Resource):
             if len(dev.qps) >= lim.max_qp:
                 raise PyverbsRDMAError(f"{what}: too many QPs", errno.ENOMEM)
             super().__init__(pd.context)
-            self.qp_num = dev.alloc_qpn()
-            dev.qps[self.qp_num] = self
+            qpn = dev.alloc_qpn()
+            # Sizes as rxe reports them back (rxe_qp_init_req / init_resp)
+            wqe_size = max(cap.max_send_sge * _SGE_SIZE, cap.max_inline_data)
+            self.cap = QPCap(max_send_wr=_ring_size(cap.max_send_wr),
+                             max_recv_wr=0 if srq else _ring_size(cap.max_recv_wr),
+                             max_send_sge=wqe_size // _SGE_SIZE,
+                             max_recv_sge=0 if srq else cap.max_recv_sge,
+                             max_inline_data=wqe_size)
+            # the protocol state lives in the engine (rxe_qp); this object translates
+            self.engine = QpEngine(dev, qpn, T(qpt), pd, scq, rcq, srq, self._fresh_attr(),
+                                   owner=self)
+            dev.qps[qpn] = self.engine
+        self.qp_num = qpn
         self.pd = pd
         self.qp_type = T(qpt)
         self.qp_context = init_attr.qp_context
@@ -212,38 +226,47 @@ class QP(Resource):
         self.recv_cq = rcq
         self.srq = srq
         self.sq_sig_all = sq_sig_all
-        # Sizes as rxe reports them back (rxe_qp_init_req / init_resp)
-        wqe_size = max(cap.max_send_sge * _SGE_SIZE, cap.max_inline_data)
-        self.cap = QPCap(max_send_wr=_ring_size(cap.max_send_wr),
-                         max_recv_wr=0 if srq else _ring_size(cap.max_recv_wr),
-                         max_send_sge=wqe_size // _SGE_SIZE,
-                         max_recv_sge=0 if srq else cap.max_recv_sge,
-                         max_inline_data=wqe_size)
         init_attr.cap = QPCap(**self.cap.__dict__)
-        self.state = S.IBV_QPS_RESET
-        self.attr = QPAttr(qp_state=S.IBV_QPS_RESET, cur_qp_state=S.IBV_QPS_RESET,
-                           path_mtu=ibv_mtu.IBV_MTU_256, cap=self.cap)
-        self.av: AddressVector | None = None
-        self.sq: deque[SendWqe] = deque()
-        self.rq: deque[RecvWqe] = deque()
-        self.comm_est_sent = False
         self._use(pd, scq, rcq, srq)
-        from ..qp.engine import QpEngine
-        self.engine = QpEngine(self)
         if qp_attr is not None:
             if self.qp_type == T.IBV_QPT_UD:
                 self.to_rts(qp_attr)
             else:
                 self.to_init(qp_attr)
 
-    # -- properties ------------------------------------------------------------------
+    def _fresh_attr(self) -> QPAttr:
+        """The attributes of a QP in RESET (rxe_qp_init / after a move to RESET)."""
+        return QPAttr(qp_state=S.IBV_QPS_RESET, cur_qp_state=S.IBV_QPS_RESET,
+                      path_mtu=ibv_mtu.IBV_MTU_256, cap=self.cap)
+
+    # -- the engine's state, seen through the verbs object --------------------------------
+    @property
+    def state(self) -> int:
+        return self.engine.state
+
     @property
     def qp_state(self) -> int:
-        return self.state
+        return self.engine.state
+
+    @property
+    def attr(self) -> QPAttr:
+        return self.engine.attr  # type: ignore[return-value]
+
+    @property
+    def av(self) -> AddressVector | None:
+        return self.engine.av
+
+    @property
+    def sq(self) -> "deque[SendWqe]":
+        return self.engine.sq
+
+    @property
+    def rq(self) -> "deque[RecvWqe]":
+        return self.engine.rq
 
     @property
     def sq_draining(self) -> bool:
-        return self.state == S.IBV_QPS_SQD and self.engine.in_flight()
+        return self.engine.sq_draining
 
     # -- modify ----------------------------------------------------------------------
     def modify(self, attr: QPAttr, attr_mask: int) -> None:
@@ -335,8 +358,7 @@ class QP(Resource):
             a.qkey = int(attr.qkey)
         if mask & M.IBV_QP_AV:
             a.ah_attr = AHAttr(**attr.ah_attr.__dict__)
-            self.av = av
-            self.engine.on_av(av)
+            self.engine.set_av(av)
         if mask & M.IBV_QP_ALT_PATH:
             a.alt_ah_attr = AHAttr(**attr.alt_ah_attr.__dict__)
             a.alt_port_num, a.alt_timeout = int(attr.alt_port_num), int(attr.alt_timeout)
@@ -360,7 +382,7 @@ class QP(Resource):
             self.engine.set_sq_psn(a.sq_psn)
         if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC:
             a.max_dest_rd_atomic = _roundup_pow2(int(attr.max_dest_rd_atomic))
-            self.engine.on_resp_resources(a.max_dest_rd_atomic)
+            self.engine.set_resp_resources(a.max_dest_rd_atomic)
         if mask & M.IBV_QP_PATH_MIG_STATE:
             a.path_mig_state = int(attr.path_mig_state)
         if mask & M.IBV_QP_DEST_QPN:
@@ -368,49 +390,14 @@ class QP(Resource):
         if mask & M.IBV_QP_EN_SQD_ASYNC_NOTIFY:
             a.en_sqd_async_notify = int(attr.en_sqd_async_notify)
         if mask & M.IBV_QP_STATE:
-            self._set_state(S(new))
-
-    def _set_state(self, new: S) -> None:
-        old = self.state
-        self.state = new
-        self.attr.qp_state = self.attr.cur_qp_state = new
-        if new == S.IBV_QPS_RESET:
-            self.sq.clear()
-            if self.srq is None:
-                self.rq.clear()
-            keep = self.cap
-            self.attr = QPAttr(qp_state=new, cur_qp_state=new, path_mtu=ibv_mtu.IBV_MTU_256,
-                               cap=keep)
-            self.av = None
-            self.comm_est_sent = False
-            self._last_wqe_sent = False  # a reused QP reports LAST_WQE_REACHED again
-            self.engine.reset()
-        elif new == S.IBV_QPS_ERR:
-            if old != S.IBV_QPS_ERR:
-                self.engine.on_error()
-            self.flush()
-        else:
-            self.engine.on_state(old, new)
+            self.engine.set_state(S(new), self._fresh_attr() if new == S.IBV_QPS_RESET else None)
 
     def to_error(self) -> None:
-        """Move to ERR from inside the data path (a fatal completion, a protocol error)."""
-        if self.state not in (S.IBV_QPS_ERR, S.IBV_QPS_RESET):
-            self._set_state(S.IBV_QPS_ERR)
+        """Move to ERR, completing everything outstanding with IBV_WC_WR_FLUSH_ERR."""
+        self.engine.to_error()
 
     def flush(self) -> None:
-        """Complete every outstanding WR with IBV_WC_WR_FLUSH_ERR (the QP is in ERR)."""
-        while self.sq:
-            w = self.sq.popleft()
-            self.send_cq._push(WC(wr_id=w.wr_id, status=ibv_wc_status.IBV_WC_WR_FLUSH_ERR,
-                                  opcode=_wc_opcode_of(w.opcode), qp_num=self.qp_num))
-        if self.srq is None:
-            while self.rq:
-                r = self.rq.popleft()
-                self.recv_cq._push(WC(wr_id=r.wr_id, status=ibv_wc_status.IBV_WC_WR_FLUSH_ERR,
-                                      opcode=0x80, qp_num=self.qp_num))
-        elif not getattr(self, "_last_wqe_sent", False):
-            self._last_wqe_sent = True
-            self.device.emit_async(_async(ibv_event_type.IBV_EVENT_QP_LAST_WQE_REACHED, self))
+        self.engine.flush()
 
     def to_init(self, attr: QPAttr) -> None:
         mask = M.IBV_QP_STATE | M.IBV_QP_PKEY_INDEX | M.IBV_QP_PORT | (
@@ -476,14 +463,10 @@ class QP(Resource):
                     _mark_bad(e, w, i, bad_wr)
                     if i and self.state == S.IBV_QPS_ERR:
                         self.flush()  # the WRs before the bad one are posted: flush them too
-                    elif i:
-                        self.engine.on_recv_posted()
                     raise
                 self.rq.append(wqe)
             if self.state == S.IBV_QPS_ERR:
                 self.flush()
-            else:
-                self.engine.on_recv_posted()
 
     def post_send(self, wr: SendWR | list[SendWR], bad_wr: SendWR | None = None) -> None:
         """Post send WRs (a chain or a list); errors as for :meth:`post_recv`.
@@ -577,7 +560,14 @@ class QP(Resource):
             wqe.remote_qpn = remote_qpn
             wqe.remote_qkey = remote_qkey
         if opcode == W.IBV_WR_BIND_MW:
-            wqe.mw, wqe.bind_info, wqe.bind_rkey = w.mw, w.bind_info, bind_rkey
+            # the engine works on key-table entries; a window or MR closed before the bind
+            # executes is no longer held by the table, and the bind fails (MW_BIND_ERR)
+            info = w.bind_info
+            wqe.mw = w.mw._entry
+            wqe.bind_info = BindRequest(None if info.mr is None else info.mr._entry,
+                                        int(info.addr), int(info.length),
+                                        int(info.mw_access_flags))
+            wqe.bind_rkey = bind_rkey
         return wqe
 
     @staticmethod
@@ -601,7 +591,6 @@ class QP(Resource):
     def _gather_inline(self, sges: list[tuple[int, int, int]], what: str) -> bytes:
         # Inline data is copied at post time; libibverbs ignores the lkey of inline SGEs, so
         # we accept any registered range (through its lkey, if it names an MR of this PD).
-        from ..soft.memory import AccessError
         out = bytearray()
         for addr, length, lkey in sges:
             if not length:
@@ -653,11 +642,3 @@ def _roundup_pow2(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
-_WC_OF_WR = {W.IBV_WR_RDMA_WRITE: 1, W.IBV_WR_RDMA_WRITE_WITH_IMM: 1, W.IBV_WR_SEND: 0,
-             W.IBV_WR_SEND_WITH_IMM: 0, W.IBV_WR_SEND_WITH_INV: 0, W.IBV_WR_RDMA_READ: 2,
-             W.IBV_WR_ATOMIC_CMP_AND_SWP: 3, W.IBV_WR_ATOMIC_FETCH_AND_ADD: 4,
-             W.IBV_WR_BIND_MW: 5, W.IBV_WR_LOCAL_INV: 6}
-
-
-def _wc_opcode_of(wr_opcode: int) -> int:
-    return _WC_OF_WR.get(wr_opcode, 0)

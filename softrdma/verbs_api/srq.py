@@ -78,7 +78,7 @@ class SRQ(Resource):
                     raise
                 self.rq.append(wqe)
 
-    def _take(self) -> RecvWqe | None:
+    def take(self) -> RecvWqe | None:
         """Pop the next receive for a QP's responder, raising the limit event if due."""
         if not self.rq:
             return None

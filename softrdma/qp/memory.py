@@ -149,6 +149,10 @@ class KeyTable:
         self.entries.pop(e.index, None)
         e.valid = False
 
+    def holds(self, e: MemEntry) -> bool:
+        """``e`` is registered here (not deregistered or deallocated since)."""
+        return self.entries.get(e.index) is e
+
     def get(self, key: int) -> MemEntry | None:
         e = self.entries.get(key >> 8)
         if e is None or e.key != (key & 0xFF):

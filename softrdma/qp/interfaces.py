@@ -1,0 +1,82 @@
+"""What the protocol core needs from the layers above it, declared as Protocols.
+
+The core (:mod:`softrdma.qp`) never imports the soft device or the verbs API: a
+:class:`~softrdma.qp.engine.QpEngine` is handed objects that satisfy these Protocols when
+it is created, exactly as rxe's QP code calls into its device (``rxe_xmit_packet``,
+``rxe_counter_inc``) and into the CQ and SRQ it was created with. The soft device and
+the verbs objects implement them; a test can implement them in a few lines
+(``tests/test_engine_seam.py`` drives two engines with no verbs object at all).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..completion import WC
+from .memory import KeyTable
+from .wqe import RecvWqe
+
+__all__ = ["CompletionSink", "RecvSource", "DeviceServices", "AttrView"]
+
+
+class CompletionSink(Protocol):
+    """A completion queue, as the engines see it (rxe_cq_post)."""
+
+    def push(self, wc: WC, solicited: bool = False) -> bool:
+        """Queue ``wc``; False if it could not be queued (the CQ overflowed or is gone)."""
+        ...
+
+
+class RecvSource(Protocol):
+    """A shared receive queue, as the responder sees it."""
+
+    closed: bool
+
+    def take(self) -> RecvWqe | None:
+        """The next posted receive, or None (the responder then answers RNR)."""
+        ...
+
+
+class DeviceServices(Protocol):
+    """The handful of device services a QP's engine uses."""
+
+    name: str
+    counters: Any  # softrdma.counters.Counters
+    keys: KeyTable  # every memory access goes through it
+    active_mtu: int  # the port's MTU (UD QPs use it)
+    limits: Any  # rxe's device limits
+
+    @property
+    def now(self) -> float:
+        """The time, in seconds (a virtual clock in simulation)."""
+        ...
+
+    def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None) -> None:
+        """Fill the ICRC of ``pkt`` (BTH..ICRC) for ``qp``'s path and transmit it."""
+        ...
+
+    def timer_changed(self, qp: Any) -> None:
+        """``qp.deadline`` changed: wake the engine at the new time."""
+        ...
+
+    def emit_async(self, event: Any) -> None:
+        """Deliver an asynchronous event (about ``event.element``) to its context."""
+        ...
+
+
+class AttrView(Protocol):
+    """The QP attributes the engines read (a verbs ``QPAttr`` satisfies it)."""
+
+    qp_state: int
+    cur_qp_state: int
+    qp_access_flags: int
+    qkey: int
+    path_mtu: int
+    dest_qp_num: int
+    timeout: int
+    retry_cnt: int
+    rnr_retry: int
+    min_rnr_timer: int
+    max_rd_atomic: int
+    max_dest_rd_atomic: int
+    en_sqd_async_notify: int
