@@ -20,11 +20,11 @@ from ..enums import (
     ibv_qp_state as S, ibv_wc_flags as WCF, ibv_wc_status as WCS, ibv_wr_opcode as W,
 )
 from ..completion import WC, wc_opcode_of
-from ..wire.headers import NakCode
+from ..wire.headers import AethType, NakCode
 from ..wire.opcodes import Opcode as O
 from .dma import NoSpace, scatter
 from .params import rnr_nak_seconds
-from .psn import psn_diff
+from .psn import psn_add, psn_diff
 from .wqe import SendWqe, WqeState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,6 +32,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Completer"]
 
+# AETH syndrome: bits 6-5 the type (AethType), bits 4-0 its value (credits, RNR timer, NAK
+# code); plain ints because they are tested per response packet
+_AETH_TYPE, _AETH_VALUE = 0x60, 0x1F
+_ACK, _RNR_NAK, _NAK = int(AethType.ACK), int(AethType.RNR_NAK), int(AethType.NAK)
 _READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
 _NAK_STATUS = {NakCode.INVALID_REQUEST: WCS.IBV_WC_REM_INV_REQ_ERR,
                NakCode.REMOTE_ACCESS_ERROR: WCS.IBV_WC_REM_ACCESS_ERR,
@@ -135,7 +139,7 @@ class Completer:
                     # a coalesced ACK: everything up to this WQE's last PSN arrived (comp_wqe)
                     self.reset_retry_counters()
                     if psn_diff(wqe.last_psn, self.psn) >= 0:
-                        self.psn = (wqe.last_psn + 1) & 0xFFFFFF
+                        self.psn = psn_add(wqe.last_psn, 1)
                         self.opcode = -1
                     self.do_complete(wqe)
                     eng.req_wake()
@@ -170,7 +174,7 @@ class Completer:
                     return
         if op in (O.RC_RDMA_READ_RESPONSE_FIRST, O.RC_RDMA_READ_RESPONSE_LAST,
                   O.RC_RDMA_READ_RESPONSE_ONLY, O.RC_RDMA_READ_RESPONSE_MIDDLE):
-            if op != O.RC_RDMA_READ_RESPONSE_MIDDLE and pkt.syndrome & 0x60 != 0:
+            if op != O.RC_RDMA_READ_RESPONSE_MIDDLE and pkt.syndrome & _AETH_TYPE != _ACK:
                 return
             if wqe.opcode != W.IBV_WR_RDMA_READ:
                 self._fail(wqe, WCS.IBV_WC_FATAL_ERR)
@@ -179,7 +183,7 @@ class Completer:
             self._do_read(wqe, pkt)
             return
         if op == O.RC_ATOMIC_ACKNOWLEDGE:
-            if pkt.syndrome & 0x60 != 0 or wqe.opcode not in (W.IBV_WR_ATOMIC_CMP_AND_SWP,
+            if pkt.syndrome & _AETH_TYPE != _ACK or wqe.opcode not in (W.IBV_WR_ATOMIC_CMP_AND_SWP,
                                                              W.IBV_WR_ATOMIC_FETCH_AND_ADD):
                 return
             self.reset_retry_counters()
@@ -192,8 +196,8 @@ class Completer:
             return
         if op == O.RC_ACKNOWLEDGE:
             syn = pkt.syndrome
-            kind = syn & 0x60
-            if kind == 0x00:
+            kind = syn & _AETH_TYPE
+            if kind == _ACK:
                 if wqe.opcode in _READ_OR_ATOMIC:
                     # Only a read response / atomic ACK can complete a read or an atomic.
                     # A plain ACK with its PSN is the re-ACK of a duplicate send/write
@@ -206,11 +210,11 @@ class Completer:
                 else:
                     self._update_comp(pkt)
                 return
-            if kind == 0x20:
+            if kind == _RNR_NAK:
                 eng.device.counters.rcvd_rnr_err += 1
-                self.rnr_retry_step(wqe, syn & 0x1F)
+                self.rnr_retry_step(wqe, syn & _AETH_VALUE)
                 return
-            if kind == 0x60:
+            if kind == _NAK:
                 if syn == NakCode.PSN_SEQ_ERROR:
                     # a NAK implicitly acknowledges every PSN before the one it names
                     if psn_diff(pkt.psn, self.psn) > 0:
@@ -247,7 +251,7 @@ class Completer:
     def _update_comp(self, pkt: Any) -> None:
         self.opcode = -1 if pkt.info.last else pkt.opcode
         if psn_diff(pkt.psn, self.psn) >= 0:
-            self.psn = (pkt.psn + 1) & 0xFFFFFF
+            self.psn = psn_add(pkt.psn, 1)
         self.eng.req_wake()
 
     # -- retries ---------------------------------------------------------------------------

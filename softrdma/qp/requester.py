@@ -29,7 +29,7 @@ from .dma import gather
 from .memory import AccessError
 from .mw import bind_mw, invalidate_rkey
 from .params import RXE_MAX_PKT_PER_ACK, RXE_MAX_UNACKED_PSNS
-from .psn import psn_diff
+from .psn import psn_add, psn_diff
 from .wqe import SendWqe, WqeState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -154,7 +154,7 @@ class Requester:
             if wqe.opcode in _LOCAL:
                 self._do_local_op(wqe)
                 continue
-            if rc and psn_diff(self.psn, (eng.comp.psn + RXE_MAX_UNACKED_PSNS) & 0xFFFFFF) > 0:
+            if rc and psn_diff(self.psn, psn_add(eng.comp.psn, RXE_MAX_UNACKED_PSNS)) > 0:
                 self.wait_psn = True
                 return
             mtu = eng.mtu()
@@ -172,7 +172,7 @@ class Requester:
                 if qp.qp_type == T.IBV_QPT_UD:
                     # C10-93.1.1: a UD message over the MTU is not sent, and not an error.
                     wqe.first_psn = wqe.last_psn = self.psn
-                    self.psn = (self.psn + 1) & 0xFFFFFF
+                    self.psn = psn_add(self.psn, 1)
                     self.opcode = O.UD_SEND_ONLY
                     self.wqe_index += 1
                     wqe.state = WqeState.DONE
@@ -192,12 +192,12 @@ class Requester:
             if info.first:
                 npkts = max(1, -(-(wqe.length - (wqe.read_bytes if info.read else wqe.offset)) // mtu))
                 wqe.first_psn = self.psn
-                wqe.last_psn = (self.psn + npkts - 1) & 0xFFFFFF
+                wqe.last_psn = psn_add(self.psn, npkts - 1)
                 wqe.npkts = npkts
             if info.read:
-                self.psn = (wqe.first_psn + wqe.npkts) & 0xFFFFFF
+                self.psn = psn_add(wqe.first_psn, wqe.npkts)
             else:
-                self.psn = (self.psn + 1) & 0xFFFFFF
+                self.psn = psn_add(self.psn, 1)
             wqe.offset += payload
             self.opcode = opcode
             if info.last:
@@ -305,7 +305,7 @@ class Requester:
             if first:
                 first = False
                 if wqe.opcode in _SENDS or wqe.opcode in _WRITES:
-                    npsn = (eng.comp.psn - wqe.first_psn) & 0xFFFFFF
+                    npsn = psn_add(eng.comp.psn, -wqe.first_psn)
                     self._skip_acked(wqe, npsn, mtu)
                 if is_read:
                     wqe.read_bytes = (wqe.read_bytes // mtu) * mtu

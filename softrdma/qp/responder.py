@@ -25,6 +25,7 @@ that far behind still learns everything from the first one.
 
 from __future__ import annotations
 
+import enum
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +35,12 @@ from ..enums import (
     ibv_wc_status as WCS,
 )
 from ..completion import WC, WC_RECV, WC_RECV_RDMA_WITH_IMM
-from ..wire.headers import AETH_ACK_UNLIMITED, NakCode
+from ..wire.headers import AETH_ACK_UNLIMITED, AethType, NakCode, make_syndrome
 from ..wire.opcodes import Opcode as O
 from ..wire.packet import build
 from .dma import NoSpace, scatter
-from .psn import psn_diff
+from .psn import psn_add, psn_diff
+from ..counters import Drop
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import QpEngine
@@ -46,7 +48,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Responder", "RespResource"]
 
 _U64 = struct.Struct("<Q")
-_RNR_NAK = 0x20
 DUP_ACK_WINDOW = 256  # duplicates this close behind the expected PSN are re-ACKed 1:1 (rxe)
 DUP_ACK_INTERVAL = 0.001  # further behind: at most one re-ACK per QP per this many seconds
 # plain ints for per-packet flag tests (IntFlag arithmetic is a Python call per use)
@@ -77,11 +78,42 @@ class RespResource:
         self.new = True
 
 
-class _Err(Exception):
-    """Internal: a responder error state (rxe RESPST_ERR_*)."""
+class RespErr(enum.Enum):
+    """The responder's error states, rxe's ``RESPST_ERR_*``. What each leads to is decided
+    in one place, :meth:`Responder._error` with the table ``_NAK_OF``."""
 
-    def __init__(self, kind: str) -> None:
+    MISSING_OPCODE_FIRST = "missing_first"  # RC: a MIDDLE/LAST with no FIRST
+    UC_MISSING_FIRST = "uc_missing_first"  # UC: the same, dropped until the next FIRST
+    MISSING_OPCODE_LAST_C = "missing_last_c"  # RC: a new message while one is open
+    MISSING_OPCODE_LAST_D1E = "missing_last_d1e"  # UC: the same, the open message is lost
+    UNSUPPORTED_OPCODE = "unsupported_opcode"  # an operation the QP's access flags forbid
+    TOO_MANY_RDMA_ATM_REQ = "too_many_rd_atomic"  # more reads/atomics than max_dest_rd_atomic
+    RNR = "rnr"  # no receive WQE for a send
+    LENGTH = "length"  # payload longer than the buffer or the MTU rules allow
+    RKEY_VIOLATION = "rkey"  # the rkey does not grant this access to this range
+    MALFORMED_WQE = "malformed_wqe"  # the receive WQE cannot take the data
+    MISALIGNED_ATOMIC = "misaligned_atomic"  # an atomic not on an 8-byte boundary
+
+
+class _Err(Exception):
+    """Raised by the checks to leave the request with one :class:`RespErr`."""
+
+    def __init__(self, kind: RespErr) -> None:
         self.kind = kind
+
+
+_INV_REQ = (NakCode.INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+# RC: the NAK each error sends and the status it completes with (rxe's classes A and C).
+_NAK_OF = {
+    RespErr.MISSING_OPCODE_FIRST: _INV_REQ,
+    RespErr.MISSING_OPCODE_LAST_C: _INV_REQ,
+    RespErr.UNSUPPORTED_OPCODE: _INV_REQ,
+    RespErr.TOO_MANY_RDMA_ATM_REQ: _INV_REQ,
+    RespErr.MISALIGNED_ATOMIC: _INV_REQ,
+    RespErr.LENGTH: _INV_REQ,
+    RespErr.RKEY_VIOLATION: (NakCode.REMOTE_ACCESS_ERROR, WCS.IBV_WC_REM_ACCESS_ERR),
+    RespErr.MALFORMED_WQE: (NakCode.REMOTE_OPERATIONAL_ERROR, WCS.IBV_WC_LOC_QP_OP_ERR),
+}
 
 
 class Responder:
@@ -147,7 +179,7 @@ class Responder:
                     self.sent_psn_nak = True
                     self.send_ack(NakCode.PSN_SEQ_ERROR, self.psn)
                 else:
-                    dev.counters.drop("psn_out_of_seq")  # the silent drops that follow
+                    dev.counters.drop(Drop.PSN_OUT_OF_SEQ)  # the silent drops that follow
                 return
             if diff < 0:
                 dev.counters.duplicate_request += 1
@@ -158,7 +190,7 @@ class Responder:
             if self.drop_msg or pkt.psn != self.psn:
                 if not info.first:
                     self.drop_msg = True
-                    dev.counters.drop("uc_out_of_seq")
+                    dev.counters.drop(Drop.UC_OUT_OF_SEQ)
                     return
                 self.drop_msg = False
                 self._abandon_wqe()
@@ -190,12 +222,12 @@ class Responder:
             ok = op not in _SEND_NEXT and op not in _WRITE_NEXT
             if not ok:
                 if rc:
-                    raise _Err("missing_first")
+                    raise _Err(RespErr.MISSING_OPCODE_FIRST)
                 self.drop_msg = True
-                raise _Err("drop")
+                raise _Err(RespErr.UC_MISSING_FIRST)
             return
         if not ok:
-            raise _Err("missing_last_c" if rc else "missing_last_d1e")
+            raise _Err(RespErr.MISSING_OPCODE_LAST_C if rc else RespErr.MISSING_OPCODE_LAST_D1E)
 
     def _check_op_valid(self, pkt: Any, rc: bool) -> bool:
         acc = int(self.qp.attr.qp_access_flags)
@@ -205,10 +237,10 @@ class Responder:
                     (info.write and not acc & _R_WRITE) or \
                     (info.atomic and not acc & _R_ATOMIC) or \
                     info.flush or info.atomic_write:
-                raise _Err("unsupported_opcode")
+                raise _Err(RespErr.UNSUPPORTED_OPCODE)
         elif self.qp.qp_type == T.IBV_QPT_UC and info.write and not acc & _R_WRITE:
             self.drop_msg = True
-            self.eng.device.counters.drop("uc_write_not_allowed")
+            self.eng.device.counters.drop(Drop.UC_WRITE_NOT_ALLOWED)
             return False
         return True
 
@@ -218,14 +250,14 @@ class Responder:
         if info.read or info.atomic:
             if qp.attr.max_dest_rd_atomic > 0 and self.resources:
                 return True
-            raise _Err("too_many_rd_atomic")
+            raise _Err(RespErr.TOO_MANY_RDMA_ATM_REQ)
         if info.consumes_rwqe:
             if qp.srq is not None:
                 wqe = qp.srq.take() if not qp.srq.closed else None
             else:
                 wqe = qp.rq[0] if qp.rq else None
             if wqe is None:
-                raise _Err("rnr")
+                raise _Err(RespErr.RNR)
             self.wqe = wqe
             self.wqe_offset = 0
         return True
@@ -245,9 +277,9 @@ class Responder:
         else:
             bad = False
         if bad and (info.send or info.write):
-            raise _Err("length")
+            raise _Err(RespErr.LENGTH)
         if (info.write or info.read) and pkt.dma_len is not None and pkt.dma_len > (1 << 31):
-            raise _Err("length")
+            raise _Err(RespErr.LENGTH)
 
     def _check_rkey(self, pkt: Any) -> None:
         info = pkt.info
@@ -262,22 +294,22 @@ class Responder:
                 self.eng.device.keys.resolve(self.rkey, self.qp.pd, self.va, self.resid, need,
                                              remote=True, qp=self.qp)
             except AccessError:
-                raise _Err("rkey") from None
+                raise _Err(RespErr.RKEY_VIOLATION) from None
             if info.write:
                 n = pkt.payload_len
                 mtu = self.eng.mtu()
                 if self.resid > mtu:
                     if n != mtu or pkt.pad:
-                        raise _Err("length")
+                        raise _Err(RespErr.LENGTH)
                 elif n != self.resid or pkt.pad != (-self.resid) & 3:
-                    raise _Err("length")
+                    raise _Err(RespErr.LENGTH)
         elif info.atomic:
             self.va, self.rkey, self.resid = pkt.va, pkt.rkey, 8
             try:
                 self.eng.device.keys.resolve(self.rkey, self.qp.pd, self.va, 8,
                                              Access.REMOTE_ATOMIC, remote=True, qp=self.qp)
             except AccessError:
-                raise _Err("rkey") from None
+                raise _Err(RespErr.RKEY_VIOLATION) from None
 
     # -- execution -------------------------------------------------------------------------
     def _execute(self, pkt: Any, ip_header: bytes) -> None:
@@ -293,9 +325,9 @@ class Responder:
                 scatter(keys, qp.pd, self.wqe.sges, self.wqe_offset, pkt.payload)
                 self.wqe_offset += pkt.payload_len
             except NoSpace:
-                raise _Err("length") from None
+                raise _Err(RespErr.LENGTH) from None
             except AccessError:
-                raise _Err("malformed_wqe") from None
+                raise _Err(RespErr.MALFORMED_WQE) from None
         elif info.write:
             n = pkt.payload_len
             if n:
@@ -303,7 +335,7 @@ class Responder:
                     keys.resolve(self.rkey, qp.pd, self.va, n, Access.REMOTE_WRITE, remote=True,
                                  qp=qp)[:] = pkt.payload
                 except AccessError:
-                    raise _Err("rkey") from None
+                    raise _Err(RespErr.RKEY_VIOLATION) from None
             self.va += n
             self.resid -= n
         elif info.read:
@@ -322,7 +354,7 @@ class Responder:
                 return
         if info.last:
             self.msn += 1
-        self.psn = (pkt.psn + 1) & 0xFFFFFF
+        self.psn = psn_add(pkt.psn, 1)
         self.ack_psn = self.psn
         self.opcode = pkt.opcode
         self.status = WCS.IBV_WC_SUCCESS
@@ -395,7 +427,7 @@ class Responder:
             res.resid = res.length = self.resid
             res.rkey = self.rkey
             npkts = max(1, -(-pkt.dma_len // mtu))
-            res.last_psn = (pkt.psn + npkts - 1) & 0xFFFFFF
+            res.last_psn = psn_add(pkt.psn, npkts - 1)
         else:
             res.last_psn = pkt.psn
         return res
@@ -424,7 +456,7 @@ class Responder:
             self._send(op, res.cur_psn, payload=data)
             res.va += n
             res.resid -= n
-            res.cur_psn = (res.cur_psn + 1) & 0xFFFFFF
+            res.cur_psn = psn_add(res.cur_psn, 1)
             if res.resid <= 0:
                 break
         if not res.replay:
@@ -435,7 +467,7 @@ class Responder:
     def _atomic_reply(self, pkt: Any) -> None:
         qp = self.qp
         if self.va & 7:
-            raise _Err("misaligned_atomic")
+            raise _Err(RespErr.MISALIGNED_ATOMIC)
         res = self._prepare_res(pkt, read=False)
         mem = self.eng.device.keys.resolve(self.rkey, qp.pd, self.va, 8, Access.REMOTE_ATOMIC,
                                            remote=True, qp=qp)
@@ -448,7 +480,7 @@ class Responder:
             value = (value + pkt.swap_add) & 0xFFFFFFFFFFFFFFFF
         mem[:] = _U64.pack(value)
         self.msn += 1
-        self.psn = (pkt.psn + 1) & 0xFFFFFF
+        self.psn = psn_add(pkt.psn, 1)
         self.ack_psn = self.psn
         self.opcode = pkt.opcode
         self.status = WCS.IBV_WC_SUCCESS
@@ -470,14 +502,14 @@ class Responder:
             if psn_diff(self.psn, pkt.psn) > DUP_ACK_WINDOW:
                 now = self.eng.device.now
                 if now - self.far_dup_ack_at < DUP_ACK_INTERVAL:
-                    self.eng.device.counters.drop("duplicate_ack_limited")
+                    self.eng.device.counters.drop(Drop.DUPLICATE_ACK_LIMITED)
                     return
                 self.far_dup_ack_at = now
-            self.send_ack(AETH_ACK_UNLIMITED, (self.ack_psn - 1) & 0xFFFFFF)
+            self.send_ack(AETH_ACK_UNLIMITED, psn_add(self.ack_psn, -1))
             return
         res = self._find_resource(pkt.psn)
         if res is None:
-            self.eng.device.counters.drop("duplicate_without_resource")
+            self.eng.device.counters.drop(Drop.DUPLICATE_WITHOUT_RESOURCE)
             return
         if info.read:
             if not res.is_read:
@@ -485,7 +517,7 @@ class Responder:
             iova, resid = pkt.va, pkt.dma_len
             if iova < res.va_org or resid > res.length or iova + resid > res.va_org + res.length \
                     or pkt.rkey != res.rkey:
-                self.eng.device.counters.drop("duplicate_read_mismatch")
+                self.eng.device.counters.drop(Drop.DUPLICATE_READ_MISMATCH)
                 return
             res.cur_psn = pkt.psn
             res.new = pkt.psn == res.first_psn
@@ -499,25 +531,21 @@ class Responder:
             self._send(O.RC_ATOMIC_ACKNOWLEDGE, pkt.psn, orig=res.orig)
 
     # -- errors (rxe's error classes) -------------------------------------------------------
-    def _error(self, pkt: Any, kind: str, rc: bool, psn: int | None = None) -> None:
+    def _error(self, pkt: Any, kind: RespErr, rc: bool, psn: int | None = None) -> None:
+        """Leave an error state as rxe does: RC NAKs (``_NAK_OF``) and moves to ERR; UC and
+        UD mostly drop, completing an SRQ's receive in error when one was taken."""
         qp = self.qp
         dev = self.eng.device
-        if kind == "drop":
-            dev.counters.drop("uc_missing_first")
-            return
-        if kind == "rnr":
+        if kind is RespErr.UC_MISSING_FIRST:
+            dev.counters.drop(Drop.UC_MISSING_FIRST)
+        elif kind is RespErr.RNR:
             if rc:
                 dev.counters.send_rnr_err += 1
-                self.send_ack(_RNR_NAK | (qp.attr.min_rnr_timer & 0x1F), pkt.psn)
+                self.send_ack(make_syndrome(AethType.RNR_NAK, qp.attr.min_rnr_timer), pkt.psn)
             else:
                 self.drop_msg = True
-                dev.counters.drop("no_receive_wqe")
-            return
-        if kind in ("too_many_rd_atomic", "missing_first", "missing_last_c",
-                    "unsupported_opcode", "misaligned_atomic"):
-            self._class_ac(pkt, NakCode.INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR, psn)
-            return
-        if kind == "missing_last_d1e":
+                dev.counters.drop(Drop.NO_RECEIVE_WQE)
+        elif kind is RespErr.MISSING_OPCODE_LAST_D1E:
             if qp.srq is not None:
                 self.drop_msg = True
                 if self.wqe is not None:
@@ -525,32 +553,19 @@ class Responder:
                     self._complete(pkt)
                 return
             self._abandon_wqe()
-            dev.counters.drop("uc_missing_last")
-            return
-        if kind == "rkey":
-            if rc:
-                self._class_ac(pkt, NakCode.REMOTE_ACCESS_ERROR, WCS.IBV_WC_REM_ACCESS_ERR, psn)
-            else:
+            dev.counters.drop(Drop.UC_MISSING_LAST)
+        elif rc or kind not in (RespErr.RKEY_VIOLATION, RespErr.LENGTH):
+            self._class_ac(pkt, *_NAK_OF[kind], psn)
+        elif qp.srq is not None and self.wqe is not None:  # UC/UD with an SRQ's WQE taken
+            if kind is RespErr.RKEY_VIOLATION:
                 self.drop_msg = True
-                dev.counters.drop("rkey_violation")
-                if qp.srq is not None and self.wqe is not None:
-                    self.status = WCS.IBV_WC_REM_ACCESS_ERR
-                    self._complete(pkt)
-            return
-        if kind == "length":
-            if rc:
-                self._class_ac(pkt, NakCode.INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR, psn)
-            elif qp.srq is not None and self.wqe is not None:
-                self.status = WCS.IBV_WC_REM_INV_REQ_ERR
-                self._complete(pkt)
-            else:
-                self.drop_msg = True
-                dev.counters.drop("length")
-            return
-        if kind == "malformed_wqe":
-            self._class_ac(pkt, NakCode.REMOTE_OPERATIONAL_ERROR, WCS.IBV_WC_LOC_QP_OP_ERR, psn)
-            return
-        raise AssertionError(kind)
+                dev.counters.drop(Drop.RKEY_VIOLATION)
+            self.status = _NAK_OF[kind][1]
+            self._complete(pkt)
+        else:  # UC/UD: drop the rest of the message
+            self.drop_msg = True
+            dev.counters.drop(Drop.RKEY_VIOLATION if kind is RespErr.RKEY_VIOLATION
+                              else Drop.LENGTH)
 
     def _class_ac(self, pkt: Any, syndrome: int, status: int, psn: int | None) -> None:
         """Classes A and C: NAK the request, complete the receive WQE in error (if one was

@@ -23,10 +23,11 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..completion import AsyncEvent
+from ..counters import Counters, Drop
 from ..enums import bytes_to_mtu, ibv_event_type, ibv_mtu
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from .capture import PacketCapture
@@ -89,41 +90,6 @@ class DeviceLimits:
     local_ca_ack_delay: int = 15
     vendor_id: int = 0xFFFFFF
     gid_tbl_len: int = 1024
-
-
-@dataclass
-class Counters:
-    """Like rxe's hw_counters (``rdma statistic show``): every drop is counted somewhere."""
-
-    sent_pkts: int = 0
-    rcvd_pkts: int = 0
-    duplicate_request: int = 0
-    out_of_seq_request: int = 0
-    rcvd_rnr_err: int = 0
-    send_rnr_err: int = 0
-    rcvd_seq_err: int = 0
-    ack_deferred: int = 0
-    retry_exceeded_err: int = 0
-    qp_fatal: int = 0  # QPs moved to ERR by an unexpected exception (QpEngine.fault)
-    retry_rnr_exceeded_err: int = 0
-    completer_retry_err: int = 0
-    send_err: int = 0
-    link_downed: int = 0
-    rdma_sends: int = 0
-    rdma_recvs: int = 0
-    icrc_err: int = 0
-    malformed_pkts: int = 0
-    dropped_pkts: int = 0
-    drops: dict[str, int] = field(default_factory=dict)
-
-    def drop(self, reason: str) -> None:
-        self.dropped_pkts += 1
-        self.drops[reason] = self.drops.get(reason, 0) + 1
-
-    def as_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k != "drops"}
-        d.update({f"drop_{k}": v for k, v in sorted(self.drops.items())})
-        return d
 
 
 class SoftDevice:
@@ -253,7 +219,7 @@ class SoftDevice:
     def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None) -> None:
         """Called by the engines: fill the ICRC for our addresses and transmit."""
         if dst_ip is None:
-            self.counters.drop("no_path")
+            self.counters.drop(Drop.NO_PATH)
             return
         sport = qp.src_port
         n = len(pkt)
@@ -265,7 +231,7 @@ class SoftDevice:
         data = bytes(pkt)
         if self.tx_loss and self.rng.random() < self.tx_loss and not (
                 self.tx_loss_requests_only and data[0] in _RESPONSE_OPCODES):
-            self.counters.drop("injected_loss")
+            self.counters.drop(Drop.INJECTED_LOSS)
             return
         self.counters.sent_pkts += 1
         if self.capture is not None:
@@ -277,7 +243,7 @@ class SoftDevice:
         if dst_ip == self.ip_packed:
             self._rxq.append((data, self.ip_packed, dst_ip, sport))
         else:
-            self.counters.drop("no_transport")
+            self.counters.drop(Drop.NO_TRANSPORT)
 
     def receive(self, data: bytes | bytearray | memoryview, src_ip: bytes, dst_ip: bytes, *,
                 ip_id: int = 0, ip_header: bytes | None = None, sport: int = 0,

@@ -88,7 +88,6 @@ class Progress(threading.Thread):
 
     def run(self) -> None:
         dev = self.device
-        tr = self.transport
         try:
             while not self._stopping:
                 with dev.lock:
@@ -125,7 +124,7 @@ class Progress(threading.Thread):
         except Exception as e:
             # One event went wrong (QP-level errors are contained below us; this is a
             # last line). Count it, log the first of each kind with its traceback, go on.
-            dev.counters.progress_errors = getattr(dev.counters, "progress_errors", 0) + 1
+            dev.counters.progress_errors += 1
             if type(e) not in self._logged:
                 self._logged.add(type(e))
                 log.exception("softrdma device %s: error in the progress thread", dev.name)

@@ -14,8 +14,12 @@ from ..enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from ..wire.opcodes import Transport
 from ..wire.packet import DecodeError, parse
+from ..counters import Drop
 
 __all__ = ["receive_packet", "synth_ip_header"]
+
+_MALFORMED = {"truncated": Drop.MALFORMED_TRUNCATED, "unknown_opcode": Drop.MALFORMED_UNKNOWN_OPCODE,
+              "bad_pad": Drop.MALFORMED_BAD_PAD}  # DecodeError.reason -> drop reason
 
 _TRANSPORT_OF_QPT = {T.IBV_QPT_RC: Transport.RC, T.IBV_QPT_UC: Transport.UC,
                      T.IBV_QPT_UD: Transport.UD}
@@ -44,7 +48,7 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         pkt = parse(data)
     except DecodeError as e:
         c.malformed_pkts += 1
-        c.drop(f"malformed_{e.reason}")
+        c.drop(_MALFORMED[e.reason])
         return
     if verify:
         roce = pkt.buf
@@ -54,55 +58,55 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
             good = icrc_ipv6(roce, src_ip, dst_ip, sport)
         if good != pkt.icrc:
             c.icrc_err += 1
-            c.drop("bad_icrc")
+            c.drop(Drop.BAD_ICRC)
             return
     if dev.capture is not None:
         dev.capture.record(bytes(data), src_ip, dst_ip, sport, ip_id=ip_id)
     if dst_ip != dev.ip_packed:
-        c.drop("not_our_address")
+        c.drop(Drop.NOT_OUR_ADDRESS)
         return
     if pkt.tver != 0:
-        c.drop("bad_tver")
+        c.drop(Drop.BAD_TVER)
         return
     info = pkt.info
     if info.transport == Transport.CNP:
-        c.drop("cnp_ignored")
+        c.drop(Drop.CNP_IGNORED)
         return
     if (pkt.pkey & 0x7FFF) != 0x7FFF:
-        c.drop("bad_pkey")
+        c.drop(Drop.BAD_PKEY)
         return
     qpn = pkt.dest_qp
     if qpn == 0:
-        c.drop("qp0")
+        c.drop(Drop.QP0)
         return
     qp = dev.qps.get(qpn)
     if qp is None or qp.closed:
-        c.drop("no_qp")
+        c.drop(Drop.NO_QP)
         return
     if _TRANSPORT_OF_QPT.get(qp.qp_type) != info.transport:
-        c.drop("wrong_transport")
+        c.drop(Drop.WRONG_TRANSPORT)
         return
     st = qp.state
     if info.is_request:
         if st not in _RESP_READY:
-            c.drop("qp_not_ready")
+            c.drop(Drop.QP_NOT_READY)
             return
     elif st not in _REQ_READY:
-        c.drop("qp_not_ready")
+        c.drop(Drop.QP_NOT_READY)
         return
     if qp.qp_type != T.IBV_QPT_UD:
         av = qp.av
         if av is None or av.dst_ip != src_ip:
-            c.drop("wrong_source")
+            c.drop(Drop.WRONG_SOURCE)
             return
         if dev.strict and sport != qp.src_port:
             # strict mode: a connected rxe (or softrdma) peer sends every packet of this
             # connection from the port both ends derive from the path (the flow label, or
             # both QPNs when it is 0), the port we send from (docs/security.md)
-            c.drop("strict_sport")
+            c.drop(Drop.STRICT_SPORT)
             return
     elif pkt.qkey != qp.attr.qkey:
-        c.drop("qkey_violation")
+        c.drop(Drop.QKEY_VIOLATION)
         return
     if info.is_request and st == S.IBV_QPS_RTR and not qp.comm_est_sent:
         qp.comm_est_sent = True

@@ -35,6 +35,7 @@ from typing import Any
 
 from ..wire.headers import ROCE_V2_UDP_DPORT
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from ..counters import Drop
 
 __all__ = ["UdpTransport", "TransportError", "TX_POOL"]
 
@@ -73,9 +74,6 @@ class UdpTransport:
             self.raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKBUF)
         device.transmit = self.send
         device.verify_icrc = self.v6 or self.raw is not None
-        device.counters.__dict__.setdefault("icrc_unchecked", 0)
-        device.counters.__dict__.setdefault("sport_fallback", 0)
-        device.counters.__dict__.setdefault("sport_evicted", 0)
         self._buf = bytearray(65536)
         self._addr: dict[bytes, tuple[str, int]] = {}
         self._sel: selectors.BaseSelector | None = None
@@ -165,10 +163,10 @@ class UdpTransport:
         try:
             s.sendto(data, addr)
         except BlockingIOError:
-            self.device.counters.drop("tx_queue_full")
-        except OSError as e:
+            self.device.counters.drop(Drop.TX_QUEUE_FULL)
+        except OSError:
             self.device.counters.send_err += 1
-            self.device.counters.drop(f"tx_{errno.errorcode.get(e.errno, e.errno)}")
+            self.device.counters.drop(Drop.TX_ERROR)
 
     # -- receive -------------------------------------------------------------------------------
     def receive_ready(self, budget: int = 256) -> int:

@@ -35,7 +35,6 @@ can verify ICRCs; otherwise ICRCs go unchecked (``icrc_unchecked``) and the summ
 from __future__ import annotations
 
 import argparse
-import errno
 import gc
 import glob
 import os
@@ -59,7 +58,7 @@ from ..enums import (
 from ..errors import PyverbsRDMAError
 from ..wire.frames import FrameError, decode_frame, encode_frame
 from ..wire.headers import ROCE_V2_UDP_DPORT
-from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from ..wire.icrc import icrc_ipv4
 from ..wire.opcodes import OPCODE_LIST, Hdr, Transport
 from ..wire.packet import DecodeError, build, parse
 from ..wire.pcap import PcapError, PcapWriter, read_pcap

@@ -28,16 +28,17 @@ import time
 from collections import deque
 from typing import Any, Iterator
 
+from ..completion import AsyncEvent
 from ..errors import PyverbsRDMAError
 from ._check import U32, as_int, require
 from .base import Resource
 from .enums import ibv_event_type
 from .wr import WC
 
-__all__ = ["CQ", "CompChannel"]
+__all__ = ["CQ", "CompChannel", "ring_size"]
 
 
-def _ring_size(n: int) -> int:
+def ring_size(n: int) -> int:
     """rxe_queue_init: slots = roundup_pow_of_two(n + 1); usable = slots - 1."""
     return (1 << n.bit_length()) - 1 if n > 0 else 0
 
@@ -174,7 +175,7 @@ class CQ(Resource):
         super().__init__(context)
         self.cq_context = cq_context
         self.channel = channel
-        self.cqe = _ring_size(cqe)
+        self.cqe = ring_size(cqe)
         self._wcs: deque[WC] = deque()
         self._armed = 0  # 0 off, 1 next completion, 2 next solicited completion
         self._events_unacked = 0
@@ -189,7 +190,7 @@ class CQ(Resource):
         if len(self._wcs) >= self.cqe:
             if not self.error:
                 self.error = True
-                self.device.emit_async(_async(ibv_event_type.IBV_EVENT_CQ_ERR, self))
+                self.device.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_CQ_ERR, self))
             return False
         self._wcs.append(wc)
         if self._armed == 1 or (self._armed == 2 and solicited):
@@ -259,7 +260,7 @@ class CQ(Resource):
                 raise PyverbsRDMAError(f"Failed to resize CQ to {cqe}: must be 1..{lim.max_cqe} "
                                        f"and hold the {len(self._wcs)} completions queued",
                                        errno.EINVAL)
-            self.cqe = _ring_size(cqe)
+            self.cqe = ring_size(cqe)
 
     def close(self) -> None:
         if not self.closed and self._events_unacked:
@@ -276,8 +277,3 @@ class CQ(Resource):
 
     def __repr__(self) -> str:
         return f"<CQ cqe={self.cqe} queued={len(self._wcs)}>"
-
-
-def _async(event_type: int, element: Any) -> Any:
-    from .device import AsyncEvent
-    return AsyncEvent(event_type, element)

@@ -30,8 +30,8 @@ from .enums import ibv_access_flags as A, ibv_mw_type
 __all__ = ["MR", "MW", "MWBind", "check_mr_access"]
 
 # Plain ints, not IntFlags: ``~IntFlag`` only complements the defined bits, so
-# ``access & ~_SUPPORTED`` would let 1 << 40 through.
-_SUPPORTED = int(A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_READ
+# ``access & ~MR_ACCESS_BITS`` would let 1 << 40 through.
+MR_ACCESS_BITS = int(A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_READ
                  | A.IBV_ACCESS_REMOTE_ATOMIC | A.IBV_ACCESS_MW_BIND | A.IBV_ACCESS_ZERO_BASED
                  | A.IBV_ACCESS_RELAXED_ORDERING | A.IBV_ACCESS_FLUSH_GLOBAL
                  | A.IBV_ACCESS_FLUSH_PERSISTENT | A.IBV_ACCESS_HUGETLB)
@@ -55,9 +55,9 @@ def check_mr_access(access: Any, what: str, field: str = "access") -> int:
     if access & A.IBV_ACCESS_ON_DEMAND:
         raise PyverbsRDMAError(f"{what}: IBV_ACCESS_ON_DEMAND is not supported by softrdma",
                                errno.EOPNOTSUPP)
-    if access & ~_SUPPORTED:
+    if access & ~MR_ACCESS_BITS:
         raise PyverbsRDMAError(f"{what}: {field} has unknown access flags "
-                               f"0x{access & ~_SUPPORTED:x}", errno.EINVAL)
+                               f"0x{access & ~MR_ACCESS_BITS:x}", errno.EINVAL)
     if access & (A.IBV_ACCESS_REMOTE_WRITE | A.IBV_ACCESS_REMOTE_ATOMIC) and \
             not access & A.IBV_ACCESS_LOCAL_WRITE:
         raise PyverbsRDMAError(f"{what}: IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import errno
 from collections import deque
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ..qp.memory import AccessError
@@ -28,15 +28,16 @@ from ._check import U8, U16, U24, U32, U64, as_bits, as_flag, as_int, require
 from .ah import AH, AddressVector, resolve_av
 from .attr import AHAttr, QPAttr, QPCap, QPInitAttr
 from .base import Resource
-from .cq import CQ, _async, _ring_size
-from .mr import _SUPPORTED as _MW_ACCESS_BITS, MR, MW, MWBind
+from .cq import CQ, ring_size
+from .mr import MR, MR_ACCESS_BITS, MW, MWBind
 from .pd import PD
 from .srq import SRQ
 from .enums import (
-    ibv_event_type, ibv_mtu, ibv_qp_attr_mask as M, ibv_qp_state as S, ibv_qp_type as T,
-    ibv_send_flags as F, ibv_wc_status, ibv_wr_opcode as W,
+    ibv_mtu, ibv_qp_attr_mask as M, ibv_qp_state as S, ibv_qp_type as T,
+    ibv_send_flags as F, ibv_wr_opcode as W,
 )
-from .wr import SGE, MWBindInfo, RecvWR, SendWR, WC
+from .posting import check_wr_arg, mark_bad, recv_wqe, sge_list, wr_chain
+from .wr import MWBindInfo, RecvWR, SendWR
 
 __all__ = ["QP"]
 
@@ -55,72 +56,8 @@ _ATOMIC_OPS = {W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
 _INLINE_OK = {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
               W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV}
 _SGE_SIZE = 16  # sizeof(struct ib_sge): rxe sizes the send WQE by SGEs or inline bytes
-MAX_MSG = 1 << 31
 _SEND_FLAGS = 0x1F  # FENCE | SIGNALED | SOLICITED | INLINE | IP_CSUM
 _QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
-
-
-def _chain(wr: Any) -> Iterable[Any]:
-    """A WR, a ``next_wr`` chain of WRs, or a list of WRs, in order."""
-    if isinstance(wr, (list, tuple)):
-        yield from wr
-        return
-    while wr is not None:
-        yield wr
-        wr = getattr(wr, "next_wr", None) if isinstance(wr, (SendWR, RecvWR)) else None
-
-
-def _sges(wr: Any, max_sge: int, what: str, f: str) -> tuple[list[tuple[int, int, int]], int]:
-    """Check ``wr``'s scatter/gather list (``f`` names the WR, e.g. ``wr[2]``) and return it
-    as ``(addr, length, lkey)`` int tuples with the total length. The keys themselves are
-    checked when the data moves, as rxe does; here only the shape and the C widths."""
-    sg = wr.sg_list
-    if not isinstance(sg, (list, tuple)):
-        raise PyverbsRDMAError(f"{what}: {f}.sg_list must be a list of SGEs, not "
-                               f"{'None' if sg is None else type(sg).__name__} (leave sg out "
-                               f"for a message without SGEs)", errno.EINVAL)
-    n = as_int(wr.num_sge, what, f"{f}.num_sge", U32)
-    if n > len(sg):
-        raise PyverbsRDMAError(f"{what}: {f}.num_sge {n} but {len(sg)} SGEs in {f}.sg_list",
-                               errno.EINVAL)
-    if n > max_sge:
-        raise PyverbsRDMAError(f"{what}: {f}.num_sge {n} exceeds the QP's max_sge {max_sge}",
-                               errno.EINVAL)
-    out = []
-    total = 0
-    for j in range(n):
-        s = sg[j]
-        g = f"{f}.sg_list[{j}]"
-        require(s, SGE, what, g)
-        length = as_int(s.length, what, f"{g}.length", U32, desc="not a 32-bit length")
-        out.append((as_int(s.addr, what, f"{g}.addr", U64, desc="not a 64-bit address"),
-                    length, as_int(s.lkey, what, f"{g}.lkey", U32, desc="not a 32-bit key")))
-        total += length
-    if total > MAX_MSG:
-        raise PyverbsRDMAError(f"{what}: {f}: message of {total} bytes (the sum of "
-                               f"sg_list[*].length) exceeds 2^31", errno.EINVAL)
-    return out, total
-
-
-def _post_recv_checks(device: Any, pd: Any, wr: Any, max_sge: int, what: str,
-                      i: int = 0) -> RecvWqe:
-    """Check receive WR number ``i`` and make its WQE (QP and SRQ post_recv)."""
-    what = f"Failed to post receive to {what}"
-    f = f"wr[{i}]"
-    require(wr, RecvWR, what, f)
-    wr_id = as_int(wr.wr_id, what, f"{f}.wr_id", U64)
-    sges, total = _sges(wr, max_sge, what, f)
-    return RecvWqe(wr_id, sges, total)
-
-
-def _check_wr_arg(wr: Any, bad_wr: Any, cls: type, what: str) -> None:
-    """post_send/post_recv's own arguments: a WR, a chain or a non-empty list; ``bad_wr``
-    None or a WR of the same class (it is filled in on failure)."""
-    require(bad_wr, cls, what, "bad_wr", optional=True)
-    if wr is None or (isinstance(wr, (list, tuple)) and not wr):
-        raise PyverbsRDMAError(f"{what}: wr is {'None' if wr is None else 'an empty list'}: "
-                               f"pass a {cls.__name__}, a next_wr chain or a list of them",
-                               errno.EINVAL)
 
 
 def _check_cap(cap: Any, what: str, field: str) -> QPCap:
@@ -209,8 +146,8 @@ class QP(Resource):
             qpn = dev.alloc_qpn()
             # Sizes as rxe reports them back (rxe_qp_init_req / init_resp)
             wqe_size = max(cap.max_send_sge * _SGE_SIZE, cap.max_inline_data)
-            self.cap = QPCap(max_send_wr=_ring_size(cap.max_send_wr),
-                             max_recv_wr=0 if srq else _ring_size(cap.max_recv_wr),
+            self.cap = QPCap(max_send_wr=ring_size(cap.max_send_wr),
+                             max_recv_wr=0 if srq else ring_size(cap.max_recv_wr),
                              max_send_sge=wqe_size // _SGE_SIZE,
                              max_recv_sge=0 if srq else cap.max_recv_sge,
                              max_inline_data=wqe_size)
@@ -444,9 +381,9 @@ class QP(Resource):
         ``bad_wr`` (and ``bad_wr_index``) naming the first WR not posted; earlier WRs stay
         posted, as with ibv_post_recv. Every field is checked before the WR is queued."""
         self._check()
-        _check_wr_arg(wr, bad_wr, RecvWR, "Failed to post receive")
+        check_wr_arg(wr, bad_wr, RecvWR, "Failed to post receive")
         with self.device.lock:
-            for i, w in enumerate(_chain(wr)):
+            for i, w in enumerate(wr_chain(wr)):
                 try:
                     if self.srq is not None:
                         raise PyverbsRDMAError("Failed to post receive: the QP uses an SRQ "
@@ -457,10 +394,10 @@ class QP(Resource):
                     if len(self.rq) >= self.cap.max_recv_wr:
                         raise PyverbsRDMAError(f"Failed to post receive: the receive queue is "
                                                f"full ({self.cap.max_recv_wr})", errno.ENOMEM)
-                    wqe = _post_recv_checks(self.device, self.pd, w, self.cap.max_recv_sge,
+                    wqe = recv_wqe(self.device, self.pd, w, self.cap.max_recv_sge,
                                             "QP", i)
                 except PyverbsRDMAError as e:
-                    _mark_bad(e, w, i, bad_wr)
+                    mark_bad(e, w, i, bad_wr)
                     if i and self.state == S.IBV_QPS_ERR:
                         self.flush()  # the WRs before the bad one are posted: flush them too
                     raise
@@ -475,13 +412,13 @@ class QP(Resource):
         known flag bits, object classes; see :mod:`softrdma.verbs_api._check`): a WR the
         engines accept can no longer fail in a way that escapes its QP."""
         self._check()
-        _check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
+        check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
         with self.device.lock:
-            for i, w in enumerate(_chain(wr)):
+            for i, w in enumerate(wr_chain(wr)):
                 try:
                     wqe = self._make_send_wqe(w, i)
                 except PyverbsRDMAError as e:
-                    _mark_bad(e, w, i, bad_wr)
+                    mark_bad(e, w, i, bad_wr)
                     if i and self.state == S.IBV_QPS_ERR:
                         self.flush()  # the WRs before the bad one are posted: flush them too
                     elif i:
@@ -525,7 +462,7 @@ class QP(Resource):
         compare_add = as_int(w.compare_add, what, f"{f}.compare_add", U64,
                              desc="not a 64-bit unsigned value" + two)
         swap = as_int(w.swap, what, f"{f}.swap", U64, desc="not a 64-bit unsigned value" + two)
-        sges, total = _sges(w, self.cap.max_send_sge, what, f)
+        sges, total = sge_list(w, self.cap.max_send_sge, what, f)
         inline = None
         if send_flags & F.IBV_SEND_INLINE and opcode in _INLINE_OK:
             if total > self.cap.max_inline_data:
@@ -585,7 +522,7 @@ class QP(Resource):
         as_int(info.addr, what, f"{f}.bind_info.addr", U64, desc="not a 64-bit address")
         as_int(info.length, what, f"{f}.bind_info.length", U64, desc="not a 64-bit length")
         as_bits(info.mw_access_flags, what, f"{f}.bind_info.mw_access_flags",
-                int(_MW_ACCESS_BITS), noun="access flags")
+                int(MR_ACCESS_BITS), noun="access flags")
         return as_int(w.bind_rkey, what, f"{f}.bind_rkey", U32, desc="not a 32-bit key")
 
     def _gather_inline(self, sges: list[tuple[int, int, int]], what: str) -> bytes:
@@ -629,13 +566,6 @@ class QP(Resource):
 
     def __repr__(self) -> str:
         return f"<QP {self.qp_type.name.removeprefix('IBV_QPT_')} 0x{self.qp_num:x} {S(self.state).name}>"
-
-
-def _mark_bad(e: PyverbsRDMAError, w: Any, i: int, bad_wr: Any) -> None:
-    e.bad_wr = w  # type: ignore[attr-defined]
-    e.bad_wr_index = i  # type: ignore[attr-defined]
-    if bad_wr is not None and type(w) is type(bad_wr):
-        bad_wr.__dict__.update(w.__dict__)
 
 
 def _roundup_pow2(n: int) -> int:

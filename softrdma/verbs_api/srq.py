@@ -16,7 +16,9 @@ from ._check import U32, as_bits, as_int, require
 from ..qp.wqe import RecvWqe
 from .attr import SrqAttr, SrqInitAttr
 from .base import Resource
-from .cq import _async, _ring_size
+from ..completion import AsyncEvent
+from .cq import ring_size
+from .posting import check_wr_arg, recv_wqe, wr_chain
 from .enums import ibv_event_type, ibv_srq_attr_mask
 from .wr import RecvWR
 
@@ -52,7 +54,7 @@ class SRQ(Resource):
         super().__init__(pd.context)
         self.pd = pd
         self.srq_context = init_attr.srq_context
-        self.max_wr = _ring_size(a.max_wr)
+        self.max_wr = ring_size(a.max_wr)
         self.max_sge = a.max_sge
         self.srq_limit = a.srq_limit
         self.rq: deque[RecvWqe] = deque()
@@ -60,16 +62,15 @@ class SRQ(Resource):
         self._use(pd)
 
     def post_recv(self, wr: RecvWR | list[RecvWR], bad_wr: RecvWR | None = None) -> None:
-        from .qp import _chain, _check_wr_arg, _post_recv_checks
         self._check()
-        _check_wr_arg(wr, bad_wr, RecvWR, "Failed to post receive to SRQ")
+        check_wr_arg(wr, bad_wr, RecvWR, "Failed to post receive to SRQ")
         with self.device.lock:
-            for i, w in enumerate(_chain(wr)):
+            for i, w in enumerate(wr_chain(wr)):
                 try:
                     if len(self.rq) >= self.max_wr:
                         raise PyverbsRDMAError("Failed to post receive to SRQ: the SRQ is full",
                                                errno.ENOMEM)
-                    wqe = _post_recv_checks(self.device, self.pd, w, self.max_sge, "SRQ", i)
+                    wqe = recv_wqe(self.device, self.pd, w, self.max_sge, "SRQ", i)
                 except PyverbsRDMAError as e:
                     e.bad_wr = w
                     e.bad_wr_index = i
@@ -85,7 +86,7 @@ class SRQ(Resource):
         wqe = self.rq.popleft()
         if self.srq_limit and len(self.rq) < self.srq_limit:
             self.srq_limit = 0
-            self.device.emit_async(_async(ibv_event_type.IBV_EVENT_SRQ_LIMIT_REACHED, self))
+            self.device.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_SRQ_LIMIT_REACHED, self))
         return wqe
 
     def modify(self, attr: SrqAttr, attr_mask: int) -> None:
@@ -109,7 +110,7 @@ class SRQ(Resource):
                 if attr.max_wr < len(self.rq):
                     raise PyverbsRDMAError(f"{what}: max_wr {attr.max_wr} < the {len(self.rq)} "
                                            f"receives posted", errno.EINVAL)
-                new_max = _ring_size(attr.max_wr)
+                new_max = ring_size(attr.max_wr)
             if attr_mask & ibv_srq_attr_mask.IBV_SRQ_LIMIT:
                 if attr.srq_limit > new_max:
                     raise PyverbsRDMAError(f"{what}: srq_limit {attr.srq_limit} > max_wr "

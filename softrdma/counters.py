@@ -1,0 +1,95 @@
+"""The device's counters and the one list of reasons a packet is dropped.
+
+Like rxe's hw_counters (``rdma statistic show``), plus what a software stack can say that
+a NIC cannot: every dropped packet is counted under exactly one :class:`Drop` reason. The
+module sits below the protocol core and the soft device, which both count.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Counters", "Drop"]
+
+
+class Drop(str, enum.Enum):
+    """Why a packet was dropped. The value is the key in ``Counters.drops`` (and the
+    ``drop_<value>`` line of ``softrdma devinfo -v``)."""
+
+    # receive checks (softrdma.soft.rx, rxe_recv.c), in the order they run
+    MALFORMED_TRUNCATED = "malformed_truncated"  # shorter than its headers say
+    MALFORMED_UNKNOWN_OPCODE = "malformed_unknown_opcode"  # no such opcode in the table
+    MALFORMED_BAD_PAD = "malformed_bad_pad"  # pad count larger than the payload
+    BAD_ICRC = "bad_icrc"  # the invariant CRC does not match
+    NOT_OUR_ADDRESS = "not_our_address"  # destination IP is not the device's
+    BAD_TVER = "bad_tver"  # BTH transport version is not 0
+    CNP_IGNORED = "cnp_ignored"  # congestion notification: rxe ignores them too
+    BAD_PKEY = "bad_pkey"  # not the default partition
+    QP0 = "qp0"  # the SMI QP does not exist on RoCE
+    NO_QP = "no_qp"  # no QP with that number
+    WRONG_TRANSPORT = "wrong_transport"  # RC opcode to a UC QP, and so on
+    QP_NOT_READY = "qp_not_ready"  # the QP's state cannot take this packet
+    WRONG_SOURCE = "wrong_source"  # a connected QP's packet from another address
+    STRICT_SPORT = "strict_sport"  # strict mode: not the path's UDP source port
+    QKEY_VIOLATION = "qkey_violation"  # UD Q_Key mismatch
+    # responder (softrdma.qp.responder, rxe_resp.c)
+    PSN_OUT_OF_SEQ = "psn_out_of_seq"  # ahead of the expected PSN, after the one NAK
+    UC_OUT_OF_SEQ = "uc_out_of_seq"  # UC: a lost packet drops the rest of the message
+    UC_WRITE_NOT_ALLOWED = "uc_write_not_allowed"  # UC write without remote write access
+    UC_MISSING_FIRST = "uc_missing_first"  # UC: MIDDLE/LAST with no FIRST
+    UC_MISSING_LAST = "uc_missing_last"  # UC: a FIRST while a message was open
+    NO_RECEIVE_WQE = "no_receive_wqe"  # UC/UD send with no receive posted
+    RKEY_VIOLATION = "rkey_violation"  # UC write with a bad rkey (RC NAKs instead)
+    LENGTH = "length"  # UD/UC payload longer than allowed
+    DUPLICATE_WITHOUT_RESOURCE = "duplicate_without_resource"  # replay with nothing saved
+    DUPLICATE_READ_MISMATCH = "duplicate_read_mismatch"  # replayed READ that changed
+    DUPLICATE_ACK_LIMITED = "duplicate_ack_limited"  # far-behind duplicate, not re-ACKed
+    # transmit (softrdma.soft.device, softrdma.soft.udp)
+    NO_PATH = "no_path"  # the QP has no destination yet
+    NO_TRANSPORT = "no_transport"  # a manual device cannot reach another address
+    INJECTED_LOSS = "injected_loss"  # fault injection (SOFTRDMA_TX_LOSS)
+    TX_QUEUE_FULL = "tx_queue_full"  # the socket's send buffer is full
+    TX_ERROR = "tx_error"  # sendto failed (counted in send_err too)
+
+
+@dataclass
+class Counters:
+    """Like rxe's hw_counters; every drop is counted in ``drops`` by :class:`Drop`."""
+
+    sent_pkts: int = 0
+    rcvd_pkts: int = 0
+    duplicate_request: int = 0
+    out_of_seq_request: int = 0
+    rcvd_rnr_err: int = 0
+    send_rnr_err: int = 0
+    rcvd_seq_err: int = 0
+    ack_deferred: int = 0
+    retry_exceeded_err: int = 0
+    retry_rnr_exceeded_err: int = 0
+    completer_retry_err: int = 0
+    send_err: int = 0
+    link_downed: int = 0
+    rdma_sends: int = 0
+    rdma_recvs: int = 0
+    icrc_err: int = 0
+    malformed_pkts: int = 0
+    dropped_pkts: int = 0
+    # softrdma's own
+    icrc_unchecked: int = 0  # IPv4 over a UDP socket: the IP ID is invisible (docs/device.md)
+    sport_fallback: int = 0  # sent from port 4791: the QP's source port could not be had
+    sport_evicted: int = 0  # source-port sockets closed to stay within the pool
+    qp_fatal: int = 0  # QPs moved to ERR by an unexpected exception (QpEngine.fault)
+    progress_errors: int = 0  # unexpected errors the progress thread survived
+    drops: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, reason: Drop) -> None:
+        self.dropped_pkts += 1
+        key = reason.value
+        self.drops[key] = self.drops.get(key, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "drops"}
+        d.update({f"drop_{k}": v for k, v in sorted(self.drops.items())})
+        return d

@@ -1,0 +1,108 @@
+"""The architecture, checked: the protocol core imports nothing above it or any I/O, and
+no module reaches into another module's private names.
+
+``softrdma.wire`` (bytes) and ``softrdma.qp`` (the protocol) are sans-IO: no sockets,
+threads, clocks or event loops, and nothing from the soft device, the verbs API, the
+harnesses or the tools. Read from the source with ``ast``, so a function-local import
+counts as much as a module-level one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+PKG = ROOT / "softrdma"
+CORE = sorted((PKG / "wire").glob("*.py")) + sorted((PKG / "qp").glob("*.py"))
+FORBIDDEN_IO = {"socket", "threading", "time", "asyncio", "selectors", "select", "subprocess"}
+FORBIDDEN_PKGS = ("softrdma.soft", "softrdma.verbs_api", "softrdma.tools", "softrdma.harness",
+                  "softrdma.sim", "softrdma.replay", "softrdma.testing", "softrdma.lab",
+                  "softrdma.bench", "softrdma.cli", "softrdma.pyverbs")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """``(line, absolute module, names)`` for every import in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    pkg = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" \
+        else module_name(path)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append((node.lineno, mod, [a.name for a in node.names]))
+    return out
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: str(p.relative_to(PKG)))
+def test_the_core_is_sans_io_and_imports_nothing_above_it(path):
+    bad = []
+    for line, mod, _names in imports(path):
+        top = mod.split(".")[0]
+        if top in FORBIDDEN_IO or any(mod == p or mod.startswith(p + ".") for p in FORBIDDEN_PKGS):
+            bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def all_modules() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("path", all_modules(), ids=lambda p: str(p.relative_to(PKG)))
+def test_no_module_imports_another_modules_private_names(path):
+    """``from softrdma.x import _name`` or ``softrdma.x._name``: a private name is the
+    module's own business; share it under a public name or move it. Private *modules*
+    (``_check``) whose names are public are fine: the underscore says "not for users"."""
+    bad = [f"{path.relative_to(ROOT)}:{line} takes {n} from {mod}"
+           for line, mod, names in imports(path) if mod.startswith("softrdma")
+           for n in names if n.startswith("_") and not n.startswith("__")]
+    tree = ast.parse(path.read_text(), str(path))
+    aliases = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for a in node.names if a.name.startswith("softrdma")}
+    aliases |= {a.asname or a.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.level or
+                                                         (node.module or "").startswith("softrdma"))
+                for a in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
+                not node.attr.startswith("__") and isinstance(node.value, ast.Name) and \
+                node.value.id in aliases and node.value.id[:1].islower() and \
+                _is_module_alias(tree, node.value.id):
+            bad.append(f"{path.relative_to(ROOT)}:{node.lineno} reads "
+                       f"{node.value.id}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+def _is_module_alias(tree: ast.AST, name: str) -> bool:
+    """``name`` was bound by importing a module (``import x`` / ``from . import x``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any((a.asname or a.name) == name for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                if (a.asname or a.name) == name:
+                    mod_file = None
+                    base = (node.module or "").replace(".", "/")
+                    for cand in (PKG / base / f"{a.name}.py", PKG / base / a.name / "__init__.py"):
+                        if cand.exists():
+                            mod_file = cand
+                    return mod_file is not None
+    return False
