@@ -441,10 +441,10 @@ def test_cq_capacity_errors(ctx):
     raises(errno.EINVAL, CQ, ctx, 32768)
     raises(errno.EINVAL, CQ, ctx, 10, None, None, 1)  # comp_vector
     dead = Context(name=DEV_NAME)
-    n = ctx.device.cq_count
+    n = ctx.device.in_use["cq"]
     dead.close()
     raises(errno.EBADF, CQ, dead, 10)
-    assert ctx.device.cq_count == n  # no CQ accounted for the failed create
+    assert ctx.device.in_use["cq"] == n  # no CQ accounted for the failed create
 
 
 def test_cq_is_truthy_even_when_empty(ctx):
@@ -792,7 +792,7 @@ def test_busy_resources(ctx):
 
 
 def test_context_manager_closes_everything(dev):
-    before = (dev.pd_count, dev.cq_count, dev.srq_count, len(dev.qps), len(dev.keys.entries),
+    before = (dict(dev.in_use), len(dev.qps), len(dev.keys.entries),
               dev.contexts)
     with Context(name=DEV_NAME) as c:
         e = Env(c)
@@ -808,10 +808,11 @@ def test_context_manager_closes_everything(dev):
         flush_recvs(e, cq, 1)
         ch.get_cq_event(cq)  # an unacknowledged event does not stop the context closing
         objs = [e.pd, e.cq, ch, cq, srq, mr, mw, ah] + qps
-        assert dev.contexts == before[5] + 1
+        assert dev.contexts == before[-1] + 1
+        assert all(dev.in_use[k] > before[0][k] for k in ("pd", "cq", "srq", "qp", "mr", "mw", "ah"))
     assert all(o.closed for o in objs)
     assert c.closed
-    assert (dev.pd_count, dev.cq_count, dev.srq_count, len(dev.qps), len(dev.keys.entries),
+    assert (dict(dev.in_use), len(dev.qps), len(dev.keys.entries),
             dev.contexts) == before
     raises(errno.EBADF, PD, c)
     raises(errno.EBADF, c.query_port, 1)
@@ -1120,3 +1121,24 @@ def test_last_wqe_reached_for_a_qp_with_an_srq(env):
         qp.modify(full_attr(ctx, RESET, ERR), MASK_BITS["STATE"])
     qp.close()
     srq.close()
+
+
+def test_every_kind_of_object_is_counted_against_its_device_limit(dev):
+    """rxe's pools: PD, CQ, SRQ, QP, MR, MW and AH each stop at the device's max_<kind>
+    with ENOMEM, and a destroyed object frees its slot."""
+    import dataclasses
+    old = dev.limits
+    with Context(name=DEV_NAME) as c:
+        e = Env(c)
+        makers = {"pd": lambda: PD(c), "cq": lambda: CQ(c, 4), "mr": lambda: MR(e.pd, 16, LW),
+                  "mw": lambda: MW(e.pd, 2), "srq": lambda: SRQ(e.pd, SrqInitAttr()),
+                  "qp": lambda: e.qp(RC), "ah": lambda: AH(e.pd, attr=loopback_av(c))}
+        try:
+            for kind, make in makers.items():
+                dev.limits = dataclasses.replace(old, **{f"max_{kind}": dev.in_use[kind] + 1})
+                first = make()
+                raises(errno.ENOMEM, make)
+                first.close()
+                make().close()  # the slot was given back
+        finally:
+            dev.limits = old

@@ -43,7 +43,8 @@ __all__ = ["SoftDevice", "DeviceLimits", "DeviceFailed", "RXE_MAX_HDR_LENGTH",
            "active_mtu_for", "LOOPBACK_TRIES"]
 
 log = logging.getLogger("softrdma")
-LOOPBACK_TRIES = 64  # an auto-addressed device tries 127.0.0.1, .2, ... this many addresses
+LOOPBACK_TRIES = 64
+POOLS = ("pd", "cq", "srq", "qp", "mr", "mw", "ah")  # counted against DeviceLimits.max_<kind>  # an auto-addressed device tries 127.0.0.1, .2, ... this many addresses
 
 
 class DeviceFailed(OSError):
@@ -135,10 +136,8 @@ class SoftDevice:
         self.counters = Counters()
         self.lock = threading.RLock()
         self.contexts: int = 0
-        self.pd_count = 0
-        self.cq_count = 0
-        self.srq_count = 0
-        self.ah_count = 0
+        # objects in use per kind, against the limits (rxe's rxe_pool counts)
+        self.in_use: dict[str, int] = dict.fromkeys(POOLS, 0)
         self.transmit: Callable[[bytes, bytes, int], None] = self._loopback
         self.async_listeners: list[Callable[[Any], None]] = []
         self.port_active = True
@@ -193,6 +192,19 @@ class SoftDevice:
 
     def is_local_ip(self, ip_packed: bytes) -> bool:
         return ip_packed == self.ip_packed
+
+    # -- resource pools ---------------------------------------------------------------------
+    def pool_take(self, kind: str) -> bool:
+        """Count one more object of ``kind`` ("pd", "qp", ...); False at the device's limit."""
+        with self.lock:
+            if self.in_use[kind] >= getattr(self.limits, f"max_{kind}"):
+                return False
+            self.in_use[kind] += 1
+            return True
+
+    def pool_give(self, kind: str) -> None:
+        with self.lock:
+            self.in_use[kind] -= 1
 
     # -- QP numbers --------------------------------------------------------------------
     def alloc_qpn(self) -> int:

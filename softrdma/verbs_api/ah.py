@@ -72,6 +72,7 @@ class AH(Resource):
     """``ibv_ah``: the destination of UD sends. ``AH(pd, attr=AHAttr(...))``."""
 
     _kind = "AH"
+    _pool = "ah"
 
     def __init__(self, pd: Any, attr: AHAttr | None = None, **kwargs: Any) -> None:
         from .pd import PD

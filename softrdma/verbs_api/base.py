@@ -17,6 +17,7 @@ __all__ = ["Resource"]
 
 class Resource:
     _kind = "resource"
+    _pool: str | None = None  # counted against the device limit max_<_pool> (rxe_pool)
 
     def __init__(self, context: Any) -> None:
         from .device import Context  # here: device.py does not import this module's users
@@ -25,6 +26,10 @@ class Resource:
             raise PyverbsRDMAError(f"Failed to create {self._kind}: context is {kind(context)}, "
                                    f"not a Context", errno.EINVAL)
         context._check()
+        if self._pool is not None and not context.device.pool_take(self._pool):
+            raise PyverbsRDMAError(f"Failed to create {self._kind}: the device's limit of "
+                                   f"{getattr(context.device.limits, 'max_' + self._pool)} "
+                                   f"{self._kind}s is reached", errno.ENOMEM)
         self.context = context
         self.device = context.device
         self.closed = False
@@ -59,6 +64,8 @@ class Resource:
 
     def _destroy(self) -> None:
         """Release the object unconditionally (children first is the caller's duty)."""
+        if not self.closed and self._pool is not None:
+            self.device.pool_give(self._pool)
         self.closed = True
         self.context.children.pop(self, None)
 

@@ -151,6 +151,7 @@ class CompChannel(Resource):
 
 class CQ(Resource):
     _kind = "CQ"
+    _pool = "cq"
 
     def __init__(self, context: Any, cqe: int, cq_context: Any = None,
                  channel: CompChannel | None = None, comp_vector: int = 0) -> None:
@@ -168,10 +169,6 @@ class CQ(Resource):
         require(channel, CompChannel, what, "channel", optional=True)
         if channel is not None:
             channel._check()
-        with context.device.lock:
-            if context.device.cq_count >= lim.max_cq:
-                raise PyverbsRDMAError(f"{what}: too many CQs", errno.ENOMEM)
-            context.device.cq_count += 1
         super().__init__(context)
         self.cq_context = cq_context
         self.channel = channel
@@ -271,7 +268,6 @@ class CQ(Resource):
 
     def _destroy(self) -> None:
         if not self.closed:
-            self.device.cq_count -= 1
             self._release(self.channel)
         super()._destroy()
 

@@ -88,6 +88,7 @@ class MR(Resource):
     """``ibv_mr``: ``lkey``, ``rkey``, ``buf`` (the iova), ``length``, ``access``."""
 
     _kind = "MR"
+    _pool = "mr"
 
     def __init__(self, pd: Any, length: int = 0, access: int = 0, address: int | None = None,
                  implicit: bool = False, *, buffer: Any = None) -> None:
@@ -125,13 +126,8 @@ class MR(Resource):
         super().__init__(pd.context)
         self.pd = pd
         self._buffer = buffer  # keep the object alive as long as the MR
-        with self.device.lock:
-            try:
-                self._entry: MemEntry = self.device.keys.register_mr(pd, mv, access,
-                                                                      iova=address)
-            except MemoryError:  # the key table is full (max_mr)
-                self.context.children.pop(self, None)
-                raise PyverbsRDMAError(f"{what}: too many MRs", errno.ENOMEM) from None
+        with self.device.lock:  # the "mr" pool bounds MRs far below the 2^24 key indices
+            self._entry: MemEntry = self.device.keys.register_mr(pd, mv, access, iova=address)
             self._entry.owner = self
         self._use(pd)
 
@@ -259,6 +255,7 @@ class MW(Resource):
     invalidated with IBV_WR_LOCAL_INV or a remote SEND_WITH_INV (type 2)."""
 
     _kind = "MW"
+    _pool = "mw"
 
     def __init__(self, pd: Any, mw_type: int = ibv_mw_type.IBV_MW_TYPE_1) -> None:
         from .pd import PD

@@ -94,6 +94,7 @@ _MASKED_FIELDS: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = (
 
 class QP(Resource):
     _kind = "QP"
+    _pool = "qp"
 
     def __init__(self, pd_or_ctx: Any, init_attr: QPInitAttr, qp_attr: QPAttr | None = None,
                  **kwargs: Any) -> None:
@@ -140,8 +141,6 @@ class QP(Resource):
                     raise PyverbsRDMAError(f"{what}: cap.{name} {val} exceeds the device limit "
                                            f"{mx}", errno.EINVAL)
         with dev.lock:
-            if len(dev.qps) >= lim.max_qp:
-                raise PyverbsRDMAError(f"{what}: too many QPs", errno.ENOMEM)
             super().__init__(pd.context)
             qpn = dev.alloc_qpn()
             # Sizes as rxe reports them back (rxe_qp_init_req / init_resp)

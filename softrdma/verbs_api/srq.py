@@ -27,6 +27,7 @@ __all__ = ["SRQ"]
 
 class SRQ(Resource):
     _kind = "SRQ"
+    _pool = "srq"
 
     def __init__(self, pd: Any, init_attr: SrqInitAttr) -> None:
         from .pd import PD
@@ -47,10 +48,6 @@ class SRQ(Resource):
         if a.srq_limit > a.max_wr:
             raise PyverbsRDMAError(f"{what}: srq_limit {a.srq_limit} > max_wr {a.max_wr}",
                                    errno.EINVAL)
-        with pd.device.lock:
-            if pd.device.srq_count >= lim.max_srq:
-                raise PyverbsRDMAError(f"{what}: too many SRQs", errno.ENOMEM)
-            pd.device.srq_count += 1
         super().__init__(pd.context)
         self.pd = pd
         self.srq_context = init_attr.srq_context
@@ -124,6 +121,5 @@ class SRQ(Resource):
 
     def _destroy(self) -> None:
         if not self.closed:
-            self.device.srq_count -= 1
             self._release(self.pd)
         super()._destroy()
