@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from .frames import Frame, FrameError, decode_frame
-from .headers import aeth_syndrome_name
-from .opcodes import Hdr
+from .headers import HEADERS
+from .opcodes import lookup
 from .packet import DecodeError, RocePacket, parse
 from .pcap import PcapRecord
 
@@ -58,26 +58,14 @@ def frame_record(index: int, ts: float, frame: Frame, pkt: RocePacket) -> dict[s
         "fecn": pkt.fecn,
         "becn": pkt.becn,
     }
-    for hdr, _ in info.headers:
-        if hdr == Hdr.RETH:
-            rec.update(reth_va=pkt.va, reth_rkey=pkt.rkey, reth_len=pkt.dma_len)
-        elif hdr == Hdr.AETH:
-            syn = pkt.syndrome
-            rec.update(aeth_syndrome=syn, aeth_type=aeth_syndrome_name(syn).split()[0],
-                       aeth_value=syn & 0x1F, aeth_msn=pkt.msn)
-        elif hdr == Hdr.ATMETH:
-            rec.update(atomic_va=pkt.va, atomic_rkey=pkt.rkey, atomic_swap_add=pkt.swap_add,
-                       atomic_compare=pkt.compare)
-        elif hdr == Hdr.ATMACK:
-            rec["atomic_orig"] = pkt.orig
-        elif hdr == Hdr.IMMDT:
-            rec["imm"] = pkt.imm
-        elif hdr == Hdr.IETH:
-            rec["ieth_rkey"] = pkt.ieth_rkey
-        elif hdr == Hdr.DETH:
-            rec.update(deth_qkey=pkt.qkey, deth_src_qp=pkt.src_qp)
-        elif hdr == Hdr.FETH:
-            rec["feth"] = pkt.feth
+    for hdr, _ in info.headers:  # extension headers: keys from their descriptions
+        h = HEADERS[hdr]
+        for f in h.fields:
+            if f.attr is not None:
+                value = getattr(pkt, f.attr)
+                rec[h.record_key(f)] = value
+                for key, fn in f.derived:
+                    rec[key] = fn(value)
     rec["payload_len"] = pkt.payload_len
     rec["icrc"] = f"0x{pkt.icrc:08x}"
     rec["icrc_expected"] = f"0x{expected:08x}"
@@ -91,23 +79,17 @@ def format_record(rec: dict[str, Any]) -> str:
     flags = ("A" if rec["ackreq"] else "-") + ("S" if rec["se"] else "-")
     parts = [f"{rec['index']:5d}", f"{ends:<32}", f"{rec['opcode_name']:<34}",
              f"qpn=0x{rec['qpn']:06x}", f"psn={rec['psn']:<8d}", flags]
-    if "reth_va" in rec:
-        parts.append(f"reth va=0x{rec['reth_va']:x} rkey=0x{rec['reth_rkey']:x} dma_len={rec['reth_len']}")
-    if "aeth_syndrome" in rec:
-        parts.append(f"aeth {aeth_syndrome_name(rec['aeth_syndrome'])} msn={rec['aeth_msn']}")
-    if "atomic_va" in rec:
-        parts.append(f"atomic va=0x{rec['atomic_va']:x} rkey=0x{rec['atomic_rkey']:x} "
-                     f"swap_add=0x{rec['atomic_swap_add']:x} compare=0x{rec['atomic_compare']:x}")
-    if "atomic_orig" in rec:
-        parts.append(f"orig=0x{rec['atomic_orig']:x}")
-    if "imm" in rec:
-        parts.append(f"imm=0x{rec['imm']:08x}")
-    if "ieth_rkey" in rec:
-        parts.append(f"inv_rkey=0x{rec['ieth_rkey']:x}")
-    if "deth_qkey" in rec:
-        parts.append(f"qkey=0x{rec['deth_qkey']:08x} src_qp=0x{rec['deth_src_qp']:06x}")
-    if "feth" in rec:
-        parts.append(f"feth=0x{rec['feth']:08x}")
+    for hdr, _ in lookup(rec["opcode"]).headers:
+        h = HEADERS[hdr]
+        shown = [h.label] if h.label else []
+        for f in h.fields:
+            if f.attr is not None:
+                v = rec[h.record_key(f)]
+                text = f.describe(v) if f.describe else f.show(v)
+                label = f.name if f.text is None else f.text
+                shown.append(f"{label}={text}" if label else text)
+        if shown:  # the CNP's reserved bytes show nothing
+            parts.append(" ".join(shown))
     parts.append(f"len={rec['payload_len']}")
     parts.append("icrc=ok" if rec["icrc_ok"] else f"icrc=BAD({rec['icrc']}!={rec['icrc_expected']})")
     return " ".join(parts)

@@ -13,7 +13,9 @@ import struct
 from dataclasses import dataclass
 
 from .headers import ROCE_V2_UDP_DPORT
-from .icrc import icrc_from_ip_packet, icrc_ipv4, icrc_ipv6, IP_DF
+from .icrc import (
+    IP_DF, IPPROTO_UDP, IPV4_VER_IHL, icrc_from_ip_packet, icrc_ipv4, icrc_ipv6,
+)
 
 __all__ = [
     "FrameError", "Frame", "decode_frame", "encode_frame", "ip_checksum",
@@ -147,7 +149,7 @@ def decode_frame(data: bytes | bytearray | memoryview, linktype: int = LINKTYPE_
         if ihl < 20 or tot < ihl or len(buf) < off + tot:
             raise FrameError(f"IPv4 lengths inconsistent (ihl {ihl}, total {tot}, "
                              f"captured {len(buf) - off})")
-        if proto != 17:
+        if proto != IPPROTO_UDP:
             return None
         if frag & 0x3FFF:
             return None  # a fragment: not a whole UDP datagram
@@ -160,7 +162,7 @@ def decode_frame(data: bytes | bytearray | memoryview, linktype: int = LINKTYPE_
         w0, plen, nh, hlim, src, dst = _IPV6.unpack_from(buf, off)
         if w0 >> 28 != 6:
             raise FrameError(f"IPv6 ethertype but IP version {w0 >> 28}")
-        if nh != 17:
+        if nh != IPPROTO_UDP:
             return None  # extension headers are not used by RoCEv2
         tos = (w0 >> 20) & 0xFF
         fl = w0 & 0xFFFFF
@@ -217,12 +219,13 @@ def encode_frame(
         roce[-4:] = c.to_bytes(4, "little")
     udp = _UDP.pack(sport, dport, 8 + n, 0)
     if s.version == 4:
-        hdr = bytearray(_IPV4.pack(0x45, tos, 28 + n, ip_id, frag, ttl, 17, 0, s.packed, d.packed))
+        hdr = bytearray(_IPV4.pack(IPV4_VER_IHL, tos, 28 + n, ip_id, frag, ttl, IPPROTO_UDP,
+                                   0, s.packed, d.packed))
         hdr[10:12] = ip_checksum(hdr).to_bytes(2, "big")
         etype = ETH_P_IP
     else:
-        hdr = bytearray(_IPV6.pack((6 << 28) | (tos << 20) | (flow_label & 0xFFFFF), 8 + n, 17,
-                                   ttl, s.packed, d.packed))
+        hdr = bytearray(_IPV6.pack((6 << 28) | (tos << 20) | (flow_label & 0xFFFFF), 8 + n,
+                                   IPPROTO_UDP, ttl, s.packed, d.packed))
         etype = ETH_P_IPV6
     ip = bytes(hdr) + udp + bytes(roce)
     if linktype == LINKTYPE_ETHERNET:

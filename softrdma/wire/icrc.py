@@ -28,12 +28,14 @@ from .headers import ROCE_V2_UDP_DPORT
 
 __all__ = [
     "ICRC_SEED", "icrc_ipv4", "icrc_ipv6", "icrc_from_ip_packet",
-    "set_icrc_ipv4", "set_icrc_ipv6", "stored_icrc", "IP_DF",
+    "set_icrc_ipv4", "set_icrc_ipv6", "IP_DF", "IPPROTO_UDP", "IPV4_VER_IHL",
 ]
 
 #: CRC-32 state after the eight 0xff bytes; rxe's 0xdebb20e3 is its complement.
 ICRC_SEED = zlib.crc32(b"\xff" * 8)
-IP_DF = 0x4000
+IP_DF = 0x4000  # IPv4 flags+fragment word: don't fragment, offset 0
+IPPROTO_UDP = 17
+IPV4_VER_IHL = 0x45  # IPv4 version 4, header of 5 words (no options), as rxe sends
 
 _crc32 = zlib.crc32
 # IPv4 header (masked) + UDP header (masked) + BTH words, with BTH byte 4 forced to 0xff.
@@ -51,13 +53,14 @@ def icrc_ipv4(roce: bytes | bytearray | memoryview, src: bytes, dst: bytes, spor
     """
     n = len(roce)
     w0, w1, w2 = _BTH3.unpack_from(roce, 0)
-    prefix = _V4_PREFIX.pack(0x45, 0xFF, 28 + n, ip_id, frag, 0xFF, 17, 0xFFFF, src, dst,
-                             sport, dport, 8 + n, 0xFFFF, w0, w1 | 0xFF000000, w2)
+    prefix = _V4_PREFIX.pack(IPV4_VER_IHL, 0xFF, 28 + n, ip_id, frag, 0xFF, IPPROTO_UDP,
+                             0xFFFF, src, dst, sport, dport, 8 + n, 0xFFFF, w0,
+                             w1 | 0xFF000000, w2)
     return _crc32(memoryview(roce)[12:n - 4], _crc32(prefix, ICRC_SEED))
 
 
 def icrc_ipv6(roce: bytes | bytearray | memoryview, src: bytes, dst: bytes, sport: int,
-              dport: int = ROCE_V2_UDP_DPORT, next_header: int = 17) -> int:
+              dport: int = ROCE_V2_UDP_DPORT, next_header: int = IPPROTO_UDP) -> int:
     """ICRC of ``roce`` carried in IPv6 (no extension headers). ``src``/``dst``: 16 bytes."""
     n = len(roce)
     w0, w1, w2 = _BTH3.unpack_from(roce, 0)
@@ -79,11 +82,6 @@ def set_icrc_ipv6(roce: bytearray | memoryview, src: bytes, dst: bytes, sport: i
     c = icrc_ipv6(roce, src, dst, sport, dport)
     roce[-4:] = c.to_bytes(4, "little")
     return c
-
-
-def stored_icrc(roce: bytes | bytearray | memoryview) -> int:
-    """The ICRC a packet carries, as the integer ``zlib.crc32`` would return."""
-    return int.from_bytes(roce[-4:], "little")
 
 
 def icrc_from_ip_packet(ip: bytes | bytearray | memoryview) -> int:

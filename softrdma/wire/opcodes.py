@@ -22,6 +22,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .headers import BTH, HEADERS, Hdr
+
 __all__ = [
     "Hdr",
     "HDR_SIZE",
@@ -35,35 +37,12 @@ __all__ = [
     "lookup",
 ]
 
-BTH_SIZE = 12
+BTH_SIZE = BTH.size
 ICRC_SIZE = 4
 
 
-class Hdr(enum.IntEnum):
-    """Extension headers that may follow the BTH (rxe_hdr_type)."""
-
-    RETH = 1  # RDMA extended transport header: va, rkey, dma length
-    AETH = 2  # ACK extended transport header: syndrome, MSN
-    ATMETH = 3  # atomic extended transport header: va, rkey, swap/add, compare
-    ATMACK = 4  # atomic ACK extended transport header: original remote data
-    IETH = 5  # invalidate extended transport header: rkey to invalidate
-    DETH = 6  # datagram extended transport header: Q_Key, source QP
-    IMMDT = 7  # immediate data
-    FETH = 8  # flush extended transport header (IBTA 1.5, rxe 6.2+)
-    CNP = 9  # the 16 reserved bytes of a RoCEv2 congestion notification packet
-
-
-HDR_SIZE: dict[Hdr, int] = {
-    Hdr.RETH: 16,
-    Hdr.AETH: 4,
-    Hdr.ATMETH: 28,
-    Hdr.ATMACK: 8,
-    Hdr.IETH: 4,
-    Hdr.DETH: 8,
-    Hdr.IMMDT: 4,
-    Hdr.FETH: 4,
-    Hdr.CNP: 16,
-}
+#: Size in bytes of each extension header, from its description in :mod:`.headers`.
+HDR_SIZE: dict[Hdr, int] = {h: d.size for h, d in HEADERS.items()}
 
 
 class Transport(enum.IntEnum):

@@ -24,35 +24,16 @@ import struct
 from typing import Any
 
 from .headers import (
-    AETH_STRUCT, ATMACK_STRUCT, ATMETH_STRUCT, BTH_ACK, BTH_BECN, BTH_FECN, BTH_MIG,
-    BTH_PSN_MASK, BTH_QPN_MASK, BTH_SE, BTH_STRUCT, DEFAULT_PKEY, DETH_STRUCT, RETH_STRUCT,
-    U32_STRUCT,
+    AETH, ATMACK, ATMETH, BTH, BTH_ACK, BTH_BECN, BTH_FECN, BTH_MIG, BTH_PAD_SHIFT,
+    BTH_PSN_MASK, BTH_QPN_MASK, BTH_SE, BTH_TVER_MASK, DEFAULT_PKEY, DETH, EXT_ATTRS, FETH,
+    HEADERS, IETH, IMMDT, RETH, Hdr, compile_packer,
 )
-from .opcodes import ICRC_SIZE, Hdr, OpInfo, OPCODE_LIST
+from .opcodes import ICRC_SIZE, OpInfo, OPCODE_LIST
 
 __all__ = ["DecodeError", "RocePacket", "parse", "build", "FIELDS_BY_HEADER"]
 
-_bth_unpack = BTH_STRUCT.unpack_from
-_bth_pack_into = BTH_STRUCT.pack_into
-_reth_unpack = RETH_STRUCT.unpack_from
-_aeth_unpack = AETH_STRUCT.unpack_from
-_atm_unpack = ATMETH_STRUCT.unpack_from
-_atmack_unpack = ATMACK_STRUCT.unpack_from
-_u32_unpack = U32_STRUCT.unpack_from
-_deth_unpack = DETH_STRUCT.unpack_from
-
 #: The RocePacket attributes each extension header fills, in header order.
-FIELDS_BY_HEADER: dict[Hdr, tuple[str, ...]] = {
-    Hdr.RETH: ("va", "rkey", "dma_len"),
-    Hdr.AETH: ("syndrome", "msn"),
-    Hdr.ATMETH: ("va", "rkey", "swap_add", "compare"),
-    Hdr.ATMACK: ("orig",),
-    Hdr.IETH: ("ieth_rkey",),
-    Hdr.DETH: ("qkey", "src_qp"),
-    Hdr.IMMDT: ("imm",),
-    Hdr.FETH: ("feth",),
-    Hdr.CNP: (),
-}
+FIELDS_BY_HEADER: dict[Hdr, tuple[str, ...]] = {h: d.attrs for h, d in HEADERS.items()}
 
 
 class DecodeError(ValueError):
@@ -80,9 +61,22 @@ class RocePacket:
     bits are properties over the raw BTH words, which keeps ``parse`` cheap.
     """
 
-    # Defaults for the extension-header fields: parse sets only what the opcode carries.
-    va = rkey = dma_len = syndrome = msn = swap_add = compare = orig = None
-    imm = ieth_rkey = qkey = src_qp = feth = None
+    # The extension-header fields, for type checkers; their class-level None defaults are
+    # set from the header descriptions below the class (parse sets only what the opcode
+    # carries), and a test checks this list against those descriptions.
+    va: int | None
+    rkey: int | None
+    dma_len: int | None
+    syndrome: int | None
+    msn: int | None
+    swap_add: int | None
+    compare: int | None
+    orig: int | None
+    imm: int | None
+    ieth_rkey: int | None
+    qkey: int | None
+    src_qp: int | None
+    feth: int | None
 
     info: OpInfo
     buf: memoryview
@@ -113,7 +107,7 @@ class RocePacket:
 
     @property
     def tver(self) -> int:
-        return self._flags & 0xF
+        return self._flags & BTH_TVER_MASK
 
     @property
     def fecn(self) -> bool:
@@ -160,19 +154,40 @@ class RocePacket:
         return f"<RocePacket {' '.join(parts)}>"
 
 
-_BTH_FIELDS = ("opcode", "se", "migreq", "pad", "tver", "pkey", "fecn", "becn", "resv6",
-               "dest_qp", "ackreq", "resv7", "psn")
+for _attr in EXT_ATTRS:
+    setattr(RocePacket, _attr, None)
+del _attr
+
+_BTH_FIELDS = BTH.attrs
 # Plain ints for the header kinds: comparing against IntEnum members costs an attribute
 # lookup per test on the hot path.
 _RETH, _AETH, _ATMETH, _ATMACK, _IETH, _DETH, _IMMDT, _FETH = (
     int(Hdr.RETH), int(Hdr.AETH), int(Hdr.ATMETH), int(Hdr.ATMACK), int(Hdr.IETH),
     int(Hdr.DETH), int(Hdr.IMMDT), int(Hdr.FETH))
 _EXT = [tuple((int(h), off) for h, off in i.headers) if i else () for i in OPCODE_LIST]
+# For build: the compiled packer and offset of each extension header, per opcode.
+_PACKERS = {h: compile_packer(d, EXT_ATTRS) for h, d in HEADERS.items()}
+_PACK = [tuple((_PACKERS[h], off) for h, off in i.headers) if i else () for i in OPCODE_LIST]
+_bth_unpack = BTH.struct.unpack_from
+_bth_pack_into = BTH.struct.pack_into
+_reth_unpack = RETH.struct.unpack_from
+_aeth_unpack = AETH.struct.unpack_from
+_atm_unpack = ATMETH.struct.unpack_from
+_atmack_unpack = ATMACK.struct.unpack_from
+_ieth_unpack = IETH.struct.unpack_from
+_deth_unpack = DETH.struct.unpack_from
+_imm_unpack = IMMDT.struct.unpack_from
+_feth_unpack = FETH.struct.unpack_from
 _icrc_unpack = struct.Struct("<I").unpack_from
 
 
 def parse(data: bytes | bytearray | memoryview) -> RocePacket:
-    """Decode a RoCE packet (BTH .. ICRC). Raises :class:`DecodeError` on malformed input."""
+    """Decode a RoCE packet (BTH .. ICRC). Raises :class:`DecodeError` on malformed input.
+
+    Hand-unrolled for speed (one unpack per header, no per-field loop); the layouts it
+    unrolls are those of :mod:`softrdma.wire.headers`, and tests/test_wire_headers.py
+    checks it against :meth:`Header.unpack_from` for every opcode.
+    """
     buf = data if type(data) is memoryview else memoryview(data)
     n = len(buf)
     if n < 16:  # BTH + ICRC
@@ -181,9 +196,9 @@ def parse(data: bytes | bytearray | memoryview) -> RocePacket:
     info = OPCODE_LIST[op]
     if info is None:
         raise DecodeError("unknown_opcode", f"opcode 0x{op:02x} is not a known RoCE opcode")
-    pad = (flags >> 4) & 3
+    pad = (flags >> BTH_PAD_SHIFT) & 3
     hlen = info.length
-    paylen = n - hlen - 4 - pad
+    paylen = n - hlen - ICRC_SIZE - pad
     if paylen < 0:
         if n < hlen + ICRC_SIZE:
             raise DecodeError("truncated", f"{info.name} needs {hlen + ICRC_SIZE} bytes of "
@@ -198,9 +213,9 @@ def parse(data: bytes | bytearray | memoryview) -> RocePacket:
     p.pkey = pkey
     p._w1 = w1
     p._w2 = w2
-    p.dest_qp = w1 & 0xFFFFFF
-    p.ackreq = w2 >= 0x80000000
-    p.psn = w2 & 0xFFFFFF
+    p.dest_qp = w1 & BTH_QPN_MASK
+    p.ackreq = w2 >= BTH_ACK
+    p.psn = w2 & BTH_PSN_MASK
     p.pad = pad
     for hdr, off in _EXT[op]:
         if hdr == _RETH:
@@ -210,21 +225,21 @@ def parse(data: bytes | bytearray | memoryview) -> RocePacket:
             p.syndrome = w >> 24
             p.msn = w & 0xFFFFFF
         elif hdr == _IMMDT:
-            (p.imm,) = _u32_unpack(buf, off)
+            (p.imm,) = _imm_unpack(buf, off)
         elif hdr == _DETH:
             p.qkey, sqp = _deth_unpack(buf, off)
-            p.src_qp = sqp & 0xFFFFFF
+            p.src_qp = sqp & 0xFFFFFF  # resv8 dropped
         elif hdr == _ATMETH:
             p.va, p.rkey, p.swap_add, p.compare = _atm_unpack(buf, off)
         elif hdr == _ATMACK:
             (p.orig,) = _atmack_unpack(buf, off)
         elif hdr == _IETH:
-            (p.ieth_rkey,) = _u32_unpack(buf, off)
+            (p.ieth_rkey,) = _ieth_unpack(buf, off)
         elif hdr == _FETH:
-            (p.feth,) = _u32_unpack(buf, off)
+            (p.feth,) = _feth_unpack(buf, off)
     p.payload_offset = hlen
     p.payload_len = paylen
-    (p.icrc,) = _icrc_unpack(buf, n - 4)
+    (p.icrc,) = _icrc_unpack(buf, n - ICRC_SIZE)
     return p
 
 
@@ -242,6 +257,7 @@ def build(
     becn: bool = False,
     resv6: int = 0,
     resv7: int = 0,
+    # The extension-header fields, in EXT_ATTRS order (a test holds them to it):
     va: int | None = 0,
     rkey: int | None = 0,
     dma_len: int | None = 0,
@@ -250,10 +266,10 @@ def build(
     swap_add: int | None = 0,
     compare: int | None = 0,
     orig: int | None = 0,
-    imm: int | None = 0,
     ieth_rkey: int | None = 0,
     qkey: int | None = 0,
     src_qp: int | None = 0,
+    imm: int | None = 0,
     feth: int | None = 0,
     payload: bytes | bytearray | memoryview = b"",
     pad: int | None = None,
@@ -261,10 +277,15 @@ def build(
 ) -> bytearray:
     """Encode a RoCE packet (BTH .. ICRC) from fields.
 
-    Only the headers ``opcode`` carries are written; other keyword fields are ignored. The
-    pad count defaults to what rxe sends, ``(-len(payload)) & 3`` zero bytes; pass ``pad``
-    to craft something else. ``icrc`` is written as is (little-endian, as on the wire):
-    use :func:`softrdma.wire.icrc.set_icrc_ipv4` and friends to fill the real value.
+    The extension-header fields are named as on a parsed :class:`RocePacket` (each
+    :class:`~softrdma.wire.headers.Field`'s ``attr``): ``va rkey dma_len`` (RETH),
+    ``syndrome msn`` (AETH), ``va rkey swap_add compare`` (AtomicETH), ``orig``
+    (AtomicAckETH), ``ieth_rkey`` (IETH), ``qkey src_qp`` (DETH), ``imm`` (ImmDt), ``feth``
+    (FETH). Only the headers ``opcode`` carries are written; other fields are ignored, and
+    None is written as 0. The pad count defaults to what rxe sends, ``(-len(payload)) & 3``
+    zero bytes; pass ``pad`` to craft something else. ``icrc`` is written as is
+    (little-endian, as on the wire): use :func:`softrdma.wire.icrc.set_icrc_ipv4` and
+    friends to fill the real value.
     """
     info = OPCODE_LIST[opcode & 0xFF]
     if info is None:
@@ -276,28 +297,18 @@ def build(
     hlen = info.length
     plen = len(payload)
     out = bytearray(hlen + plen + pad + ICRC_SIZE)
-    flags = (BTH_SE if se else 0) | (BTH_MIG if migreq else 0) | (pad << 4) | (tver & 0xF)
+    flags = ((BTH_SE if se else 0) | (BTH_MIG if migreq else 0) | (pad << BTH_PAD_SHIFT)
+             | (tver & BTH_TVER_MASK))
     w1 = ((BTH_FECN if fecn else 0) | (BTH_BECN if becn else 0) | ((resv6 & 0x3F) << 24)
           | (dest_qp & BTH_QPN_MASK))
     w2 = (BTH_ACK if ackreq else 0) | ((resv7 & 0x7F) << 24) | (psn & BTH_PSN_MASK)
     _bth_pack_into(out, 0, opcode & 0xFF, flags, pkey & 0xFFFF, w1, w2)
-    for hdr, off in info.headers:
-        if hdr == Hdr.RETH:
-            RETH_STRUCT.pack_into(out, off, va or 0, rkey or 0, dma_len or 0)
-        elif hdr == Hdr.AETH:
-            AETH_STRUCT.pack_into(out, off, (((syndrome or 0) & 0xFF) << 24) | ((msn or 0) & 0xFFFFFF))
-        elif hdr == Hdr.IMMDT:
-            U32_STRUCT.pack_into(out, off, imm or 0)
-        elif hdr == Hdr.DETH:
-            DETH_STRUCT.pack_into(out, off, qkey or 0, (src_qp or 0) & 0xFFFFFF)
-        elif hdr == Hdr.ATMETH:
-            ATMETH_STRUCT.pack_into(out, off, va or 0, rkey or 0, swap_add or 0, compare or 0)
-        elif hdr == Hdr.ATMACK:
-            ATMACK_STRUCT.pack_into(out, off, orig or 0)
-        elif hdr == Hdr.IETH:
-            U32_STRUCT.pack_into(out, off, ieth_rkey or 0)
-        elif hdr == Hdr.FETH:
-            U32_STRUCT.pack_into(out, off, feth or 0)
+    packers = _PACK[opcode & 0xFF]
+    if packers:
+        ext = (va, rkey, dma_len, syndrome, msn, swap_add, compare, orig, ieth_rkey, qkey,
+               src_qp, imm, feth)
+        for pack, off in packers:
+            pack(out, off, ext)
     out[hlen:hlen + plen] = payload
-    out[-4:] = (icrc & 0xFFFFFFFF).to_bytes(4, "little")
+    out[-ICRC_SIZE:] = (icrc & 0xFFFFFFFF).to_bytes(ICRC_SIZE, "little")
     return out

@@ -27,9 +27,13 @@ packets built from these layers get a correct ICRC for IPv4 and IPv6 (leave
 i.e. byte-swapped against ``zlib.crc32`` and :attr:`RocePacket.icrc
 <softrdma.wire.packet.RocePacket.icrc>`; :func:`icrc_ok` checks a dissected packet.
 
-Field names follow :class:`softrdma.wire.packet.RocePacket` (``va rkey dma_len syndrome
-msn swap_add compare orig imm qkey src_qp``); the BTH keeps scapy's names (``dqpn``,
-``solicited``, ``padcount``, ``version``...). scapy neither adds nor strips the pad: the
+Every extension layer's ``fields_desc`` is derived from the header's description in
+:mod:`softrdma.wire.headers`, so its fields carry the names the description gives them
+(``va rkey dma_len syndrome msn swap_add compare orig imm qkey resv8 src_qp``; the IETH's
+field is ``rkey``, which :class:`~softrdma.wire.packet.RocePacket` calls ``ieth_rkey``;
+the FETH word shows as its parts ``resv sel plt``, with ``feth`` a property over them).
+The BTH keeps scapy's names (``dqpn``, ``solicited``, ``padcount``, ``version``...),
+mapped by :data:`BTH_FIELD_ALIASES`. scapy neither adds nor strips the pad: the
 ``Raw`` payload holds the data *and* its ``padcount`` pad bytes (:func:`roce_payload`
 strips them, :func:`roce_packet` adds them).
 
@@ -65,27 +69,74 @@ from typing import Any
 from scapy.config import conf
 from scapy.contrib import roce as _scapy_roce
 from scapy.contrib.roce import BTH, CNPPadding, GRH, cnp
-from scapy.fields import BitField, IntField, XBitField, XByteField, XIntField, XLongField
+from scapy.fields import (
+    BitField, ByteField, Field as ScapyField, IntField, LongField, ShortField, XBitField,
+    XByteField, XIntField, XLongField, XShortField,
+)
 from scapy.packet import Packet, Raw, bind_layers, bind_top_down, split_layers
 
-from .headers import AethType, aeth_syndrome_name, aeth_type
+from .headers import (
+    ATMACK, ATMETH, DETH as DETH_H, EXT_ATTRS, FETH as FETH_H, HEADERS, IETH as IETH_H,
+    IMMDT, RETH as RETH_H, AETH as AETH_H, AethType, Field, Header, aeth_syndrome_name,
+    aeth_type,
+)
 from .opcodes import OPCODES, Hdr, Opcode, lookup
 
 __all__ = [
     "BTH", "GRH", "CNPPadding", "cnp",
     "RETH", "AETH", "AtomicETH", "AtomicAckETH", "IETH", "DETH", "ImmDt", "FETH",
-    "LAYER_BY_HDR", "HDR_BY_LAYER", "BTH_FIELD_ALIASES",
+    "LAYER_BY_HDR", "HDR_BY_LAYER", "BTH_FIELD_ALIASES", "fields_desc_of",
     "header_layers", "roce_packet", "roce_payload", "icrc_ok",
 ]
 
 
-class _SyndromeField(XByteField):
-    """The AETH syndrome byte, shown with its meaning: ``0x1f (ACK credit=31)``."""
+# scapy field classes by width: (decimal, hex). Other widths are bit fields.
+_SCAPY_FIELD = {64: (LongField, XLongField), 32: (IntField, XIntField),
+                16: (ShortField, XShortField), 8: (ByteField, XByteField)}
 
-    def i2repr(self, pkt: Packet | None, x: Any) -> str:
-        if x is None:
-            return super().i2repr(pkt, x)
-        return f"{super().i2repr(pkt, x)} ({aeth_syndrome_name(int(x))})"
+
+def _scapy_field(f: Field) -> ScapyField:
+    """The scapy field for one described field (no parts)."""
+    if f.bits in _SCAPY_FIELD:
+        cls = _SCAPY_FIELD[f.bits][f.hex]
+        if f.describe is not None:
+            return _described(cls, f.describe)(f.name, 0)
+        return cls(f.name, 0)
+    return (XBitField if f.hex else BitField)(f.name, 0, f.bits)
+
+
+def _described(cls: type, describe) -> type:
+    """``cls`` showing a value's meaning beside it: ``0x1f (ACK credit=31)``."""
+
+    class Described(cls):  # type: ignore[misc, valid-type]
+        def i2repr(self, pkt: Packet | None, x: Any) -> str:
+            if x is None:
+                return super().i2repr(pkt, x)
+            return f"{super().i2repr(pkt, x)} ({describe(int(x))})"
+    Described.__name__ = f"Described{cls.__name__}"
+    return Described
+
+
+def fields_desc_of(h: Header) -> list[ScapyField]:
+    """A scapy ``fields_desc`` from a header description: one field per described field,
+    or per part where the description splits a field (the FETH word)."""
+    return [_scapy_field(p) for f in h.fields for p in (f.parts or (f,))]
+
+
+def _word_property(f: Field) -> property:
+    """``layer.<f.name>`` as the whole word of a field scapy shows as its parts."""
+    def get(self: Packet) -> int:
+        w = 0
+        for p in f.parts:
+            w = (w << p.bits) | (int(getattr(self, p.name)) & ((1 << p.bits) - 1))
+        return w
+
+    def set_(self: Packet, value: int) -> None:
+        shift = f.bits
+        for p in f.parts:
+            shift -= p.bits
+            setattr(self, p.name, (value >> shift) & ((1 << p.bits) - 1))
+    return property(get, set_, doc=f"the whole {f.bits}-bit {f.name} word: {f.doc}")
 
 
 class _RoceExt(Packet):
@@ -117,11 +168,7 @@ class RETH(_RoceExt):
 
     name = "RETH"
     hdr = Hdr.RETH
-    fields_desc = [
-        XLongField("va", 0),
-        XIntField("rkey", 0),
-        IntField("dma_len", 0),
-    ]
+    fields_desc = fields_desc_of(RETH_H)
 
 
 class AETH(_RoceExt, _scapy_roce.AETH):
@@ -134,10 +181,7 @@ class AETH(_RoceExt, _scapy_roce.AETH):
     name = "AETH"
     hdr = Hdr.AETH
     match_subclass = True
-    fields_desc = [
-        _SyndromeField("syndrome", 0),
-        XBitField("msn", 0, 24),
-    ]
+    fields_desc = fields_desc_of(AETH_H)
 
     @property
     def kind(self) -> AethType:
@@ -153,12 +197,7 @@ class AtomicETH(_RoceExt):
 
     name = "AtomicETH"
     hdr = Hdr.ATMETH
-    fields_desc = [
-        XLongField("va", 0),
-        XIntField("rkey", 0),
-        XLongField("swap_add", 0),
-        XLongField("compare", 0),
-    ]
+    fields_desc = fields_desc_of(ATMETH)
 
 
 class AtomicAckETH(_RoceExt):
@@ -166,7 +205,7 @@ class AtomicAckETH(_RoceExt):
 
     name = "AtomicAckETH"
     hdr = Hdr.ATMACK
-    fields_desc = [XLongField("orig", 0)]
+    fields_desc = fields_desc_of(ATMACK)
 
 
 class IETH(_RoceExt):
@@ -175,7 +214,7 @@ class IETH(_RoceExt):
 
     name = "IETH"
     hdr = Hdr.IETH
-    fields_desc = [XIntField("rkey", 0)]
+    fields_desc = fields_desc_of(IETH_H)
 
 
 class DETH(_RoceExt):
@@ -183,11 +222,7 @@ class DETH(_RoceExt):
 
     name = "DETH"
     hdr = Hdr.DETH
-    fields_desc = [
-        XIntField("qkey", 0),
-        XByteField("resv8", 0),
-        XBitField("src_qp", 0, 24),
-    ]
+    fields_desc = fields_desc_of(DETH_H)
 
 
 class ImmDt(_RoceExt):
@@ -195,7 +230,7 @@ class ImmDt(_RoceExt):
 
     name = "ImmDt"
     hdr = Hdr.IMMDT
-    fields_desc = [XIntField("imm", 0)]
+    fields_desc = fields_desc_of(IMMDT)
 
 
 class FETH(_RoceExt):
@@ -205,21 +240,8 @@ class FETH(_RoceExt):
 
     name = "FETH"
     hdr = Hdr.FETH
-    fields_desc = [
-        XBitField("resv", 0, 26),
-        BitField("sel", 0, 2),
-        BitField("plt", 0, 4),
-    ]
-
-    @property
-    def feth(self) -> int:
-        return (int(self.resv) << 6) | ((int(self.sel) & 3) << 4) | (int(self.plt) & 0xF)
-
-    @feth.setter
-    def feth(self, value: int) -> None:
-        self.resv = (value >> 6) & 0x3FFFFFF
-        self.sel = (value >> 4) & 3
-        self.plt = value & 0xF
+    fields_desc = fields_desc_of(FETH_H)
+    feth = _word_property(FETH_H.fields[0])
 
 
 #: softrdma header kind -> scapy layer (the CNP's 16 reserved bytes are scapy's CNPPadding).
@@ -282,9 +304,30 @@ def _install() -> None:
 _install()
 
 
-_EXT_FIELD_NAMES = frozenset(
-    {f.name for layer in LAYER_BY_HDR.values() for f in layer.fields_desc}
-    | {"ieth_rkey", "feth"})
+# Scapy-only field names roce_packet also takes (reserved fields, the FETH parts): the
+# names of layer fields that are no RocePacket attribute.
+_SCAPY_ONLY_NAMES = frozenset(
+    {f.name for layer in LAYER_BY_HDR.values() for f in layer.fields_desc} - set(EXT_ATTRS))
+
+
+def _layer_kwargs(h: Header, ext_kw: dict[str, Any], used: set[str]) -> dict[str, Any]:
+    """The scapy keyword arguments of header ``h`` among RocePacket-named ``ext_kw``."""
+    kw: dict[str, Any] = {}
+    for f in h.fields:
+        if f.attr is not None and f.attr in ext_kw:
+            v = ext_kw[f.attr]
+            used.add(f.attr)
+            shift = f.bits
+            for p in f.parts:  # a word scapy shows as parts: split it
+                shift -= p.bits
+                kw[p.name] = (v >> shift) & ((1 << p.bits) - 1)
+            if not f.parts:
+                kw[f.name] = v
+        for p in (f.parts or (f,)):
+            if p.name in _SCAPY_ONLY_NAMES and p.name in ext_kw:
+                kw[p.name] = ext_kw[p.name]
+                used.add(p.name)
+    return kw
 
 
 def roce_packet(opcode: int, *, payload: bytes = b"", pad: int | None = None,
@@ -318,22 +361,9 @@ def roce_packet(opcode: int, *, payload: bytes = b"", pad: int | None = None,
     pkt: Packet = BTH(opcode=opcode, **bth_kw)
     used: set[str] = set()
     for layer in layers:
-        kw: dict[str, Any] = {}
-        names = {f.name for f in layer.fields_desc}
-        for k, v in ext_kw.items():
-            if layer is IETH and k == "ieth_rkey":
-                kw["rkey"] = v
-            elif layer is IETH and k == "rkey":
-                continue  # "rkey" is the RETH's / AtomicETH's; the IETH's is ieth_rkey
-            elif layer is FETH and k == "feth":
-                kw.update(resv=(v >> 6) & 0x3FFFFFF, sel=(v >> 4) & 3, plt=v & 0xF)
-            elif k in names:
-                kw[k] = v
-            else:
-                continue
-            used.add(k)
-        pkt = pkt / layer(**kw)
-    unknown = set(ext_kw) - used - _EXT_FIELD_NAMES
+        h = HEADERS[HDR_BY_LAYER[layer]]
+        pkt = pkt / layer(**_layer_kwargs(h, ext_kw, used))
+    unknown = set(ext_kw) - used - set(EXT_ATTRS) - _SCAPY_ONLY_NAMES
     if unknown:
         raise TypeError(f"no RoCE header has field(s) {sorted(unknown)}")
     data = bytes(payload) + b"\0" * pad
