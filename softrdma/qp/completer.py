@@ -20,7 +20,7 @@ from ..enums import (
     ibv_qp_state as S, ibv_wc_flags as WCF, ibv_wc_status as WCS, ibv_wr_opcode as W,
 )
 from ..completion import WC, wc_opcode_of
-from ..wire.headers import AethType, NakCode
+from ..wire.headers import AETH_TYPE_MASK, AETH_VALUE_MASK, AethType, NakCode
 from ..wire.opcodes import Opcode as O
 from .dma import NoSpace, scatter
 from .params import rnr_nak_seconds
@@ -32,9 +32,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Completer"]
 
-# AETH syndrome: bits 6-5 the type (AethType), bits 4-0 its value (credits, RNR timer, NAK
-# code); plain ints because they are tested per response packet
-_AETH_TYPE, _AETH_VALUE = 0x60, 0x1F
+# AETH syndrome: the type bits (AethType) and the value bits (credits, RNR timer, NAK code),
+# as plain ints because they are tested per response packet
+_AETH_TYPE, _AETH_VALUE = int(AETH_TYPE_MASK), int(AETH_VALUE_MASK)
 _ACK, _RNR_NAK, _NAK = int(AethType.ACK), int(AethType.RNR_NAK), int(AethType.NAK)
 _READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
 _NAK_STATUS = {NakCode.INVALID_REQUEST: WCS.IBV_WC_REM_INV_REQ_ERR,

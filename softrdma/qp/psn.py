@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-PSN_MASK = 0xFFFFFF
+from ..wire.headers import PSN_MASK
+
+__all__ = ["PSN_MASK", "psn_add", "psn_diff"]
 
 
 def psn_diff(a: int, b: int) -> int:
