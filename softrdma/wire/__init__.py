@@ -4,8 +4,8 @@ Bytes in, fields out, and back: the header descriptions and named wire values
 (:mod:`.headers`), the opcode table (:mod:`.opcodes`), packet parse/build (:mod:`.packet`),
 the ICRC (:mod:`.icrc`), Ethernet/IP/UDP framing (:mod:`.frames`), pcap I/O (:mod:`.pcap`)
 and the dissector (:mod:`.dissect`). Scapy layers live in :mod:`.scapy_layers` (imported on
-demand, since scapy is optional). Nothing here keeps state or opens sockets; the one clock
-read is :class:`PcapWriter` stamping a record written without a timestamp.
+demand, since scapy is optional). Nothing here keeps state, opens sockets or reads a clock
+(a :class:`PcapWriter` record is stamped with the time its caller passes).
 """
 
 from .headers import (

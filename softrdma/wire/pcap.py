@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import struct
-import time
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
@@ -190,9 +189,10 @@ class PcapWriter:
 
     def write(self, frame: bytes | bytearray | memoryview, ts: float | None = None,
               ts_ns: int | None = None) -> None:
-        """Append one frame, stamped ``ts`` (seconds) or ``ts_ns``, or now if neither."""
+        """Append one frame, stamped ``ts`` (seconds) or ``ts_ns`` (0 if neither: the wire
+        layer reads no clock; a live capture passes the time, see softrdma.soft.capture)."""
         if ts_ns is None:
-            ts_ns = time.time_ns() if ts is None else round(ts * 1e9)
+            ts_ns = 0 if ts is None else round(ts * 1e9)
         sec, ns = divmod(ts_ns, 1_000_000_000)
         frac = ns if self.nanosecond else ns // 1000
         n = len(frame)
