@@ -19,11 +19,7 @@ CQ; every event must eventually be acknowledged with ``cq.ack_events(n)``::
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import os
-import select
-import threading
 import time
 from collections import deque
 from typing import Any, Iterator
@@ -32,6 +28,7 @@ from ..completion import AsyncEvent
 from ..errors import PyverbsRDMAError
 from ._check import U32, as_int, require
 from .base import Resource
+from .events import EventQueue
 from .enums import ibv_event_type
 from .wr import WC
 
@@ -51,101 +48,52 @@ class CompChannel(Resource):
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
-        # The pipe is a level flag: it holds one byte while events are pending (so the fd
-        # is readable exactly then); both ends non-blocking, so a full pipe can never block
-        # the engine that reports a completion.
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._pending: deque[Any] = deque()
-        self._lock = threading.Lock()
+        self._events = EventQueue()  # of CQs; the fd is readable while one is pending
 
     @property
     def fd(self) -> int:
-        return self._r
+        return self._events.fd
 
-    def _notify(self, cq: "CQ") -> None:
-        with self._lock:
-            if self.closed:
-                return
-            was_empty = not self._pending
-            self._pending.append(cq)
-            if was_empty:
-                try:
-                    os.write(self._w, b"c")
-                except OSError:
-                    pass
+    def notify(self, cq: "CQ") -> None:
+        """An armed CQ of this channel got a completion (called by the CQ)."""
+        self._events.put(cq)
 
-    def _pop(self) -> "CQ | None":
-        with self._lock:
-            if not self._pending:
-                return None
-            cq = self._pending.popleft()
-            if not self._pending:
-                try:
-                    while os.read(self._r, 4096):
-                        pass
-                except OSError:
-                    pass
-            return cq
+    def wake(self) -> None:
+        """The device failed: wake a blocked waiter so it learns it."""
+        self._events.wake()
 
-    def _wake_fatal(self) -> None:
-        """The device failed: make the fd readable so a blocked waiter wakes and learns it."""
-        with self._lock:
-            if not self.closed:
-                try:
-                    os.write(self._w, b"f")
-                except OSError:
-                    pass
+    def _fatal(self, what: str) -> None:
+        if self.device.fatal is not None:
+            raise PyverbsRDMAError(f"{what}: device {self.device.name} stopped "
+                                   f"({self.device.fatal!r})", errno.EIO)
 
     def get_cq_event(self, cq: "CQ | None" = None, timeout: float | None = None) -> "CQ":
         """Wait for the next CQ event (ibv_get_cq_event) and return its CQ. ``timeout`` in
         seconds (None blocks, as libibverbs does) raises ETIMEDOUT when it expires; a
         device whose progress stopped raises EIO rather than blocking forever."""
         self._check()
+        what = "Failed to get CQ event"
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            ev_cq = self._pop()
-            if ev_cq is not None:
-                break
-            if self.device.fatal is not None:
-                raise PyverbsRDMAError(f"Failed to get CQ event: device {self.device.name} "
-                                       f"stopped ({self.device.fatal!r})", errno.EIO)
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise PyverbsRDMAError("Failed to get CQ event: timed out", errno.ETIMEDOUT)
-            select.select([self._r], [], [], left)
+        while (ev_cq := self._events.get()) is None:
+            self._fatal(what)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise PyverbsRDMAError(f"{what}: timed out", errno.ETIMEDOUT)
+            self._events.wait(deadline)
         ev_cq._events_unacked += 1
         if cq is not None and ev_cq is not cq:
-            raise PyverbsRDMAError("Failed to get CQ event: the event is for another CQ",
-                                   errno.EINVAL)
+            raise PyverbsRDMAError(f"{what}: the event is for another CQ", errno.EINVAL)
         return ev_cq
 
     async def wait_async(self) -> "CQ":
         """``await channel.wait_async()``: the asyncio form of get_cq_event."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-
-        def ready() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        loop.add_reader(self._r, ready)
-        try:
-            while True:
-                with self._lock:
-                    if self._pending:
-                        break
-                await fut
-                fut = loop.create_future()
-        finally:
-            loop.remove_reader(self._r)
+        while not len(self._events):
+            self._fatal("Failed to get CQ event")
+            await self._events.wait_async()
         return self.get_cq_event()
 
     def _destroy(self) -> None:
         if not self.closed:
-            os.close(self._r)
-            os.close(self._w)
+            self._events.close()
         super()._destroy()
 
 
@@ -193,7 +141,7 @@ class CQ(Resource):
         if self._armed == 1 or (self._armed == 2 and solicited):
             self._armed = 0
             if self.channel is not None and not self.channel.closed:
-                self.channel._notify(self)
+                self.channel.notify(self)
         return True
 
     # -- consumer side -----------------------------------------------------------------

@@ -24,16 +24,21 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
-import select
 import threading
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ..soft.device import SoftDevice
 from ..soft.udp import TransportError
+from .ah import AH
 from .attr import GID
+from .cq import CQ, CompChannel
+from .events import EventQueue
+from .mr import MR, MW
+from .pd import PD
+from .qp import QP
+from .srq import SRQ
 from .enums import (
     ibv_atomic_cap, ibv_gid_type, ibv_link_layer, ibv_node_type, ibv_port_state,
     ibv_transport_type,
@@ -94,15 +99,6 @@ def remove_device(name: str) -> None:
         if dev.contexts:
             raise PyverbsRDMAError(f"device {name} has open contexts", errno.EBUSY)
         del _registry[name]
-
-
-def _drain(fd: int) -> None:
-    """Empty a non-blocking pipe."""
-    try:
-        while os.read(fd, 4096):
-            pass
-    except (BlockingIOError, OSError):
-        pass
 
 
 def get_soft_device(name: str | None = None) -> SoftDevice:
@@ -232,21 +228,14 @@ class Context:
         self.device = get_soft_device(name)
         self.name = self.device.name
         self.closed = False
-        self._lock = threading.Lock()
-        self._events: deque[AsyncEvent] = deque()
-        self._ev_r, self._ev_w = os.pipe()
-        # The pipe is a level flag: one byte while events are pending. Non-blocking, so a
-        # program that never reads its async events can never block the stack on a full pipe.
-        os.set_blocking(self._ev_r, False)
-        os.set_blocking(self._ev_w, False)
+        self._events = EventQueue()  # of AsyncEvents; async_fd is readable while one waits
         # every PD, CQ, CompChannel, ... made in this context, in creation order (a dict used
         # as an ordered set, so destroying one of 10,000 QPs does not scan a list)
         self.children: dict[Any, None] = {}
         try:
             self.device.open()
         except TransportError as e:
-            os.close(self._ev_r)
-            os.close(self._ev_w)
+            self._events.close()
             self.closed = True
             hint = " (SOFTRDMA_IP pins it)" if self.device.name == DEFAULT_NAME and \
                 os.environ.get("SOFTRDMA_IP") else ""
@@ -267,12 +256,6 @@ class Context:
         PDs) and close the device."""
         if self.closed:
             return
-        from .cq import CQ, CompChannel
-        from .mr import MR, MW
-        from .pd import PD
-        from .qp import QP
-        from .srq import SRQ
-        from .ah import AH
         for kind in (QP, SRQ, AH, MW, MR, CQ, CompChannel, PD):
             for obj in [c for c in self.children if isinstance(c, kind)]:
                 obj._destroy()
@@ -282,8 +265,7 @@ class Context:
             if self._on_fatal in self.device.fatal_listeners:
                 self.device.fatal_listeners.remove(self._on_fatal)
         self.device.release()
-        os.close(self._ev_r)
-        os.close(self._ev_w)
+        self._events.close()
         self.closed = True
 
     def __enter__(self) -> "Context":
@@ -368,46 +350,29 @@ class Context:
     # -- async events ----------------------------------------------------------------
     def _on_fatal(self, exc: BaseException) -> None:
         # wake whoever blocks on a completion channel of ours: they find the device failed
-        from .cq import CompChannel
         for c in list(self.children):
             if isinstance(c, CompChannel):
-                c._wake_fatal()
+                c.wake()  # (async waiters get the DEVICE_FATAL event itself)
 
     def _on_async_event(self, ev: AsyncEvent) -> None:
         # Like uverbs: an event about a QP, CQ or SRQ goes to the context that owns it;
         # port and device events (element is a port number) go to every context.
         owner = getattr(ev.element, "context", None)
-        if owner is not None and owner is not self:
-            return
-        with self._lock:
-            if self.closed:
-                return
-            was_empty = not self._events
-            self._events.append(ev)
-            if was_empty:
-                try:
-                    os.write(self._ev_w, b"e")
-                except OSError:
-                    pass
+        if owner is None or owner is self:
+            self._events.put(ev)
 
     @property
     def async_fd(self) -> int:
         """Readable when an async event is pending (select/poll/asyncio)."""
-        return self._ev_r
+        return self._events.fd
 
     def get_async_event(self, block: bool = True) -> AsyncEvent | None:
-        """ibv_get_async_event: the next event; blocks unless ``block=False`` (then None)."""
+        """ibv_get_async_event: the next event; blocks unless ``block=False`` (then None).
+        A failed device has queued IBV_EVENT_DEVICE_FATAL, so a waiter always wakes."""
         self._check()
-        while True:
-            with self._lock:
-                if self._events:
-                    ev = self._events.popleft()
-                    if not self._events:
-                        _drain(self._ev_r)
-                    return ev
-            if not block:
-                return None
-            select.select([self._ev_r], [], [])
+        while (ev := self._events.get()) is None and block:
+            self._events.wait(None)
+        return ev
 
     def __repr__(self) -> str:
         return f"<Context {self.name} {self.device.ip}>"
