@@ -105,6 +105,12 @@ for _m in M:
     STANDARD_MASK |= int(_m)
 
 
+def required_mask(cur: int, new: int, qp_type: int) -> int:
+    """The attribute mask a move from ``cur`` to ``new`` needs on ``qp_type``, IBV_QP_STATE
+    included: what pyverbs' ``to_init``/``to_rtr``/``to_rts`` pass."""
+    return int(TRANSITIONS[(S(cur), S(new))][0][T(qp_type)]) | int(M.IBV_QP_STATE)
+
+
 def mask_names(mask: int) -> str:
     """``IBV_QP_AV|IBV_QP_PATH_MTU`` for a mask value."""
     names = [m.name for m in M if mask & m]

@@ -22,7 +22,7 @@ from ..errors import PyverbsRDMAError
 from ..qp.memory import AccessError
 from ..qp.mw import BindRequest
 from ..qp.engine import QpEngine
-from ..qp.transitions import check_transition
+from ..qp.transitions import TRANSITIONS, check_transition, required_mask
 from ..qp.wqe import RecvWqe, SendWqe
 from ._check import U8, U16, U24, U32, U64, as_bits, as_flag, as_int, require
 from .ah import AH, AddressVector, resolve_av
@@ -90,6 +90,17 @@ _MASKED_FIELDS: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = (
     (M.IBV_QP_DEST_QPN, (("dest_qp_num", U24),)),
     (M.IBV_QP_RATE_LIMIT, (("rate_limit", U32),)),
 )
+
+
+# attr_mask bits whose QPAttr field is copied as it is (the others need more: see _modify)
+_PLAIN_ATTRS = ((M.IBV_QP_ACCESS_FLAGS, "qp_access_flags"), (M.IBV_QP_PKEY_INDEX, "pkey_index"),
+                (M.IBV_QP_PORT, "port_num"), (M.IBV_QP_QKEY, "qkey"),
+                (M.IBV_QP_PATH_MTU, "path_mtu"), (M.IBV_QP_TIMEOUT, "timeout"),
+                (M.IBV_QP_RETRY_CNT, "retry_cnt"), (M.IBV_QP_RNR_RETRY, "rnr_retry"),
+                (M.IBV_QP_RQ_PSN, "rq_psn"), (M.IBV_QP_MIN_RNR_TIMER, "min_rnr_timer"),
+                (M.IBV_QP_SQ_PSN, "sq_psn"), (M.IBV_QP_PATH_MIG_STATE, "path_mig_state"),
+                (M.IBV_QP_DEST_QPN, "dest_qp_num"),
+                (M.IBV_QP_EN_SQD_ASYNC_NOTIFY, "en_sqd_async_notify"))
 
 
 class QP(Resource):
@@ -284,47 +295,25 @@ class QP(Resource):
                                    f"0x{attr.qp_access_flags & ~0x3FF:x}", errno.EINVAL)
         # -- everything checked: apply (rxe_qp_from_attr) --------------------------------
         a = self.attr
-        if mask & M.IBV_QP_ACCESS_FLAGS:
-            a.qp_access_flags = int(attr.qp_access_flags)
-        if mask & M.IBV_QP_PKEY_INDEX:
-            a.pkey_index = int(attr.pkey_index)
-        if mask & M.IBV_QP_PORT:
-            a.port_num = int(attr.port_num)
-        if mask & M.IBV_QP_QKEY:
-            a.qkey = int(attr.qkey)
+        eng = self.engine
+        for bit, name in _PLAIN_ATTRS:
+            if mask & bit:
+                setattr(a, name, int(getattr(attr, name)))
         if mask & M.IBV_QP_AV:
             a.ah_attr = AHAttr(**attr.ah_attr.__dict__)
-            self.engine.set_av(av)
+            eng.set_av(av)
         if mask & M.IBV_QP_ALT_PATH:
             a.alt_ah_attr = AHAttr(**attr.alt_ah_attr.__dict__)
             a.alt_port_num, a.alt_timeout = int(attr.alt_port_num), int(attr.alt_timeout)
-        if mask & M.IBV_QP_PATH_MTU:
-            a.path_mtu = int(attr.path_mtu)
-        if mask & M.IBV_QP_TIMEOUT:
-            a.timeout = int(attr.timeout)
-        if mask & M.IBV_QP_RETRY_CNT:
-            a.retry_cnt = int(attr.retry_cnt)
-        if mask & M.IBV_QP_RNR_RETRY:
-            a.rnr_retry = int(attr.rnr_retry)
         if mask & M.IBV_QP_RQ_PSN:
-            a.rq_psn = int(attr.rq_psn)
-            self.engine.set_rq_psn(a.rq_psn)
-        if mask & M.IBV_QP_MAX_QP_RD_ATOMIC:
-            a.max_rd_atomic = _roundup_pow2(int(attr.max_rd_atomic))
-        if mask & M.IBV_QP_MIN_RNR_TIMER:
-            a.min_rnr_timer = int(attr.min_rnr_timer)
+            eng.set_rq_psn(a.rq_psn)
         if mask & M.IBV_QP_SQ_PSN:
-            a.sq_psn = int(attr.sq_psn)
-            self.engine.set_sq_psn(a.sq_psn)
+            eng.set_sq_psn(a.sq_psn)
+        if mask & M.IBV_QP_MAX_QP_RD_ATOMIC:  # rxe rounds both up to a power of two
+            a.max_rd_atomic = _roundup_pow2(int(attr.max_rd_atomic))
         if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC:
             a.max_dest_rd_atomic = _roundup_pow2(int(attr.max_dest_rd_atomic))
-            self.engine.set_resp_resources(a.max_dest_rd_atomic)
-        if mask & M.IBV_QP_PATH_MIG_STATE:
-            a.path_mig_state = int(attr.path_mig_state)
-        if mask & M.IBV_QP_DEST_QPN:
-            a.dest_qp_num = int(attr.dest_qp_num)
-        if mask & M.IBV_QP_EN_SQD_ASYNC_NOTIFY:
-            a.en_sqd_async_notify = int(attr.en_sqd_async_notify)
+            eng.set_resp_resources(a.max_dest_rd_atomic)
         if mask & M.IBV_QP_STATE:
             self.engine.set_state(S(new), self._fresh_attr() if new == S.IBV_QPS_RESET else None)
 
@@ -336,31 +325,29 @@ class QP(Resource):
         self.engine.flush()
 
     def to_init(self, attr: QPAttr) -> None:
-        mask = M.IBV_QP_STATE | M.IBV_QP_PKEY_INDEX | M.IBV_QP_PORT | (
-            M.IBV_QP_QKEY if self.qp_type == T.IBV_QPT_UD else M.IBV_QP_ACCESS_FLAGS)
-        attr.qp_state = S.IBV_QPS_INIT
-        self.modify(attr, mask)
+        """RESET -> INIT with the attributes that move needs (pyverbs ``to_init``)."""
+        self._to(attr, S.IBV_QPS_INIT)
 
     def to_rtr(self, attr: QPAttr) -> None:
+        """... -> RTR, through INIT if the QP is in RESET."""
         if self.state == S.IBV_QPS_RESET:
             self.to_init(attr)
-        mask = M.IBV_QP_STATE
-        if self.qp_type in (T.IBV_QPT_RC, T.IBV_QPT_UC):
-            mask |= M.IBV_QP_AV | M.IBV_QP_PATH_MTU | M.IBV_QP_DEST_QPN | M.IBV_QP_RQ_PSN
-        if self.qp_type == T.IBV_QPT_RC:
-            mask |= M.IBV_QP_MAX_DEST_RD_ATOMIC | M.IBV_QP_MIN_RNR_TIMER
-        attr.qp_state = S.IBV_QPS_RTR
-        self.modify(attr, mask)
+        self._to(attr, S.IBV_QPS_RTR)
 
     def to_rts(self, attr: QPAttr) -> None:
+        """... -> RTS, through INIT and RTR as needed."""
         if self.state in (S.IBV_QPS_RESET, S.IBV_QPS_INIT):
             self.to_rtr(attr)
-        mask = M.IBV_QP_STATE | M.IBV_QP_SQ_PSN
-        if self.qp_type == T.IBV_QPT_RC:
-            mask |= M.IBV_QP_TIMEOUT | M.IBV_QP_RETRY_CNT | M.IBV_QP_RNR_RETRY | \
-                M.IBV_QP_MAX_QP_RD_ATOMIC
-        attr.qp_state = S.IBV_QPS_RTS
-        self.modify(attr, mask)
+        self._to(attr, S.IBV_QPS_RTS)
+
+    def _to(self, attr: QPAttr, new: int) -> None:
+        """Modify to ``new`` with exactly the mask the transition table requires."""
+        cur = self.state
+        if (S(cur), S(new)) not in TRANSITIONS:
+            raise PyverbsRDMAError(f"Failed to modify QP: {S(cur).name}->{S(new).name} is not "
+                                   f"a legal transition", errno.EINVAL)
+        attr.qp_state = new
+        self.modify(attr, required_mask(cur, new, self.qp_type))
 
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
         """ibv_query_qp: the current attributes and the creation attributes."""
