@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 
-__all__ = ["PyverbsError", "PyverbsRDMAError", "PyverbsUserError", "rdma_error"]
+__all__ = ["PyverbsError", "PyverbsRDMAError", "PyverbsUserError"]
 
 
 class PyverbsError(Exception):
@@ -33,7 +33,3 @@ class PyverbsRDMAError(PyverbsError, OSError):
 
 class PyverbsUserError(PyverbsError):
     """A misuse caught before any verb ran (a wrong type, a missing argument)."""
-
-
-def rdma_error(code: int, msg: str) -> PyverbsRDMAError:
-    return PyverbsRDMAError(msg, code)

@@ -1,5 +1,4 @@
-"""Validation at the verbs boundary and fault containment in the data path (issue 10,
-findings 1 and 4).
+"""Validation at the verbs boundary and fault containment in the data path.
 
 What must hold: every field of every WR, attribute object and object argument is checked
 where the user passes it, failing with PyverbsRDMAError (the errno libibverbs would give)

@@ -28,7 +28,7 @@ TIMEOUT = 20
 # (argv after "softrdma", exit status, what the one line must name)
 # Addresses 127.0.0.2xx: devices these cases bring up, away from the other tests' 127.0.0.1.
 CASES = [
-    # -- the cases of issue 10 -------------------------------------------------------------
+    # -- the cases a first user review found -------------------------------------------------------------
     (["devices", "-a", "notip"], 2, "-a/--addr"),
     (["bench", "--size", "-1"], 2, "--size"),
     (["bench", "--seconds", "-1"], 2, "--seconds"),

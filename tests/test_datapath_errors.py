@@ -1,4 +1,4 @@
-"""Negative tests of the data path (issue #4): every error completion and NAK.
+"""Negative tests of the data path: every error completion and NAK.
 
 Each test checks both sides' completions (status and wr_id), both QPs' states, what went on
 the wire where it matters, and that no byte of any MR changed outside the range the

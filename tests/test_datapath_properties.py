@@ -1,4 +1,4 @@
-"""Property tests of the RC/UC/UD data path over the simulated link (issue #4).
+"""Property tests of the RC/UC/UD data path over the simulated link.
 
 The main property: over a link with any seeded mix of loss (up to 30 %), duplication,
 reordering, delay/jitter and bit corruption, every RC message of any kind and size

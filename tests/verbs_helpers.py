@@ -1,9 +1,9 @@
 """Shared helpers for the verbs tests: an independent transcription of the QP transition
 table, and small builders for QPs driven through legal transitions.
 
-The table below is transcribed by hand from /work/shared/reference/seed-inventory.md §2.3
-("Legal transitions with required / optional attr_mask", from the RDMA Aware Networks
-Programming User Manual), NOT from softrdma.qp.transitions. Where the kernel's
+The table below is transcribed by hand from the RDMA Aware Networks Programming User
+Manual's table "Legal transitions with required / optional attr_mask" (Mellanox/NVIDIA,
+section "ibv_modify_qp"), NOT from softrdma.qp.transitions. Where the kernel's
 ib_modify_qp_is_ok() (drivers/infiniband/core/verbs.c, qp_state_table) differs from the
 manual, the difference is applied explicitly in :func:`_apply_kernel_differences`:
 

@@ -190,9 +190,6 @@ class SoftDevice:
             return gid[12:]
         return bytes(gid)
 
-    def is_local_ip(self, ip_packed: bytes) -> bool:
-        return ip_packed == self.ip_packed
-
     # -- resource pools ---------------------------------------------------------------------
     def pool_take(self, kind: str) -> bool:
         """Count one more object of ``kind`` ("pd", "qp", ...); False at the device's limit."""

@@ -7,10 +7,12 @@ connection's path determines (drop reason ``strict_sport``); see docs/security.m
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from ..completion import AsyncEvent
 from ..enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T
+from ..wire.frames import ip_checksum
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from ..wire.opcodes import Transport
 from ..wire.packet import DecodeError, parse
@@ -30,8 +32,6 @@ _REQ_READY = (S.IBV_QPS_RTS, S.IBV_QPS_SQD)
 def synth_ip_header(src: bytes, dst: bytes, payload_len: int, ip_id: int = 0) -> bytes:
     """The IP header a UD receive reports in its 40-byte GRH area when the transport did not
     give us the real one (a UDP socket does not): IPv4 with DF, TTL 64, UDP; or IPv6."""
-    import struct
-    from ..wire.frames import ip_checksum
     if len(src) == 4:
         h = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28 + payload_len, ip_id, 0x4000, 64,
                                   17, 0, src, dst))

@@ -15,6 +15,7 @@ from ..errors import PyverbsRDMAError
 from .attr import AHAttr, GID, GlobalRoute
 from ._check import U8, U16, as_flag, as_int, require
 from .base import Resource
+from .pd import PD
 
 __all__ = ["AH", "AddressVector", "resolve_av"]
 
@@ -75,7 +76,6 @@ class AH(Resource):
     _pool = "ah"
 
     def __init__(self, pd: Any, attr: AHAttr | None = None, **kwargs: Any) -> None:
-        from .pd import PD
         require(pd, PD, "Failed to create AH", "pd")
         pd._check()
         if attr is None:

@@ -11,8 +11,17 @@ import errno
 from typing import Any
 
 from ..errors import PyverbsRDMAError
+from ._check import kind
 
-__all__ = ["Resource"]
+__all__ = ["Resource", "ContextBase"]
+
+
+class ContextBase:
+    """What every :class:`~softrdma.verbs_api.device.Context` is, declared here so the
+    objects made in a context can check their argument without importing device.py
+    (which imports them all)."""
+
+    __slots__ = ()
 
 
 class Resource:
@@ -20,9 +29,7 @@ class Resource:
     _pool: str | None = None  # counted against the device limit max_<_pool> (rxe_pool)
 
     def __init__(self, context: Any) -> None:
-        from .device import Context  # here: device.py does not import this module's users
-        if not isinstance(context, Context):
-            from ._check import kind
+        if not isinstance(context, ContextBase):
             raise PyverbsRDMAError(f"Failed to create {self._kind}: context is {kind(context)}, "
                                    f"not a Context", errno.EINVAL)
         context._check()

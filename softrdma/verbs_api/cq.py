@@ -26,8 +26,8 @@ from typing import Any, Iterator
 
 from ..completion import AsyncEvent
 from ..errors import PyverbsRDMAError
-from ._check import U32, as_int, require
-from .base import Resource
+from ._check import kind, U32, as_int, require
+from .base import ContextBase, Resource
 from .events import EventQueue
 from .enums import ibv_event_type
 from .wr import WC
@@ -103,9 +103,10 @@ class CQ(Resource):
 
     def __init__(self, context: Any, cqe: int, cq_context: Any = None,
                  channel: CompChannel | None = None, comp_vector: int = 0) -> None:
-        from .device import Context
         what = "Failed to create CQ"
-        require(context, Context, what, "context")
+        if not isinstance(context, ContextBase):
+            raise PyverbsRDMAError(f"{what}: context is {kind(context)}, not a Context",
+                                   errno.EINVAL)
         context._check()
         lim = context.device.limits
         cqe = as_int(cqe, what, "cqe", lim.max_cqe, 1)

@@ -33,6 +33,7 @@ from ..soft.device import SoftDevice
 from ..soft.udp import TransportError
 from .ah import AH
 from .attr import GID
+from .base import ContextBase
 from .cq import CQ, CompChannel
 from .events import EventQueue
 from .mr import MR, MW
@@ -214,7 +215,7 @@ _RXE_CAP_FLAGS = (1 << 1) | (1 << 2) | (1 << 5) | (1 << 6) | (1 << 10) | (1 << 1
 _RXE_PORT_CAP_FLAGS = 1 << 26  # IB_PORT_CM_SUP; the RoCEv2 capability is a core flag
 
 
-class Context:
+class Context(ContextBase):
     """An open device (``ibv_context``). ``Context(name="softrdma0")``; with no name, the
     first device. A context manager: leaving the ``with`` block destroys, in dependency
     order, every resource made through it that is still open."""

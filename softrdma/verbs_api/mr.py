@@ -26,6 +26,7 @@ from ..qp.memory import MemEntry
 from ..qp.mw import unbind
 from .base import Resource
 from .enums import ibv_access_flags as A, ibv_mw_type
+from .pd import PD
 
 __all__ = ["MR", "MW", "MWBind", "check_mr_access"]
 
@@ -95,7 +96,6 @@ class MR(Resource):
         """Register ``length`` new zeroed bytes (or ``buffer``) with ``access``; ``address``
         sets the iova (a 64-bit address; by default the device picks one). A length beyond
         the machine's memory is ENOMEM, as rxe answers when it cannot pin the pages."""
-        from .pd import PD
         what = "Failed to register MR"
         require(pd, PD, what, "pd")
         pd._check()
@@ -199,7 +199,6 @@ class MR(Resource):
             if self._entry.refs:
                 raise PyverbsRDMAError(f"{what}: memory windows are bound to it", errno.EBUSY)
             new_pd = pd if flags & 2 else self.pd
-            from .pd import PD
             if not isinstance(new_pd, PD):
                 raise PyverbsRDMAError(f"{what}: IBV_REREG_MR_CHANGE_PD needs a PD", errno.EINVAL)
             new_pd._check()
@@ -258,7 +257,6 @@ class MW(Resource):
     _pool = "mw"
 
     def __init__(self, pd: Any, mw_type: int = ibv_mw_type.IBV_MW_TYPE_1) -> None:
-        from .pd import PD
         require(pd, PD, "Failed to allocate MW", "pd")
         pd._check()
         mw_type = as_int(mw_type, "Failed to allocate MW", "mw_type", U32)

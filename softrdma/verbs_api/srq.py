@@ -21,6 +21,7 @@ from .cq import ring_size
 from .posting import check_wr_arg, recv_wqe, wr_chain
 from .enums import ibv_event_type, ibv_srq_attr_mask
 from .wr import RecvWR
+from .pd import PD
 
 __all__ = ["SRQ"]
 
@@ -30,7 +31,6 @@ class SRQ(Resource):
     _pool = "srq"
 
     def __init__(self, pd: Any, init_attr: SrqInitAttr) -> None:
-        from .pd import PD
         what = "Failed to create SRQ"
         require(pd, PD, what, "pd")
         pd._check()
