@@ -18,11 +18,6 @@ from typing import NoReturn, Sequence
 __all__ = ["main"]
 
 
-class CliError(Exception):
-    """An error to report in one line, exit status 2: a usage error found after parsing
-    (options that do not go together), or dissect's unreadable file."""
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the option and what is wrong with it), not
     the usage text and then the error; ``--help`` still shows the usage."""
@@ -34,6 +29,7 @@ class _Parser(argparse.ArgumentParser):
 def _cmd_dissect(args: argparse.Namespace) -> int:
     from .wire.dissect import DissectStats, dissect_records, format_record
     from .wire.pcap import PcapError, read_pcap
+    from .tools.common import UsageError
 
     stats = DissectStats()
     failed = False
@@ -53,13 +49,13 @@ def _cmd_dissect(args: argparse.Namespace) -> int:
                     failed = True
                 out.write((json.dumps(rec) if args.json else format_record(rec)) + "\n")
     except FileNotFoundError:
-        raise CliError(f"{args.pcap}: no such file")
+        raise UsageError(f"{args.pcap}: no such file")
     except IsADirectoryError:
-        raise CliError(f"{args.pcap}: is a directory")
+        raise UsageError(f"{args.pcap}: is a directory")
     except PermissionError:
-        raise CliError(f"{args.pcap}: permission denied")
+        raise UsageError(f"{args.pcap}: permission denied")
     except PcapError as e:
-        raise CliError(f"{args.pcap}: {e}")
+        raise UsageError(f"{args.pcap}: {e}")
     except BrokenPipeError:
         return 0
     if not args.quiet:
@@ -154,10 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     from .errors import PyverbsRDMAError
-    from .tools.common import ToolError
+    from .tools.common import ToolError, UsageError
     try:
         return args.func(args)
-    except CliError as e:
+    except UsageError as e:
         print(f"softrdma {args.command}: {e}", file=sys.stderr)
         return 2
     except (ToolError, PyverbsRDMAError) as e:

@@ -138,7 +138,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         AH, CQ, MR, PD, QP, SGE, AHAttr, Context, GlobalRoute, QPAttr, QPCap, QPInitAttr, RecvWR,
         SendWR,
     )
-    from .verbs_api.device import _registry
+    from .verbs_api.device import register_device, unregister_device
 
     me = ipaddress.ip_address(ip).packed
     mine_out = [c for c in capture if c.src == me]
@@ -156,7 +156,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     mtu = 1024
 
     dev = SoftDevice(device_name, str(ipaddress.ip_address(me)), mtu=1500, seed=1)
-    _registry[device_name] = dev
+    register_device(dev)
     res = ReplayResult(expected=mine_out)
 
     def transmit(data: bytes, dst: bytes, sport: int) -> None:
@@ -168,8 +168,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     try:
         pd = PD(ctx)
         cq = CQ(ctx, 4096)
-        dev.sequential_qpn = True  # pin the captured QPN: the next one allocated is it
-        dev._next_qpn = my_qpn
+        dev.pin_next_qpn(my_qpn)  # the captured QPN: the next one allocated is it
         cap = QPCap(max_send_wr=1024, max_recv_wr=rx_depth, max_send_sge=1, max_recv_sge=1,
                     max_inline_data=256 if inline else 0)
         qp = QP(pd, QPInitAttr(qp_type=qpt, scq=cq, rcq=cq, cap=cap, sq_sig_all=0))
@@ -289,7 +288,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         return res
     finally:
         ctx.close()
-        del _registry[device_name]
+        unregister_device(device_name)
 
 
 def _compare(res: ReplayResult, dev: Any) -> None:

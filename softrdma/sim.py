@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .soft.device import SoftDevice
+from .verbs_api.device import add_device, unregister_device
 
 __all__ = ["SimNetwork", "LinkProfile"]
 
@@ -44,16 +45,30 @@ class SimNetwork:
         self.devices: dict[bytes, SoftDevice] = {}
         self._events: list[tuple[float, int, SoftDevice, bytes, bytes, bytes, int]] = []
         self._seq = itertools.count()
+        self._made: dict[str, SoftDevice] = {}  # registered by add_device, for close()
         self.stats = {"sent": 0, "lost": 0, "duplicated": 0, "reordered": 0, "corrupted": 0,
                       "delivered": 0, "unroutable": 0}
 
     def add_device(self, ip: str, name: str | None = None, mtu: int | None = 1500) -> SoftDevice:
-        """Create a soft device (registered, so ``Context(name=dev.name)`` opens it) whose
-        packets travel over this network."""
-        from .verbs_api.device import add_device
+        """Create a soft device whose packets travel over this network. It is registered like
+        any device (:func:`softrdma.verbs_api.add_device`), so ``Context(name=dev.name)``
+        opens it; :meth:`close` unregisters the devices made here."""
         dev = add_device(ip, name=name, mtu=mtu, seed=self.rng.randrange(1 << 30), live=False)
+        self._made[dev.name] = dev
         self.attach(dev)
         return dev
+
+    def close(self) -> None:
+        """Unregister the devices :meth:`add_device` made (close their contexts first)."""
+        for dev in self.devices.values():
+            if self._made.pop(dev.name, None) is dev:
+                unregister_device(dev.name)
+
+    def __enter__(self) -> "SimNetwork":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def attach(self, dev: SoftDevice) -> None:
         self.devices[dev.ip_packed] = dev

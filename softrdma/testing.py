@@ -28,7 +28,7 @@ from .enums import (
     IBV_ACCESS_REMOTE_WRITE, IBV_MTU_1024, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD,
 )
 
-__all__ = ["Endpoint", "connected_pair", "ALL_ACCESS"]
+__all__ = ["Endpoint", "connect", "connected_pair", "ALL_ACCESS"]
 
 ALL_ACCESS = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
               | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND)
@@ -87,7 +87,10 @@ class Endpoint:
         self.ctx.close()
 
 
-def _connect(e: Endpoint, peer: Endpoint, sq_psn: int, rq_psn: int, **overrides: Any) -> None:
+def connect(e: Endpoint, peer: Endpoint, sq_psn: int, rq_psn: int, **overrides: Any) -> None:
+    """Bring ``e``'s QP to RTS towards ``peer``'s (one direction: call it for both sides),
+    with send PSN ``sq_psn`` and expected receive PSN ``rq_psn``; ``overrides`` are
+    :class:`QPAttr` fields set last (``timeout=8``, ``path_mtu=...``)."""
     a = QPAttr(port_num=1)
     a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
     a.path_mtu = IBV_MTU_1024
@@ -119,6 +122,6 @@ def connected_pair(net: SimNetwork, qp_type: str = "RC", *, mr_size: int = 1 << 
                        max_inline_data=64)
     a = Endpoint(Context(name=da.name), qp_type, mr_size, cap, cqe)
     b = Endpoint(Context(name=db.name), qp_type, mr_size, cap, cqe)
-    _connect(a, b, psns[0], psns[1], **(a_attrs or {}))
-    _connect(b, a, psns[1], psns[0], **(b_attrs or {}))
+    connect(a, b, psns[0], psns[1], **(a_attrs or {}))
+    connect(b, a, psns[1], psns[0], **(b_attrs or {}))
     return a, b
