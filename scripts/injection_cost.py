@@ -34,7 +34,7 @@ import time
 
 
 def _setup(args, trial):
-    from softrdma.testing import Endpoint, connect
+    from softrdma.harness.testing import Endpoint, connect
     from softrdma.verbs_api import Context, QPCap
     from softrdma.verbs_api.device import add_device
     tag = f"{trial}-{random.randrange(1 << 30)}"

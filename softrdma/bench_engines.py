@@ -9,8 +9,8 @@ import time
 import zlib
 
 from .enums import IBV_SEND_SIGNALED, IBV_WR_RDMA_WRITE, IBV_WR_SEND
-from .sim import SimNetwork
-from .testing import connected_pair
+from .harness.sim import SimNetwork
+from .harness.testing import connected_pair
 from .verbs_api import QPCap
 
 __all__ = ["run_engine_bench"]

@@ -16,7 +16,7 @@ from .conftest import ROOT
 
 _COMMON = r"""
 import os, resource, time
-from softrdma.testing import Endpoint, connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import Context, QPCap, add_device
 from softrdma.verbs_api.enums import IBV_WR_RDMA_WRITE
 CAP = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
@@ -100,7 +100,7 @@ def test_a_socket_that_cannot_be_had_falls_back_to_port_4791(monkeypatch):
     import errno as _errno
 
     from softrdma.soft import udp as udp_mod
-    from softrdma.testing import Endpoint, connect
+    from softrdma.harness.testing import Endpoint, connect
     from softrdma.verbs_api import Context, QPCap, add_device, remove_device
     from softrdma.verbs_api.enums import IBV_WR_RDMA_WRITE
 

@@ -20,7 +20,7 @@ import pytest
 
 from softrdma.errors import PyverbsRDMAError
 from softrdma.soft.device import SoftDevice
-from softrdma.testing import Endpoint, connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import (
     CQ, QP, SRQ, CompChannel, Context, QPCap, QPInitAttr, RecvWR, SGE, SrqInitAttr, SrqAttr,
     add_device, remove_device,
@@ -130,7 +130,7 @@ def test_readme_programs_run_as_written():
 def test_manual_mode_moves_nothing_until_progress():
     code = r"""
 from softrdma.verbs_api import Context, get_device_list, get_soft_device
-from softrdma.testing import Endpoint, connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import QPCap
 from softrdma.verbs_api.enums import IBV_WR_RDMA_WRITE
 ctx = Context(name=get_device_list()[0].name.decode())

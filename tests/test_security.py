@@ -14,7 +14,7 @@ from softrdma.enums import IBV_WR_SEND
 from softrdma.qp.params import RXE_ROCE_V2_SPORT, calc_flow_label
 from softrdma.soft.device import SoftDevice
 from softrdma.soft.memory import AccessError
-from softrdma.testing import Endpoint, connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import Context, QPCap
 from softrdma.verbs_api.device import add_device, unregister_device
 from softrdma.wire.icrc import set_icrc_ipv4

@@ -14,7 +14,7 @@ import pytest
 
 from softrdma.enums import IBV_WR_RDMA_WRITE, IBV_WR_SEND
 from softrdma.soft.udp import TransportError
-from softrdma.testing import Endpoint, connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import Context, QPCap
 from softrdma.verbs_api.device import add_device, unregister_device
 from softrdma.wire.frames import decode_frame
@@ -214,7 +214,7 @@ def test_capture_by_environment_variable(tmp_path):
 import time
 from softrdma.verbs_api.device import add_device
 d = add_device('127.0.0.53', name='envdev'); d.attach_udp()
-from softrdma.testing import Endpoint, connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import Context, QPCap
 cap = QPCap(max_send_wr=4, max_recv_wr=4)
 a = Endpoint(Context(name='envdev'), 'RC', 4096, cap, 16); b = Endpoint(Context(name='envdev'), 'RC', 4096, cap, 16)

@@ -21,7 +21,7 @@ from ..enums import (
     IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
     IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 )
-from ..testing import Endpoint, connect
+from ..harness.testing import Endpoint, connect
 from ..verbs_api import Context, QPCap
 from ..wire.dissect import DissectStats, dissect_records, format_record
 from ..wire.pcap import read_pcap

@@ -1,7 +1,7 @@
 """Helpers for tests and experiments: two connected endpoints on a simulated network.
 
-    from softrdma.sim import SimNetwork
-    from softrdma.testing import connected_pair
+    from softrdma.harness.sim import SimNetwork
+    from softrdma.harness.testing import connected_pair
     net = SimNetwork(seed=7, loss=0.05)
     a, b = connected_pair(net, "RC")
     b.post_recv(b.buf_sge(0, 4096), wr_id=1)
@@ -19,11 +19,11 @@ import itertools
 from typing import Any
 
 from .sim import SimNetwork
-from .verbs_api import (
+from ..verbs_api import (
     CQ, MR, PD, QP, SGE, AHAttr, Context, GlobalRoute, QPAttr, QPCap, QPInitAttr, RecvWR,
     SendWR, AH,
 )
-from .enums import (
+from ..enums import (
     IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_MW_BIND, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE, IBV_MTU_1024, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD,
 )

@@ -2,7 +2,7 @@
 and corruption on a virtual clock, so protocol behaviour (retries, RNR waits, timeouts)
 can be exercised exactly and instantly.
 
-    from softrdma.sim import SimNetwork
+    from softrdma.harness.sim import SimNetwork
     net = SimNetwork(seed=1, loss=0.1, delay=50e-6)
     a = net.add_device("10.0.0.1"); b = net.add_device("10.0.0.2")
     ... create QPs on Context(name=a.name) and Context(name=b.name), connect them ...
@@ -20,8 +20,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .soft.device import SoftDevice
-from .verbs_api.device import add_device, unregister_device
+from ..soft.device import SoftDevice
+from ..verbs_api.device import add_device, unregister_device
 
 __all__ = ["SimNetwork", "LinkProfile"]
 
