@@ -14,10 +14,10 @@ from ..verbs_api.device import add_device, find_device, get_device_list
 from .argtypes import ip_address
 from .common import ToolError
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parser"]
 
 
-def add_parsers(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     d = sub.add_parser("devices", help="list soft devices (like ibv_devices)")
     d.add_argument("-a", "--addr", action="append", default=[], type=ip_address,
                    help="also make a device for this IP address (repeatable)")
