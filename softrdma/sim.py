@@ -1,0 +1,1 @@
+from .harness.sim import *  # noqa: F401,F403 -- the old path, kept for code written against it
