@@ -4,4 +4,5 @@ import sys
 
 from ..cli import main
 
-sys.exit(main(["bench", *sys.argv[1:]]))
+if __name__ == "__main__":  # not on import (tests import every module of the package)
+    sys.exit(main(["bench", *sys.argv[1:]]))
