@@ -34,7 +34,7 @@ import time
 
 
 def _setup(args, trial):
-    from softrdma.testing import Endpoint, _connect
+    from softrdma.harness.testing import Endpoint, connect
     from softrdma.verbs_api import Context, QPCap
     from softrdma.verbs_api.device import add_device
     tag = f"{trial}-{random.randrange(1 << 30)}"
@@ -50,7 +50,7 @@ def _setup(args, trial):
     cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
     a = Endpoint(Context(name=peer.name), "RC", 1 << 16, cap, 64)
     b = Endpoint(Context(name=victim.name), "RC", 1 << 16, cap, 64)
-    return peer, victim, a, b, _connect
+    return peer, victim, a, b, connect
 
 
 def trial(args, k: int, rng: random.Random) -> dict:
@@ -124,8 +124,8 @@ def trial(args, k: int, rng: random.Random) -> dict:
         a.close(), b.close()
         for d in (victim, peer):
             d.detach()
-            from softrdma.verbs_api.device import _registry
-            _registry.pop(d.name, None)
+            from softrdma.verbs_api.device import unregister_device
+            unregister_device(d.name)
 
 
 def _wait(cond, timeout):

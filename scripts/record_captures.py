@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from softrdma.lab import HOST_IP, Lab, guest_ip  # noqa: E402
+from softrdma.harness.lab import HOST_IP, Lab, guest_ip  # noqa: E402
 
 RUNS = {  # name: (server command, client command without the server address)
     "rc_pingpong": ("ibv_rc_pingpong -g 1 -n 5 -s 4096", "ibv_rc_pingpong -g 1 -n 5 -s 4096"),

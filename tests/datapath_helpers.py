@@ -14,8 +14,8 @@ import contextlib
 import struct
 from typing import Any, Callable, Iterator
 
-from softrdma.sim import SimNetwork
-from softrdma.testing import Endpoint, connected_pair
+from softrdma.harness.sim import SimNetwork
+from softrdma.harness.testing import Endpoint, connected_pair
 from softrdma.verbs_api.device import remove_device
 from softrdma.wire.icrc import set_icrc_ipv4
 from softrdma.wire.packet import build, parse

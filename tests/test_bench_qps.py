@@ -1,11 +1,11 @@
-"""`softrdma bench --what qps`: it runs, measures what it says, and prints the targets."""
+"""`softrdma bench qps`: it runs, measures what it says, and prints the targets."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from softrdma.bench import run_qp_bench
+from softrdma.bench.qps import run_qp_bench
 from softrdma.verbs_api import get_device_list
 
 from .conftest import ROOT
@@ -23,7 +23,7 @@ def test_run_qp_bench_small():
 
 
 def test_cli_bench_qps_prints_numbers_and_targets():
-    proc = subprocess.run([sys.executable, "-m", "softrdma", "bench", "--what", "qps",
+    proc = subprocess.run([sys.executable, "-m", "softrdma", "bench", "qps",
                            "--qps", "500"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -35,6 +35,6 @@ def test_cli_bench_qps_prints_numbers_and_targets():
 
 
 def test_cli_bench_rejects_a_bad_count():
-    proc = subprocess.run([sys.executable, "-m", "softrdma", "bench", "--what", "qps",
+    proc = subprocess.run([sys.executable, "-m", "softrdma", "bench", "qps",
                            "--qps", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--qps" in proc.stderr

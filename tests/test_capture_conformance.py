@@ -1,14 +1,14 @@
 """softrdma against real Linux rxe: replay each capture with softrdma standing in for one
 endpoint, and require the packets it sends to equal, byte for byte, the packets the real
 rxe endpoint sent (ICRC recomputed with the captured IPv4 ID, which rxe increments and our
-sockets do not). See softrdma/replay.py for what is taken from the capture and what is
+sockets do not). See softrdma/harness/replay.py for what is taken from the capture and what is
 computed."""
 
 from __future__ import annotations
 
 import pytest
 
-from softrdma.replay import load_capture, replay_side
+from softrdma.harness.replay import load_capture, replay_side
 from softrdma.wire.packet import parse
 
 from .conftest import PCAPS

@@ -30,8 +30,8 @@ TIMEOUT = 20
 CASES = [
     # -- the cases a first user review found -------------------------------------------------------------
     (["devices", "-a", "notip"], 2, "-a/--addr"),
-    (["bench", "--size", "-1"], 2, "--size"),
-    (["bench", "--seconds", "-1"], 2, "--seconds"),
+    (["bench", "wire", "--size", "-1"], 2, "--size"),
+    (["bench", "wire", "--seconds", "-1"], 2, "--seconds"),
     (["demo", "--pcap", "/nonexistent/dir/x.pcap"], 1, "/nonexistent/dir/x.pcap"),
     (["pingpong", "rc", "-m", "999"], 2, "-m/--mtu"),
     (["pingpong", "rc", "-s", "-5"], 2, "-s/--size"),
@@ -97,10 +97,15 @@ CASES = [
     (["perf", "write", "-x", "9", "--addr", "127.0.0.202"], 1, "GID index 9"),
     (["perf", "write", "-i", "2", "--addr", "127.0.0.202"], 1, "port 2"),
     # -- bench --------------------------------------------------------------------------------
-    (["bench", "--seconds", "0"], 2, "--seconds"),
-    (["bench", "--seconds", "nan"], 2, "--seconds"),
-    (["bench", "--size", "100000"], 2, "--size"),
-    (["bench", "--what", "qps", "--depth", "-1"], 2, "--depth"),
+    (["bench", "wire", "--seconds", "0"], 2, "--seconds"),
+    (["bench", "wire", "--seconds", "nan"], 2, "--seconds"),
+    (["bench", "wire", "--size", "100000"], 2, "--size"),
+    (["bench", "qps", "--depth", "-1"], 2, "--depth"),
+    (["bench", "engines", "--seconds", "0"], 2, "--seconds"),
+    (["bench", "udp", "--rounds", "0"], 2, "--rounds"),
+    (["bench", "udp", "--port", "http"], 2, "--port"),
+    (["bench"], 2, "wire,engines,qps,udp"),
+    (["bench", "crc"], 2, "crc"),
     # -- demo ---------------------------------------------------------------------------------
     (["demo", "--size", "-1"], 2, "--size"),
     (["demo", "--size", "200000"], 2, "--size"),

@@ -20,7 +20,7 @@ import pytest
 from softrdma.enums import *  # noqa: F401,F403
 from softrdma.enums import ibv_qp_state as S
 from softrdma.qp.params import rnr_nak_seconds
-from softrdma.sim import SimNetwork
+from softrdma.harness.sim import SimNetwork
 from softrdma.verbs_api import MR, PD
 from softrdma.wire.headers import NakCode
 from softrdma.wire.opcodes import Opcode as O

@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from softrdma.enums import *  # noqa: F401,F403
 from softrdma.enums import ibv_qp_state as S
-from softrdma.sim import SimNetwork
+from softrdma.harness.sim import SimNetwork
 from softrdma.wire.frames import ip_checksum
 from softrdma.wire.opcodes import Opcode as O
 from softrdma.qp.psn import psn_diff

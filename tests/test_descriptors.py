@@ -16,7 +16,7 @@ from .conftest import ROOT
 
 _COMMON = r"""
 import os, resource, time
-from softrdma.testing import Endpoint, _connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import Context, QPCap, add_device
 from softrdma.verbs_api.enums import IBV_WR_RDMA_WRITE
 CAP = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
@@ -31,7 +31,7 @@ def pairs(n, ca, cb):
     out = []
     for i in range(n):
         a, b = Endpoint(ca, "RC", 4096, CAP, 8), Endpoint(cb, "RC", 4096, CAP, 8)
-        _connect(a, b, 1, 2); _connect(b, a, 2, 1)
+        connect(a, b, 1, 2); connect(b, a, 2, 1)
         out.append((a, b))
     return out
 
@@ -100,7 +100,7 @@ def test_a_socket_that_cannot_be_had_falls_back_to_port_4791(monkeypatch):
     import errno as _errno
 
     from softrdma.soft import udp as udp_mod
-    from softrdma.testing import Endpoint, _connect
+    from softrdma.harness.testing import Endpoint, connect
     from softrdma.verbs_api import Context, QPCap, add_device, remove_device
     from softrdma.verbs_api.enums import IBV_WR_RDMA_WRITE
 
@@ -110,8 +110,8 @@ def test_a_socket_that_cannot_be_had_falls_back_to_port_4791(monkeypatch):
         with Context(name="fb-a") as ca, Context(name="fb-b") as cb:
             cap = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
             a, b = Endpoint(ca, "RC", 4096, cap, 8), Endpoint(cb, "RC", 4096, cap, 8)
-            _connect(a, b, 1, 2)
-            _connect(b, a, 2, 1)
+            connect(a, b, 1, 2)
+            connect(b, a, 2, 1)
             real = udp_mod.socket.socket
 
             def no_fds(*args, **kw):

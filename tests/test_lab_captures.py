@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from softrdma.qp.params import udp_sport_for_path, udp_sport_for_qpn
-from softrdma.replay import load_capture, replay_side
+from softrdma.harness.replay import load_capture, replay_side
 from softrdma.wire.frames import decode_frame
 from softrdma.wire.packet import parse
 from softrdma.wire.pcap import read_pcap

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from softrdma import lab
+from softrdma.harness import lab
 
 from .conftest import IN_CI, ROOT
 
@@ -25,7 +25,7 @@ CLEAN_PATH = "/usr/bin:/bin"  # no venv, not even sbin: the poorest PATH a CI sh
 
 _PROBE = r"""
 import json, subprocess, sys
-from softrdma import lab
+from softrdma.harness import lab
 kernel = lab._kernel()
 out = {"missing": lab.missing_prerequisites(), "kernel": kernel}
 if kernel:

@@ -20,7 +20,7 @@ import pytest
 
 from softrdma.errors import PyverbsRDMAError
 from softrdma.soft.device import SoftDevice
-from softrdma.testing import Endpoint, _connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import (
     CQ, QP, SRQ, CompChannel, Context, QPCap, QPInitAttr, RecvWR, SGE, SrqInitAttr, SrqAttr,
     add_device, remove_device,
@@ -130,7 +130,7 @@ def test_readme_programs_run_as_written():
 def test_manual_mode_moves_nothing_until_progress():
     code = r"""
 from softrdma.verbs_api import Context, get_device_list, get_soft_device
-from softrdma.testing import Endpoint, _connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import QPCap
 from softrdma.verbs_api.enums import IBV_WR_RDMA_WRITE
 ctx = Context(name=get_device_list()[0].name.decode())
@@ -138,7 +138,7 @@ dev = get_soft_device()
 assert dev.udp is None and dev.progress_thread is None, "manual: no socket, no thread"
 cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
 a, b = Endpoint(ctx, "RC", 4096, cap, 16), Endpoint(ctx, "RC", 4096, cap, 16)
-_connect(a, b, 1, 2); _connect(b, a, 2, 1)
+connect(a, b, 1, 2); connect(b, a, 2, 1)
 a.mr.write(b"x" * 64, 64)
 a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, 64), 1, remote_offset=0)
 assert len(a.cq) == 0 and b.mr.read(64, 0) == bytes(64), "nothing moved by itself"
@@ -210,8 +210,8 @@ def test_close_leaves_no_thread_and_no_descriptor(live):
     dev = ctx.device
     assert dev.progress_thread is not None and dev.progress_thread.is_alive()
     a, b = Endpoint(ctx, "RC", 1 << 16, CAP, 64), Endpoint(ctx, "RC", 1 << 16, CAP, 64)
-    _connect(a, b, 1, 2)
-    _connect(b, a, 2, 1)
+    connect(a, b, 1, 2)
+    connect(b, a, 2, 1)
     a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, 8192), 1, remote_offset=0)
     assert _wait(lambda: len(a.cq) == 1)
     ctx.close()
@@ -225,8 +225,8 @@ def test_rc_send_with_imm_inline_and_write_with_imm_over_two_live_devices(live):
     live("127.0.9.22", "t-b")
     with Context(name="t-a") as ca, Context(name="t-b") as cb:
         a, b = Endpoint(ca, "RC", 1 << 16, CAP, 64), Endpoint(cb, "RC", 1 << 16, CAP, 64)
-        _connect(a, b, 7, 9)
-        _connect(b, a, 9, 7)
+        connect(a, b, 7, 9)
+        connect(b, a, 9, 7)
         a.mr.write(b"inline!", 7)
         b.post_recv(b.sge(0, 256), 1)
         b.post_recv(b.sge(256, 256), 2)
@@ -245,8 +245,8 @@ def test_ud_with_address_handles_on_a_live_device(live):
     live("127.0.9.31", "t-ud")
     with Context(name="t-ud") as ctx:
         a, b = Endpoint(ctx, "UD", 1 << 16, CAP, 64), Endpoint(ctx, "UD", 1 << 16, CAP, 64)
-        _connect(a, b, 1, 2)
-        _connect(b, a, 2, 1)
+        connect(a, b, 1, 2)
+        connect(b, a, 2, 1)
         a.mr.write(b"datagram", 8)
         b.post_recv(b.sge(0, 256), 1)
         a.post_send(IBV_WR_SEND, a.sge(0, 8), 2)
@@ -269,8 +269,8 @@ def test_srq_and_completion_channel_block_until_the_thread_delivers(live):
         srq = SRQ(b.pd, SrqInitAttr(SrqAttr(max_wr=16, max_sge=1)))
         b.qp.close()
         b.qp = QP(b.pd, QPInitAttr(qp_type=IBV_QPT_RC, scq=b.cq, rcq=rcq, srq=srq, cap=CAP))
-        _connect(a, b, 3, 4)
-        _connect(b, a, 4, 3)
+        connect(a, b, 3, 4)
+        connect(b, a, 4, 3)
         srq.post_recv(RecvWR(5, 1, [SGE(b.mr.buf, 1024, b.mr.lkey)]))
         rcq.req_notify()
         a.mr.write(b"to the srq", 10)
@@ -305,11 +305,11 @@ def test_sleeping_program_gets_retransmission_done_by_the_device(live):
     live("127.0.9.52", "t-r2")
     with Context(name="t-r1") as ca, Context(name="t-r2") as cb:
         a, b = Endpoint(ca, "RC", 1 << 16, CAP, 64), Endpoint(cb, "RC", 1 << 16, CAP, 64)
-        _connect(a, b, 1, 2, timeout=8)
+        connect(a, b, 1, 2, timeout=8)
         a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, 100), 1, remote_offset=0)  # b is in RESET
         time.sleep(0.05)
         assert len(a.cq) == 0
-        _connect(b, a, 2, 1)
+        connect(b, a, 2, 1)
         assert _wait(lambda: len(a.cq) == 1)
         assert a.cq.poll_all()[0].status == IBV_WC_SUCCESS
         assert ca.device.counters.completer_retry_err + ca.device.counters.sent_pkts > 1

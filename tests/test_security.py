@@ -14,9 +14,9 @@ from softrdma.enums import IBV_WR_SEND
 from softrdma.qp.params import RXE_ROCE_V2_SPORT, calc_flow_label
 from softrdma.soft.device import SoftDevice
 from softrdma.qp.memory import AccessError
-from softrdma.testing import Endpoint, _connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import Context, QPCap
-from softrdma.verbs_api.device import _registry, add_device
+from softrdma.verbs_api.device import add_device, unregister_device
 from softrdma.wire.icrc import set_icrc_ipv4
 from softrdma.wire.opcodes import Opcode
 from softrdma.wire.packet import build, parse
@@ -37,7 +37,7 @@ def devs():
     yield make
     for d in made:
         d.detach()
-        _registry.pop(d.name, None)
+        unregister_device(d.name)
 
 
 # -- memory keys and addresses ------------------------------------------------------------------
@@ -146,8 +146,8 @@ def _victim(devs, tag, strict):
         db.strict = strict
     a = Endpoint(Context(name=da.name), "RC", 4096, CAP, 16)
     b = Endpoint(Context(name=db.name), "RC", 4096, CAP, 16)
-    _connect(a, b, EXPECTED, 2000)
-    _connect(b, a, 2000, EXPECTED)
+    connect(a, b, EXPECTED, 2000)
+    connect(b, a, 2000, EXPECTED)
     b.post_recv(b.sge(0, 64), 1)
     return da, db, a, b
 
@@ -193,8 +193,8 @@ def test_two_strict_devices_talk_over_udp_and_refuse_a_spoofed_port(devs):
     da.attach_udp(), db.attach_udp()
     a = Endpoint(Context(name=da.name), "RC", 1 << 16, CAP, 16)
     b = Endpoint(Context(name=db.name), "RC", 1 << 16, CAP, 16)
-    _connect(a, b, 7, 9)
-    _connect(b, a, 9, 7)
+    connect(a, b, 7, 9)
+    connect(b, a, 9, 7)
     b.post_recv(b.sge(0, 5000), 1)
     a.post_send(IBV_WR_SEND, a.sge(0, 5000), 2)
     end = time.monotonic() + 5

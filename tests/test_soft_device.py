@@ -14,9 +14,9 @@ import pytest
 
 from softrdma.enums import IBV_WR_RDMA_WRITE, IBV_WR_SEND
 from softrdma.soft.udp import TransportError
-from softrdma.testing import Endpoint, _connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import Context, QPCap
-from softrdma.verbs_api.device import _registry, add_device
+from softrdma.verbs_api.device import add_device, unregister_device
 from softrdma.wire.frames import decode_frame
 from softrdma.wire.opcodes import Opcode
 from softrdma.wire.packet import build, parse
@@ -38,7 +38,7 @@ def devices(request):
     yield make
     for d in made:
         d.detach()
-        _registry.pop(d.name, None)
+        unregister_device(d.name)
 
 
 def _wait(cond, timeout=5.0):
@@ -53,8 +53,8 @@ def _wait(cond, timeout=5.0):
 def _pair(da, db):
     a = Endpoint(Context(name=da.name), "RC", 1 << 18, CAP, 256)
     b = Endpoint(Context(name=db.name), "RC", 1 << 18, CAP, 256)
-    _connect(a, b, 5, 0xFFFFFE)
-    _connect(b, a, 0xFFFFFE, 5)
+    connect(a, b, 5, 0xFFFFFE)
+    connect(b, a, 0xFFFFFE, 5)
     return a, b
 
 
@@ -115,8 +115,8 @@ def test_ipv6_icrc_is_verified_and_corruption_is_caught(devices):
     d = devices("::1", "t-v6")
     a = Endpoint(Context(name=d.name), "RC", 1 << 16, CAP, 64)
     b = Endpoint(Context(name=d.name), "RC", 1 << 16, CAP, 64)
-    _connect(a, b, 1, 2)
-    _connect(b, a, 2, 1)
+    connect(a, b, 1, 2)
+    connect(b, a, 2, 1)
     b.post_recv(b.sge(0, 3000), 1)
     a.post_send(IBV_WR_SEND, a.sge(0, 3000), 2)
     assert _wait(lambda: len(a.cq) >= 1 and len(b.cq) >= 1)
@@ -180,7 +180,7 @@ def test_port_in_use_is_a_clear_error(devices):
         with pytest.raises(TransportError, match="in use"):
             other.attach_udp()
     finally:
-        _registry.pop("t-busy2", None)
+        unregister_device("t-busy2")
 
 
 def test_manual_mode_is_single_threaded(devices):
@@ -214,11 +214,11 @@ def test_capture_by_environment_variable(tmp_path):
 import time
 from softrdma.verbs_api.device import add_device
 d = add_device('127.0.0.53', name='envdev'); d.attach_udp()
-from softrdma.testing import Endpoint, _connect
+from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import Context, QPCap
 cap = QPCap(max_send_wr=4, max_recv_wr=4)
 a = Endpoint(Context(name='envdev'), 'RC', 4096, cap, 16); b = Endpoint(Context(name='envdev'), 'RC', 4096, cap, 16)
-_connect(a, b, 1, 2); _connect(b, a, 2, 1)
+connect(a, b, 1, 2); connect(b, a, 2, 1)
 b.post_recv(b.sge(0, 64), 1); a.post_send(2, a.sge(0, 64), 2)
 t = time.time()
 while len(b.cq) < 1 and time.time() - t < 5: time.sleep(0.001)

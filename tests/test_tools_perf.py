@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.tools.perf import _cache_line_size, _page_size, pattern
-from softrdma.tools.perftest_oob import HANDSHAKES, Dest, version_value
+from softrdma.tools.perf.resources import cache_line_size, page_size, pattern
+from softrdma.tools.perf.communication import HANDSHAKES, Dest, version_value
 
 ROOT = Path(__file__).resolve().parent.parent
 OOB = ROOT / "pcaps" / "linux-rxe" / "with-oob"
@@ -356,7 +356,7 @@ def _compare(test: str, got: list[bytes], soft_is_client: bool, soft_ip: str) ->
     theirs = [b for s, b, _ in recs if s == (CAP_CLIENT if soft_is_client else CAP_SERVER)]
     assert [len(b) for b in got] == [len(b) for b in theirs]
     assert got[0] == theirs[0] == b"6.06" + bytes(12)
-    assert got[1] == struct.pack("!i", _page_size()) and got[2] == struct.pack("!i", _cache_line_size())
+    assert got[1] == struct.pack("!i", page_size()) and got[2] == struct.pack("!i", cache_line_size())
     assert got[3] == theirs[3] == b"3\0"
     keys = [b for b in got if len(b) == 108]
     assert len(set(keys)) == 1  # every handshake after the first resends the same record

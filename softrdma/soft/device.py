@@ -436,3 +436,9 @@ class SoftDevice:
 
     def __repr__(self) -> str:
         return f"<SoftDevice {self.name} {self.ip} mtu={self.netdev_mtu}>"
+
+    def pin_next_qpn(self, qpn: int) -> None:
+        """Allocate QPNs sequentially from now on (rxe's pool order), starting at ``qpn``: how
+        a replay of a capture gives its QP the captured number."""
+        self.sequential_qpn = True
+        self._next_qpn = qpn

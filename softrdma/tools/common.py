@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import socket
 import time
 from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ..soft.udp import TransportError
+from ..verbs_api.device import add_device, find_device, unregister_device
 
-__all__ = ["ToolError", "open_device", "tcp_listen", "tcp_connect", "recv_exact",
+__all__ = ["ToolError", "UsageError", "open_device", "tcp_listen", "tcp_connect", "recv_exact",
            "local_address_towards"]
 
 
 class ToolError(Exception):
     """A problem to report in one line (exit status 1), e.g. a peer that cannot be reached."""
+
+
+class UsageError(Exception):
+    """An error to report in one line, exit status 2: a usage error found after parsing
+    (options that do not go together), or dissect's unreadable file."""
 
 
 def local_address_towards(host: str) -> str:
@@ -48,11 +55,9 @@ def open_device(name: str | None, addr: str | None, peer: str | None = None,
     127.0.0.1. A loopback address already taken by another softrdma (two processes on one
     host) moves to the next one, 127.0.0.2, 127.0.0.3...
     """
-    import os
-    from ..verbs_api.device import _registry, add_device
     if name and not addr:
-        if name in _registry:
-            dev = _registry[name]
+        dev = find_device(name)
+        if dev is not None:
             _bind(dev)
             return dev
         if name.startswith("softrdma-"):
@@ -75,12 +80,12 @@ def open_device(name: str | None, addr: str | None, peer: str | None = None,
     for i in range(tries):
         cand = str(ipaddress.ip_address(int(ip) + i)) if i else str(ip)
         dname = f"softrdma-{cand}"
-        dev = _registry.get(dname) or add_device(cand, name=dname, mtu=mtu)
+        dev = find_device(dname) or add_device(cand, name=dname, mtu=mtu)
         try:
             _bind(dev)
             return dev
         except TransportError as e:
-            del _registry[dname]
+            unregister_device(dname)
             last = e
             if e.errno != errno.EADDRINUSE:
                 break

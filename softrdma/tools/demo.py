@@ -21,9 +21,12 @@ from ..enums import (
     IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
     IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 )
+from ..harness.testing import Endpoint, connect
 from ..verbs_api import Context, QPCap
+from ..wire.dissect import DissectStats, dissect_records, format_record
+from ..wire.pcap import read_pcap
 from .argtypes import int_range, ip_address
-from .common import ToolError, open_device
+from .common import ToolError, UsageError, open_device
 
 __all__ = ["add_parser", "run"]
 
@@ -55,10 +58,8 @@ def _wait(ep: Any, n: int, timeout: float = 10.0) -> list[Any]:
 
 
 def run(a: argparse.Namespace) -> int:
-    from ..testing import Endpoint, _connect
     if a.addrs[0] == a.addrs[1]:
-        from ..cli import CliError
-        raise CliError(f"argument --addrs: the two devices need two different addresses, not "
+        raise UsageError(f"argument --addrs: the two devices need two different addresses, not "
                        f"{a.addrs[0]} twice")
     if a.pcap:
         # the capture is the first device's ({name} in the path is its name, as for
@@ -87,8 +88,8 @@ def run(a: argparse.Namespace) -> int:
     try:
         # random initial PSNs, as every softrdma tool uses (docs/security.md)
         psn_a, psn_b = secrets.randbits(24), secrets.randbits(24)
-        _connect(a_ep, b_ep, psn_a, psn_b)
-        _connect(b_ep, a_ep, psn_b, psn_a)
+        connect(a_ep, b_ep, psn_a, psn_b)
+        connect(b_ep, a_ep, psn_b, psn_a)
         print(f"RC QP 0x{a_ep.qp.qp_num:06x} on {devs[0].ip} <-> QP 0x{b_ep.qp.qp_num:06x} on "
               f"{devs[1].ip}, both RTS (path MTU 1024, timeout 14, retry 7/7)")
         n = a.size
@@ -151,8 +152,6 @@ def run(a: argparse.Namespace) -> int:
         b_ep.close()
         for d in devs:
             d.detach()
-    from ..wire.dissect import DissectStats, dissect_records, format_record
-    from ..wire.pcap import read_pcap
     stats = DissectStats()
     print(f"capture: {pcap}")
     for rec in dissect_records(read_pcap(pcap), stats):

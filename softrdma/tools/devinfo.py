@@ -9,12 +9,15 @@ import argparse
 from typing import Any
 
 from ..enums import ibv_port_state, mtu_to_bytes
+from ..verbs_api import Context
+from ..verbs_api.device import add_device, find_device, get_device_list
 from .argtypes import ip_address
+from .common import ToolError
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parser"]
 
 
-def add_parsers(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     d = sub.add_parser("devices", help="list soft devices (like ibv_devices)")
     d.add_argument("-a", "--addr", action="append", default=[], type=ip_address,
                    help="also make a device for this IP address (repeatable)")
@@ -28,11 +31,10 @@ def add_parsers(sub: Any) -> None:
 
 
 def _make(addrs: list[str]) -> None:
-    from ..verbs_api.device import _registry, add_device, get_device_list
     get_device_list()
     for ip in addrs:
         name = f"softrdma-{ip}"
-        if name not in _registry:
+        if find_device(name) is None:
             add_device(ip, name=name, live=False)  # queried only: no socket
 
 
@@ -42,7 +44,6 @@ def _guid(g: int) -> str:
 
 
 def run_devices(a: argparse.Namespace) -> int:
-    from ..verbs_api.device import get_device_list
     _make(a.addr)
     print(f"    {'device':<16}\t   node GUID")
     print(f"    {'------':<16}\t----------------")
@@ -52,8 +53,6 @@ def run_devices(a: argparse.Namespace) -> int:
 
 
 def run_devinfo(a: argparse.Namespace) -> int:
-    from ..verbs_api import Context, get_device_list
-    from .common import ToolError
     _make(a.addr)
     names = [d.name.decode() for d in get_device_list()]
     if a.ib_dev:

@@ -395,20 +395,20 @@ class Fuzzer:
     def setup(self) -> None:
         from ..soft.udp import TransportError
         from ..verbs_api import SRQ, SrqAttr, SrqInitAttr
-        from ..verbs_api.device import _registry, add_device
+        from ..verbs_api.device import add_device, find_device, unregister_device
         cfg = self.cfg
         if cfg.icrc == "raw" and not _raw_allowed():
             raise ToolError("--icrc raw needs a raw socket (root or CAP_NET_RAW)")
         self.raw = cfg.icrc == "raw" or (cfg.icrc == "auto" and _raw_allowed())
         for ip in cfg.addrs:
             name = f"softrdma-fuzz-{ip}"
-            if name in _registry:
+            if find_device(name) is not None:
                 raise ToolError(f"device {name} already exists")
             dev = add_device(ip, name=name, seed=self.rng.randrange(1 << 30))
             try:
                 dev.attach_udp(thread=True, raw_rx=self.raw)
             except TransportError as e:
-                _registry.pop(name, None)
+                unregister_device(name)
                 raise ToolError(f"cannot bind {ip}: {e.args[1] if len(e.args) > 1 else e}")
             self.devs.append(dev)
         self.sides = [Side(d, self.rng) for d in self.devs]
@@ -1077,7 +1077,7 @@ class Fuzzer:
         return path
 
     def close(self) -> None:
-        from ..verbs_api.device import _registry
+        from ..verbs_api.device import unregister_device
         if hasattr(self, "_old_hook"):
             threading.excepthook = self._old_hook
         if hasattr(self, "_leaked_ev"):
@@ -1093,7 +1093,7 @@ class Fuzzer:
                 pass
         for d in self.devs:
             d.detach()
-            _registry.pop(d.name, None)
+            unregister_device(d.name)
 
 
 def _wc_status_name(status: int) -> str:

@@ -13,8 +13,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
+from ..harness.lab import AGENT_PORT, Lab, LabUnavailable, guest_ip
 from .argtypes import int_range
 from .common import ToolError
 
@@ -47,7 +49,6 @@ def _strip(cmd: list[str]) -> list[str]:
 
 
 def _boot(n: int):
-    from ..lab import Lab, LabUnavailable
     print(f"lab: booting {n} guest(s) with kernel rxe (30-60 s)...", file=sys.stderr)
     try:
         return Lab(guests=n)
@@ -62,7 +63,6 @@ def _run(a: argparse.Namespace) -> int:
     with _boot(a.guests) as lab:
         job = lab.guest_start(0, a.guest_cmd) if a.guest_cmd else None
         if job:
-            import time
             time.sleep(1.0)
         r = lab.host(cmd, timeout=600)
         sys.stdout.write(r.stdout)
@@ -77,7 +77,7 @@ def _run(a: argparse.Namespace) -> int:
 
 def _shell(a: argparse.Namespace) -> int:
     with _boot(a.guests) as lab:
-        env = lab._env()
+        env = lab.env()
         env["SOFTRDMA_LAB_DIR"] = str(lab.dir)
         env["PS1"] = "(softrdma-lab) # "
         print(f"lab: softrdma side {lab.dir} 10.77.0.1; guests 10.77.0.11.. with rxe0; "
@@ -88,7 +88,6 @@ def _shell(a: argparse.Namespace) -> int:
 
 
 def _guest(a: argparse.Namespace) -> int:
-    from ..lab import AGENT_PORT, guest_ip
     if "SOFTRDMA_LAB_DIR" not in os.environ:
         raise ToolError("'softrdma lab guest' runs inside 'softrdma lab shell'")
     cmd = " ".join(_strip(a.cmd))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import random
 import select
+import socket
 import time
 from typing import Any
 
@@ -39,7 +40,9 @@ from ..verbs_api import (
     QPInitAttr, RecvWR, SendWR, SrqAttr, SrqInitAttr,
 )
 from .argtypes import c_int, choice_int, int_range, ip_address
-from .common import ToolError, open_device, recv_exact, resolve, tcp_connect, tcp_listen
+from .common import (
+    ToolError, UsageError, open_device, recv_exact, resolve, tcp_connect, tcp_listen,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -70,7 +73,6 @@ def parse_dest(msg: bytes) -> tuple[int, int, int, bytes]:
 
 def gid_str(gid: bytes) -> str:
     """As the C tools print it: inet_ntop(AF_INET6), e.g. ``::ffff:10.77.0.12``."""
-    import socket
     return socket.inet_ntop(socket.AF_INET6, gid)
 
 
@@ -260,8 +262,7 @@ def _check(a: argparse.Namespace) -> None:
     """The checks rdma-core makes after parsing (exit status 1, its messages)."""
     if a.kind == "srq":
         if a.size < 1:  # srq_pingpong.c refuses it while parsing: a usage error
-            from ..cli import CliError
-            raise CliError(f"argument -s/--size: {a.size} is not positive (srq)")
+            raise UsageError(f"argument -s/--size: {a.size} is not positive (srq)")
         if a.num_qp > a.rx_depth:
             raise ToolError(f"rx_depth {a.rx_depth} is too small for {a.num_qp} QPs -- must have "
                             f"at least one receive per QP.")

@@ -377,3 +377,33 @@ class Context(ContextBase):
 
     def __repr__(self) -> str:
         return f"<Context {self.name} {self.device.ip}>"
+
+
+# -- the registry, for harnesses and tools: devices made elsewhere, looked up, forgotten ----------
+
+__all__ += ["register_device", "unregister_device", "find_device"]
+
+
+def register_device(dev: SoftDevice) -> SoftDevice:
+    """Make a device built outside :func:`add_device` (a capture replay's, a test's) openable
+    as ``Context(name=dev.name)``; EEXIST if the name is taken."""
+    with _registry_lock:
+        _ensure_default() if dev.name != DEFAULT_NAME else None
+        if dev.name in _registry:
+            raise PyverbsRDMAError(f"device {dev.name} already exists", errno.EEXIST)
+        _registry[dev.name] = dev
+        return dev
+
+
+def unregister_device(name: str) -> SoftDevice | None:
+    """Forget device ``name`` whatever its state (a harness or tool cleaning up after itself,
+    contexts still open or not: they keep their device); the device, or None if unknown.
+    :func:`remove_device` is the checked form for programs."""
+    with _registry_lock:
+        return _registry.pop(name, None)
+
+
+def find_device(name: str) -> SoftDevice | None:
+    """The registered device ``name``, or None (no default device is created)."""
+    with _registry_lock:
+        return _registry.get(name)

@@ -1,4 +1,4 @@
-"""Session fixture: one lab of real Linux rxe peers (softrdma.lab) for all interop tests.
+"""Session fixture: one lab of real Linux rxe peers (softrdma.harness.lab) for all interop tests.
 
 Missing prerequisites skip these tests locally with one line naming them, and fail under
 CI=true. Each test that fails keeps a pcap of its traffic in tests/interop/failed-pcaps/.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.lab import Lab, LabUnavailable, missing_prerequisites
+from softrdma.harness.lab import Lab, LabUnavailable, missing_prerequisites
 
 from ..conftest import IN_CI
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from softrdma.lab import HOST_IP, guest_ip
+from softrdma.harness.lab import HOST_IP, guest_ip
 
 PORTS = iter(range(18800, 18999))
 

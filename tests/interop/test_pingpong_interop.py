@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from softrdma.lab import HOST_IP, guest_ip
+from softrdma.harness.lab import HOST_IP, guest_ip
 
 PORTS = iter(range(18600, 18999))
 SIZES = {"rc": [512, 4096], "uc": [512, 4096], "srq": [512, 4096], "ud": [512, 1024]}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from softrdma.lab import HOST_IP, guest_ip
+from softrdma.harness.lab import HOST_IP, guest_ip
 
 # Runs in the guest with Debian's python3 and rdma-core's pyverbs on rxe0.
 GUEST = r'''

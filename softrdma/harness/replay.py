@@ -22,19 +22,25 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from .enums import (
+from ..enums import (
     IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE, IBV_MTU_1024, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_SEND_INLINE,
     IBV_SEND_SIGNALED, IBV_SEND_SOLICITED, IBV_WR_ATOMIC_CMP_AND_SWP,
     IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM,
     IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV,
 )
-from .wire.frames import decode_frame
-from .wire.icrc import icrc_ipv4, icrc_ipv6
-from .wire.opcodes import Opcode as O, Transport
-from .wire.packet import RocePacket, parse
-from .wire.pcap import read_pcap
-from .qp.psn import psn_diff
+from ..wire.frames import decode_frame
+from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from ..wire.opcodes import Opcode as O, Transport
+from ..wire.packet import RocePacket, parse
+from ..wire.pcap import read_pcap
+from ..qp.psn import psn_diff
+from ..soft.device import SoftDevice
+from ..verbs_api import (
+    AH, CQ, MR, PD, QP, SGE, AHAttr, Context, GlobalRoute, QPAttr, QPCap, QPInitAttr, RecvWR,
+    SendWR,
+)
+from ..verbs_api.device import register_device, unregister_device
 
 __all__ = ["CapturedPacket", "ReplayResult", "load_capture", "replay_side"]
 
@@ -133,13 +139,6 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
                 max_rd_atomic: int = 16, rx_depth: int = 512) -> ReplayResult:
     """Stand up softrdma as the endpoint at ``ip`` of ``capture`` and replay (see module doc).
     Supports captures of one QP per side (RC, UC or UD)."""
-    from .soft.device import SoftDevice
-    from .verbs_api import (
-        AH, CQ, MR, PD, QP, SGE, AHAttr, Context, GlobalRoute, QPAttr, QPCap, QPInitAttr, RecvWR,
-        SendWR,
-    )
-    from .verbs_api.device import _registry
-
     me = ipaddress.ip_address(ip).packed
     mine_out = [c for c in capture if c.src == me]
     to_me = [c for c in capture if c.dst == me]
@@ -156,7 +155,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     mtu = 1024
 
     dev = SoftDevice(device_name, str(ipaddress.ip_address(me)), mtu=1500, seed=1)
-    _registry[device_name] = dev
+    register_device(dev)
     res = ReplayResult(expected=mine_out)
 
     def transmit(data: bytes, dst: bytes, sport: int) -> None:
@@ -168,8 +167,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     try:
         pd = PD(ctx)
         cq = CQ(ctx, 4096)
-        dev.sequential_qpn = True  # pin the captured QPN: the next one allocated is it
-        dev._next_qpn = my_qpn
+        dev.pin_next_qpn(my_qpn)  # the captured QPN: the next one allocated is it
         cap = QPCap(max_send_wr=1024, max_recv_wr=rx_depth, max_send_sge=1, max_recv_sge=1,
                     max_inline_data=256 if inline else 0)
         qp = QP(pd, QPInitAttr(qp_type=qpt, scq=cq, rcq=cq, cap=cap, sq_sig_all=0))
@@ -289,7 +287,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         return res
     finally:
         ctx.close()
-        del _registry[device_name]
+        unregister_device(device_name)
 
 
 def _compare(res: ReplayResult, dev: Any) -> None:

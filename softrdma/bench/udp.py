@@ -1,4 +1,4 @@
-"""softrdma over real UDP against bare Python UDP, in one invocation: ``python -m softrdma.bench_udp``.
+"""``softrdma bench udp``: softrdma over real UDP against bare Python UDP, in one invocation.
 
 Runs, between two processes on loopback:
 
@@ -22,7 +22,6 @@ after each other in rounds, and the medians are compared, so load on the machine
 
 from __future__ import annotations
 
-import argparse
 import re
 import socket
 import statistics
@@ -121,7 +120,7 @@ def _ping(src: str, ip: str, port: int, iters: int, size: int) -> None:
 # -- the driver -------------------------------------------------------------------------------------
 
 def _py(*args: str) -> list[str]:
-    return [sys.executable, "-m", "softrdma.bench_udp", *args]
+    return [sys.executable, "-m", "softrdma.bench.udp", *args]
 
 
 def _ready(p: subprocess.Popen) -> None:
@@ -177,7 +176,7 @@ def _perf(args: list[str], ips: tuple[str, str], port: int, timeout: float = 300
 
 def perf_bw(verb: str, seconds: float, ips: tuple[str, str], port: int) -> float:
     """Bytes per second of RDMA payload (perftest reports MB = 2^20 bytes)."""
-    out, _ = _perf([verb, "-s", "65536", "-D", str(seconds)], ips, port)
+    out, _ = _perf([verb, "-s", "65536", "-D", str(int(seconds))], ips, port)
     for ln in out.splitlines():
         m = _REPORT.match(ln)
         if m:
@@ -199,7 +198,9 @@ def run_udp_bench(seconds: float = 2.0, lat_iters: int = 3000, port: int = 20600
                   rounds: int = 3,
                   ips: tuple[str, str] = ("127.0.0.250", "127.0.0.251")) -> dict[str, Any]:
     """Run everything ``rounds`` times, interleaved (bare UDP, softrdma, bare UDP, ...), print
-    the medians and the ratios of the medians, return the numbers."""
+    the medians and the ratios of the medians, return the numbers. ``seconds`` is whole
+    seconds (perftest's ``-D``), for the bare UDP runs too."""
+    seconds = max(1, int(seconds))
     bare_ips = ("127.0.0.252", "127.0.0.253")
     runs: dict[str, list[float]] = {k: [] for k in ("udp_bw", "udp_rtt", "write_bw", "send_bw",
                                                     "send_lat", "send_lat_avg")}
@@ -245,26 +246,22 @@ def run_udp_bench(seconds: float = 2.0, lat_iters: int = 3000, port: int = 20600
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The bare UDP roles, run as ``python -m softrdma.bench.udp _ROLE ARGS`` in child
+    processes (``softrdma bench udp`` is the command)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0].startswith("_"):
-        role, rest = argv[0], argv[1:]
-        if role == "_sink":
-            _sink(rest[0], int(rest[1]), float(rest[2]))
-        elif role == "_source":
-            _source(rest[0], rest[1], int(rest[2]), float(rest[3]), int(rest[4]))
-        elif role == "_echo":
-            _echo(rest[0], int(rest[1]), float(rest[2]))
-        elif role == "_ping":
-            _ping(rest[0], rest[1], int(rest[2]), int(rest[3]), int(rest[4]))
-        return 0
-    p = argparse.ArgumentParser(prog="python -m softrdma.bench_udp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=2.0, help="per bandwidth run (2)")
-    p.add_argument("--lat-iters", type=int, default=3000, help="latency iterations (3000)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds, medians reported (3)")
-    p.add_argument("--port", type=int, default=20600, help="first TCP/UDP port used (20600)")
-    a = p.parse_args(argv)
-    r = run_udp_bench(a.seconds, a.lat_iters, a.port, a.rounds)
-    return 0 if r["targets_met"] else 1
+    role, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if role == "_sink":
+        _sink(rest[0], int(rest[1]), float(rest[2]))
+    elif role == "_source":
+        _source(rest[0], rest[1], int(rest[2]), float(rest[3]), int(rest[4]))
+    elif role == "_echo":
+        _echo(rest[0], int(rest[1]), float(rest[2]))
+    elif role == "_ping":
+        _ping(rest[0], rest[1], int(rest[2]), int(rest[3]), int(rest[4]))
+    else:
+        print("usage: softrdma bench udp (this module runs its helper roles)", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

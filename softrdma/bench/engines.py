@@ -1,4 +1,4 @@
-"""Benchmark of the protocol engines alone: RC WRITE and SEND over the in-memory simulated
+"""``softrdma bench engines``: the protocol engines alone: RC WRITE and SEND over the in-memory simulated
 link (no sockets, no loss), in one process. Prints messages/s and MB/s per case, with
 bare ``zlib.crc32`` over the same bytes in the same run as the baseline (the one cost a
 software RoCE stack cannot avoid per byte)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 import zlib
 
-from .enums import IBV_SEND_SIGNALED, IBV_WR_RDMA_WRITE, IBV_WR_SEND
-from .sim import SimNetwork
-from .testing import connected_pair
-from .verbs_api import QPCap
+from ..enums import IBV_SEND_SIGNALED, IBV_WR_RDMA_WRITE, IBV_WR_SEND
+from ..harness.sim import SimNetwork
+from ..harness.testing import connected_pair
+from ..verbs_api import QPCap
 
 __all__ = ["run_engine_bench"]
 
@@ -64,7 +64,3 @@ def run_engine_bench(seconds: float = 2.0) -> dict[str, tuple[float, float]]:
     print(f"{'baseline: zlib.crc32':<22}{'':>12}{crc_mbs:>10.1f}  (one pass over the bytes)")
     print("64 KiB cases use a 9000-byte link MTU (path MTU 1024 either way: IBV_MTU_1024)")
     return out
-
-
-if __name__ == "__main__":
-    run_engine_bench()

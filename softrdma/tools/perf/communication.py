@@ -59,7 +59,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .common import ToolError
+from ..common import ToolError
 
 __all__ = ["VERSION", "Dest", "PerftestComm", "HANDSHAKES", "KEY_MSG_SIZE_GID",
            "version_value"]
@@ -126,7 +126,7 @@ def version_value(v: bytes) -> float:
 
 # (test kind) -> handshakes before the traffic, whether the reports are exchanged, whether
 # the run ends with ctx_close_connection. For the docs and the tests; the code below follows
-# the per-test order in softrdma.tools.perf.
+# the per-test order in softrdma.tools.perf.main.
 HANDSHAKES = {
     "write_bw": (3, True, True), "read_bw": (3, True, True), "atomic_bw": (3, True, True),
     "send_bw": (4, False, True), "write_lat": (4, False, False),

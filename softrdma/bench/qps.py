@@ -1,87 +1,23 @@
-"""Benchmarks that print numbers with their baseline beside them, measured in the same run.
-
-``softrdma bench`` runs :func:`run_wire_bench`: parse + ICRC check and build + ICRC of a
-RoCE packet, against bare ``zlib.crc32`` over the same bytes. The wire layer's own cost is
-the difference; the aim is for it to be below the CRC's.
-
-``softrdma bench --what qps [--qps N]`` runs :func:`run_qp_bench`: the Python memory of an
-idle RC QP with 128-entry send and receive queues, and the time and memory to create N
-(10,000) of them in one process, against the targets (10,000 QPs in under 200 MB and 10 s).
+"""``softrdma bench qps``: the Python memory of an idle RC QP with 128-entry send and
+receive queues, and the time and memory to create N (10,000) of them in one process,
+against the targets (10,000 QPs in under 200 MB and 10 s), scaled to N.
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
+import os
 import time
-import zlib
-from typing import Callable
+import tracemalloc
 
-__all__ = ["rate", "run_wire_bench", "run_qp_bench"]
+from ..verbs_api import (
+    CQ, PD, QP, AHAttr, Context, GlobalRoute, QPAttr, QPCap, QPInitAttr, add_device,
+    remove_device,
+)
+from ..verbs_api.enums import IBV_MTU_1024, IBV_QPT_RC
 
-
-def rate(fn: Callable[[], object], seconds: float) -> float:
-    """Calls per second of ``fn``, timed in batches for about ``seconds``."""
-    batch = 1
-    while True:  # grow the batch until it takes >= 10 ms, so timer overhead is negligible
-        t0 = time.perf_counter()
-        for _ in range(batch):
-            fn()
-        dt = time.perf_counter() - t0
-        if dt >= 0.01:
-            break
-        batch *= 2
-    total = 0
-    t0 = time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < seconds:
-        for _ in range(batch):
-            fn()
-        total += batch
-    return total / elapsed
-
-
-def run_wire_bench(payload: int = 4096, seconds: float = 1.0) -> dict[str, float]:
-    from .wire.icrc import icrc_ipv4
-    from .wire.opcodes import Opcode
-    from .wire.packet import build, parse
-
-    src, dst, sport = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2]), 0xC123
-    data = bytes(range(256)) * (payload // 256) + bytes(payload % 256)
-    pkt = build(Opcode.RC_RDMA_WRITE_ONLY, dest_qp=0x12, psn=5, ackreq=True, va=0x1000,
-                rkey=0x77, dma_len=payload, payload=data)
-    pkt[-4:] = icrc_ipv4(pkt, src, dst, sport).to_bytes(4, "little")
-    frozen = bytes(pkt)
-
-    def bare_crc() -> None:
-        zlib.crc32(frozen)
-
-    def parse_check() -> None:
-        p = parse(frozen)
-        if icrc_ipv4(frozen, src, dst, sport) != p.icrc:
-            raise AssertionError("ICRC mismatch")
-
-    def build_icrc() -> None:
-        b = build(Opcode.RC_RDMA_WRITE_ONLY, dest_qp=0x12, psn=5, ackreq=True, va=0x1000,
-                  rkey=0x77, dma_len=payload, payload=data)
-        b[-4:] = icrc_ipv4(b, src, dst, sport).to_bytes(4, "little")
-
-    def parse_only() -> None:
-        parse(frozen)
-
-    results = {}
-    print(f"softrdma wire benchmark: RC_RDMA_WRITE_ONLY, {payload} B payload, "
-          f"{len(frozen)} B packet, {seconds:.1f} s per row")
-    print(f"{'measurement':<34}{'ops/s':>14}{'us/op':>10}{'x bare crc':>12}")
-    base = rate(bare_crc, seconds)
-    for name, fn in (("bare zlib.crc32 (baseline)", bare_crc), ("parse only", parse_only),
-                     ("parse + ICRC check", parse_check), ("build + ICRC", build_icrc)):
-        r = base if fn is bare_crc else rate(fn, seconds)
-        results[name] = r
-        print(f"{name:<34}{r:>14,.0f}{1e6 / r:>10.2f}{base / r:>12.2f}")
-    overhead_parse = 1e6 / results["parse + ICRC check"] - 1e6 / base
-    overhead_build = 1e6 / results["build + ICRC"] - 1e6 / base
-    print(f"wire-layer cost beyond the CRC: parse {overhead_parse:.2f} us, build "
-          f"{overhead_build:.2f} us, CRC itself {1e6 / base:.2f} us")
-    return results
-
+__all__ = ["run_qp_bench", "QP_TARGET_BYTES", "QP_TARGET_SECONDS", "QP_TARGET_COUNT"]
 
 # -- QPs: memory and creation time ---------------------------------------------------------
 
@@ -92,7 +28,6 @@ QP_TARGET_COUNT = 10_000
 
 def _rss() -> int | None:
     """Resident set size now, in bytes (Linux /proc), or None."""
-    import os
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -106,17 +41,6 @@ def run_qp_bench(n: int = QP_TARGET_COUNT, depth: int = 128, sample: int = 1000,
     their own; report time, RSS and tracemalloc memory, per QP and in total, beside the
     targets scaled to ``n``; then where a QP's memory goes (tracemalloc, by source line)
     and the cost of a QP brought to RTS. Returns the numbers."""
-    import gc
-    import itertools
-    import os
-    import tracemalloc
-
-    from .verbs_api import (
-        CQ, PD, QP, AHAttr, Context, GlobalRoute, QPAttr, QPCap, QPInitAttr, add_device,
-        remove_device,
-    )
-    from .verbs_api.enums import IBV_MTU_1024, IBV_QPT_RC
-
     out = print if not quiet else (lambda *a, **k: None)
     name = f"softrdma-qpbench-{os.getpid()}"
     add_device("127.0.0.254", name=name, live=False)  # no traffic: no socket

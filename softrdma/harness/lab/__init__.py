@@ -3,7 +3,9 @@
 ``Lab`` creates a network namespace with a bridge (10.77.0.1/24, the softrdma side), boots
 guests with the Debian kernel under qemu (virtme-ng, software emulation), gives each guest an
 address (10.77.0.11, .12, ...) and an rxe device ``rxe0`` on its NIC, and runs a small
-command agent in each. Guests share the host's root filesystem read-only, so every host
+command agent in each. The guest side is three real files beside this module, in ``guest/``:
+``setup.sh`` (the guest's first command), ``agent.py`` (the agent it becomes) and
+``client.py`` (what the host runs to send the agent a request). Guests share the host's root filesystem read-only, so every host
 binary (rdma-core's ibv_*_pingpong, perftest, python3, this project) is there.
 
     with Lab(guests=1) as lab:
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -120,76 +123,14 @@ def missing_prerequisites() -> list[str]:
     return out
 
 
-_AGENT = r'''
-import json, os, socket, subprocess, sys, threading
-ip = sys.argv[1]
-jobs = {}
-def handle(c):
-    f = c.makefile("rwb")
-    req = json.loads(f.readline())
-    op = req["op"]
-    if op == "run":
-        try:
-            p = subprocess.run(req["cmd"], shell=True, capture_output=True, text=True, timeout=req.get("timeout", 120))
-            res = {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
-        except subprocess.TimeoutExpired as e:
-            res = {"rc": 124, "stdout": e.stdout or "", "stderr": (e.stderr or "") + "\nTIMEOUT"}
-    elif op == "start":
-        p = subprocess.Popen(req["cmd"], shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        jobs[req["id"]] = p
-        res = {"rc": 0, "stdout": "", "stderr": ""}
-    elif op == "wait":
-        p = jobs.pop(req["id"])
-        try:
-            out, err = p.communicate(timeout=req.get("timeout", 120))
-            res = {"rc": p.returncode, "stdout": out, "stderr": err}
-        except subprocess.TimeoutExpired:
-            p.kill(); out, err = p.communicate()
-            res = {"rc": 124, "stdout": out, "stderr": err + "\nTIMEOUT"}
-    elif op == "ping":
-        res = {"rc": 0, "stdout": "pong", "stderr": ""}
-    elif op == "poweroff":
-        f.write((json.dumps({"rc": 0, "stdout": "", "stderr": ""}) + "\n").encode()); f.flush()
-        os.system("poweroff -f")
-        return
-    f.write((json.dumps(res) + "\n").encode()); f.flush(); c.close()
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((ip, int(sys.argv[2]))); s.listen(16)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=handle, args=(c,), daemon=True).start()
-'''
+#: the guest's scripts, shipped as package data (``guest/``): copied into the lab's directory,
+#: which the guests mount read-write (virtme-ng ``--rwdir``)
+GUEST_SCRIPTS = ("agent.py", "setup.sh", "client.py")
 
-_SETUP = r'''#!/bin/sh
-IP=$1; DIR=$2; PY=$3
-NIC=$(ls /sys/class/net | grep -v '^lo$' | head -1)
-ip link set lo up
-ip addr add $IP/24 dev $NIC
-ip link set $NIC up
-modprobe rdma_rxe
-modprobe sch_netem 2>/dev/null
-rdma link add rxe0 type rxe netdev $NIC
-echo "$NIC" > $DIR/nic.$IP
-exec $PY $DIR/agent.py $IP ''' + str(AGENT_PORT) + '''
-'''
 
-_CLIENT = r'''
-import json, socket, sys
-req = json.loads(sys.argv[2])
-deadline = req.pop("_connect", 5)
-import time
-t = time.time()
-while True:
-    try:
-        c = socket.create_connection((sys.argv[1], AGENT_PORT), timeout=2); break
-    except OSError:
-        if time.time() - t > deadline: print(json.dumps({"rc": 255, "stdout": "", "stderr": "agent unreachable"})); sys.exit(0)
-        time.sleep(0.5)
-c.settimeout(None)
-f = c.makefile("rwb")
-f.write((json.dumps(req) + "\n").encode()); f.flush()
-sys.stdout.write(f.readline().decode())
-'''.replace("AGENT_PORT", str(AGENT_PORT))
+def guest_script(name: str) -> str:
+    """The text of one of :data:`GUEST_SCRIPTS`."""
+    return resources.files(__name__).joinpath("guest", name).read_text()
 
 
 class GuestJob:
@@ -243,10 +184,9 @@ class Lab:
                               env=tool_env())
 
     def _up(self, memory: str, boot_timeout: float) -> None:
-        (self.dir / "agent.py").write_text(_AGENT)
-        (self.dir / "setup.sh").write_text(_SETUP)
+        for name in GUEST_SCRIPTS:
+            (self.dir / name).write_text(guest_script(name))
         os.chmod(self.dir / "setup.sh", 0o755)
-        (self.dir / "client.py").write_text(_CLIENT)
         ns = self.ns
         self._sh(f"ip netns add {ns}")
         taps = " ".join(f"tap{i}" for i in range(self.n))
@@ -261,7 +201,8 @@ class Lab:
                    kernel, "--name", f"g{i}", "--memory", memory, "--rwdir", str(self.dir),
                    f"--qemu-opts=-netdev tap,id=t{i},ifname=tap{i},script=no,downscript=no "
                    f"-device virtio-net-pci,netdev=t{i},mac={mac}",
-                   "--exec", f"{self.dir}/setup.sh {guest_ip(i)} {self.dir} {_python()}")
+                   "--exec", f"{self.dir}/setup.sh {guest_ip(i)} {self.dir} {_python()} "
+                             f"{AGENT_PORT}")
             log = open(self.dir / f"guest{i}.log", "w")
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, start_new_session=True,
@@ -312,7 +253,7 @@ class Lab:
     # -- running things ---------------------------------------------------------------------
     def _agent(self, guest: int, req: dict, timeout: float) -> Result:
         cmd = ["ip", "netns", "exec", self.ns, sys.executable, str(self.dir / "client.py"),
-               guest_ip(guest), json.dumps(req)]
+               guest_ip(guest), str(AGENT_PORT), json.dumps(req)]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                env=tool_env())
@@ -350,7 +291,7 @@ class Lab:
         """Run ``cmd`` on the softrdma side (in the lab's namespace) and wait for it."""
         try:
             p = subprocess.run(self._host_argv(cmd), capture_output=True, text=True,
-                               timeout=timeout, env=self._env(env))
+                               timeout=timeout, env=self.env(env))
         except subprocess.TimeoutExpired as e:
             return Result(124, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else
                           (e.stdout or ""), "TIMEOUT")
@@ -359,7 +300,7 @@ class Lab:
     def host_start(self, cmd: str | list[str],
                    env: dict[str, str] | None = None) -> subprocess.Popen:
         p = subprocess.Popen(self._host_argv(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=self._env(env))
+                             text=True, env=self.env(env))
         self.host_procs.append(p)
         return p
 
@@ -374,9 +315,9 @@ class Lab:
                     pass
         self.host_procs = [p for p in self.host_procs if p.poll() is None]
 
-    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = tool_env(extra)
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[3])  # the directory holding softrdma/
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 

@@ -1,0 +1,13 @@
+"""Benchmarks, one entry: ``softrdma bench wire|engines|qps|udp`` (``python -m
+softrdma.bench ...`` is the same). Each prints its numbers beside a baseline measured in
+the same run:
+
+- :mod:`.wire`: parse/build + ICRC of one packet, beside bare ``zlib.crc32`` of its bytes;
+- :mod:`.engines`: RC WRITE and SEND through the engines over the in-memory link, beside
+  ``zlib.crc32`` over the same bytes;
+- :mod:`.qps`: memory and creation time of idle RC QPs, beside the targets;
+- :mod:`.udp`: ``softrdma perf`` between two processes on loopback, beside bare Python UDP.
+
+The command line is :mod:`softrdma.tools.bench`; importing this package imports no
+benchmark (``udp`` starts helper processes from :mod:`.udp` and they start fast).
+"""

@@ -1,0 +1,69 @@
+"""The command agent of a lab guest: ``python3 agent.py IP PORT``.
+
+Runs in each guest of :class:`softrdma.harness.lab.Lab` (started by ``setup.sh``) and
+answers one JSON request per TCP connection (``client.py`` sends them) with one JSON line
+``{"rc", "stdout", "stderr"}``. Requests: ``run`` (a shell line, waited for), ``start`` and
+``wait`` (a background job by id), ``ping``, ``poweroff``. Standard library only: the guest
+runs it with the host's interpreter from the shared root filesystem.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+jobs = {}
+
+
+def handle(c):
+    f = c.makefile("rwb")
+    req = json.loads(f.readline())
+    op = req["op"]
+    if op == "run":
+        try:
+            p = subprocess.run(req["cmd"], shell=True, capture_output=True, text=True,
+                               timeout=req.get("timeout", 120))
+            res = {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+        except subprocess.TimeoutExpired as e:
+            res = {"rc": 124, "stdout": e.stdout or "", "stderr": (e.stderr or "") + "\nTIMEOUT"}
+    elif op == "start":
+        p = subprocess.Popen(req["cmd"], shell=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        jobs[req["id"]] = p
+        res = {"rc": 0, "stdout": "", "stderr": ""}
+    elif op == "wait":
+        p = jobs.pop(req["id"])
+        try:
+            out, err = p.communicate(timeout=req.get("timeout", 120))
+            res = {"rc": p.returncode, "stdout": out, "stderr": err}
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            res = {"rc": 124, "stdout": out, "stderr": err + "\nTIMEOUT"}
+    elif op == "ping":
+        res = {"rc": 0, "stdout": "pong", "stderr": ""}
+    elif op == "poweroff":
+        f.write((json.dumps({"rc": 0, "stdout": "", "stderr": ""}) + "\n").encode())
+        f.flush()
+        os.system("poweroff -f")
+        return
+    f.write((json.dumps(res) + "\n").encode())
+    f.flush()
+    c.close()
+
+
+def main():
+    ip, port = sys.argv[1], int(sys.argv[2])
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, port))
+    s.listen(16)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()

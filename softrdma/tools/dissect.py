@@ -1,0 +1,63 @@
+"""``softrdma dissect FILE``: one line (or JSON object) per RoCEv2 frame of a capture.
+
+Exit status 1 if a RoCE frame does not decode (or, with ``--verify``, has a bad ICRC); 2 if
+the file cannot be read (a usage error of this command, reported in one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..wire.dissect import DissectStats, dissect_records, format_record
+from ..wire.pcap import PcapError, read_pcap
+from .common import UsageError
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    d = sub.add_parser("dissect", help="decode the RoCEv2 frames of a pcap/pcapng file",
+                       description="One line per RoCEv2 frame (UDP port 4791). Exit status 1 "
+                                   "if a RoCE frame does not decode (or, with --verify, has a "
+                                   "bad ICRC), 2 if the file cannot be read.")
+    d.add_argument("pcap", help="capture file (pcap or pcapng)")
+    d.add_argument("--json", action="store_true", help="one JSON object per frame (docs/dissect.md)")
+    d.add_argument("--verify", action="store_true", help="fail (exit 1) on any bad ICRC")
+    d.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
+    d.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    stats = DissectStats()
+    failed = False
+    out = sys.stdout
+    try:
+        with open(args.pcap, "rb") as f:
+            for rec in dissect_records(read_pcap(f), stats):
+                if "error" in rec:
+                    failed = True
+                    if args.json:
+                        out.write(json.dumps(rec) + "\n")
+                    else:
+                        out.write(f"{rec['index']:5d} {rec['src']} > {rec['dst']} "
+                                  f"DECODE ERROR ({rec['reason']}): {rec['error']}\n")
+                    continue
+                if args.verify and not rec["icrc_ok"]:
+                    failed = True
+                out.write((json.dumps(rec) if args.json else format_record(rec)) + "\n")
+    except FileNotFoundError:
+        raise UsageError(f"{args.pcap}: no such file")
+    except IsADirectoryError:
+        raise UsageError(f"{args.pcap}: is a directory")
+    except PermissionError:
+        raise UsageError(f"{args.pcap}: permission denied")
+    except PcapError as e:
+        raise UsageError(f"{args.pcap}: {e}")
+    except BrokenPipeError:
+        return 0
+    if not args.quiet:
+        print(stats.summary(), file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,53 @@
+"""``softrdma bench wire|engines|udp`` (qps: test_bench_qps.py): each runs and prints its
+numbers beside the baseline measured in the same run; ``python -m softrdma.bench`` is the
+same entry."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+
+def _bench(*args: str, module: str = "softrdma", timeout: float = 120) -> subprocess.CompletedProcess:
+    pre = [module] if module == "softrdma" else [module]
+    cmd = [sys.executable, "-m", *pre, *(["bench"] if module == "softrdma" else []), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_wire_prints_rows_beside_bare_crc():
+    p = _bench("wire", "--size", "256", "--seconds", "0.05")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "RC_RDMA_WRITE_ONLY, 256 B payload" in out
+    for row in ("bare zlib.crc32 (baseline)", "parse only", "parse + ICRC check", "build + ICRC",
+                "wire-layer cost beyond the CRC"):
+        assert row in out, row
+
+
+def test_python_m_softrdma_bench_is_the_same_entry():
+    p = _bench("wire", "--size", "64", "--seconds", "0.02", module="softrdma.bench")
+    assert p.returncode == 0, p.stderr
+    assert "bare zlib.crc32 (baseline)" in p.stdout
+    bad = _bench("wire", "--size", "-1", module="softrdma.bench")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--size" in bad.stderr
+
+
+def test_bench_engines_prints_every_case_and_the_crc_baseline():
+    p = _bench("engines", "--seconds", "0.1")
+    assert p.returncode == 0, p.stderr
+    for row in ("RC WRITE 64 B", "RC WRITE 64 KiB", "RC SEND 64 B", "RC SEND 64 KiB",
+                "baseline: zlib.crc32"):
+        assert row in p.stdout, row
+
+
+def test_bench_udp_runs_both_sides_and_prints_the_ratios():
+    p = _bench("udp", "--seconds", "1", "--rounds", "1", "--lat-iters", "50", "--port", "20900",
+               timeout=240)
+    # 1: a target missed on a busy machine is a result, not a failure of the benchmark
+    assert p.returncode in (0, 1), p.stderr
+    for row in ("bare UDP, 4112-byte datagrams", "softrdma perf write, 64 KiB messages",
+                "bare UDP ping-pong RTT", "softrdma perf send --lat, 64 B: t_typical",
+                "RC WRITE BW / bare UDP throughput", "SEND latency / bare UDP RTT"):
+        assert row in p.stdout, row
