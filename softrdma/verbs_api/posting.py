@@ -47,11 +47,15 @@ def sge_list(wr: Any, max_sge: int, what: str, f: str) -> tuple[list[tuple[int, 
     total = 0
     for j in range(n):
         s = sg[j]
-        g = f"{f}.sg_list[{j}]"
-        require(s, SGE, what, g)
-        length = as_int(s.length, what, f"{g}.length", U32, desc="not a 32-bit length")
-        out.append((as_int(s.addr, what, f"{g}.addr", U64, desc="not a 64-bit address"),
-                    length, as_int(s.lkey, what, f"{g}.lkey", U32, desc="not a 32-bit key")))
+        if type(s) is SGE:
+            addr, length, lkey = s.addr, s.length, s.lkey
+            # fast path: plain ints in range (a post is one per message: keep it cheap)
+            if not (type(addr) is int and type(length) is int and type(lkey) is int
+                    and 0 <= addr <= U64 and 0 <= length <= U32 and 0 <= lkey <= U32):
+                addr, length, lkey = _check_sge(s, what, f"{f}.sg_list[{j}]")
+        else:
+            addr, length, lkey = _check_sge(s, what, f"{f}.sg_list[{j}]")
+        out.append((addr, length, lkey))
         total += length
     if total > MAX_MSG:
         raise PyverbsRDMAError(f"{what}: {f}: message of {total} bytes (the sum of "
@@ -59,8 +63,15 @@ def sge_list(wr: Any, max_sge: int, what: str, f: str) -> tuple[list[tuple[int, 
     return out, total
 
 
-def recv_wqe(device: Any, pd: Any, wr: Any, max_sge: int, what: str,
-                      i: int = 0) -> RecvWqe:
+def _check_sge(s: Any, what: str, g: str) -> tuple[int, int, int]:
+    """The named checks of one SGE: each wrong field raises PyverbsRDMAError naming it."""
+    require(s, SGE, what, g)
+    return (as_int(s.addr, what, f"{g}.addr", U64, desc="not a 64-bit address"),
+            as_int(s.length, what, f"{g}.length", U32, desc="not a 32-bit length"),
+            as_int(s.lkey, what, f"{g}.lkey", U32, desc="not a 32-bit key"))
+
+
+def recv_wqe(device: Any, pd: Any, wr: Any, max_sge: int, what: str, i: int = 0) -> RecvWqe:
     """Check receive WR number ``i`` and make its WQE (QP and SRQ post_recv)."""
     what = f"Failed to post receive to {what}"
     f = f"wr[{i}]"

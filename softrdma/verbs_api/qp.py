@@ -57,6 +57,9 @@ _INLINE_OK = {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
               W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV}
 _SGE_SIZE = 16  # sizeof(struct ib_sge): rxe sizes the send WQE by SGEs or inline bytes
 _SEND_FLAGS = 0x1F  # FENCE | SIGNALED | SOLICITED | INLINE | IP_CSUM
+_INLINE, _SIGNALED = int(F.IBV_SEND_INLINE), int(F.IBV_SEND_SIGNALED)  # plain ints: per WR
+# the types a WR's scalar fields take on the fast path (anything else: the named checks)
+_INT_TYPES = frozenset({int, W, F})
 _QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
 
 
@@ -424,7 +427,21 @@ class QP(Resource):
         if self.state < S.IBV_QPS_RTS:
             raise PyverbsRDMAError(f"{what}: the QP is in {S(self.state).name}, not RTS",
                                    errno.EINVAL)
-        opcode = as_int(w.opcode, what, f"{f}.opcode", U32)
+        # The C widths of every scalar field, whatever the opcode (the packet builder packs
+        # them into fixed-width headers: an out-of-range value must never get that far).
+        # Fast path: all plain ints in range; otherwise the named checks say which is wrong.
+        scalars = (w.opcode, w.send_flags, w.wr_id, w.imm_data, w.remote_addr, w.rkey,
+                   w.compare_add, w.swap)
+        opcode, send_flags, wr_id, imm, remote_addr, rkey, compare_add, swap = scalars
+        if _INT_TYPES.issuperset(map(type, scalars)) and 0 <= opcode <= U32 and \
+                0 <= send_flags <= _SEND_FLAGS and 0 <= wr_id <= U64 and 0 <= imm <= U32 and \
+                0 <= remote_addr <= U64 and 0 <= rkey <= U32 and 0 <= compare_add <= U64 and \
+                0 <= swap <= U64:
+            # plain ints from here on (an IntEnum opcode or flag costs a call per test)
+            opcode, send_flags = int(opcode), int(send_flags)
+        else:
+            opcode, send_flags, wr_id, imm, remote_addr, rkey, compare_add, swap = \
+                self._check_send_scalars(w, what, f)
         if opcode not in _ALLOWED_OPS[self.qp_type]:
             try:
                 opname = W(opcode).name
@@ -435,22 +452,9 @@ class QP(Resource):
         if len(self.sq) >= self.cap.max_send_wr:
             raise PyverbsRDMAError(f"{what}: the send queue is full ({self.cap.max_send_wr})",
                                    errno.ENOMEM)
-        send_flags = as_bits(w.send_flags, what, f"{f}.send_flags", _SEND_FLAGS,
-                             noun="send_flags bits")
-        # The C widths of every scalar field, whatever the opcode (the packet builder packs
-        # them into fixed-width headers: an out-of-range value must never get that far).
-        wr_id = as_int(w.wr_id, what, f"{f}.wr_id", U64)
-        imm = as_int(w.imm_data, what, f"{f}.imm_data", U32)
-        remote_addr = as_int(w.remote_addr, what, f"{f}.remote_addr", U64,
-                             desc="not a 64-bit address")
-        rkey = as_int(w.rkey, what, f"{f}.rkey", U32, desc="not a 32-bit key")
-        two = " (for two's complement use value & (2**64 - 1))"
-        compare_add = as_int(w.compare_add, what, f"{f}.compare_add", U64,
-                             desc="not a 64-bit unsigned value" + two)
-        swap = as_int(w.swap, what, f"{f}.swap", U64, desc="not a 64-bit unsigned value" + two)
         sges, total = sge_list(w, self.cap.max_send_sge, what, f)
         inline = None
-        if send_flags & F.IBV_SEND_INLINE and opcode in _INLINE_OK:
+        if send_flags & _INLINE and opcode in _INLINE_OK:
             if total > self.cap.max_inline_data:
                 raise PyverbsRDMAError(f"{what}: {total} bytes of inline data exceed "
                                        f"max_inline_data {self.cap.max_inline_data}", errno.EINVAL)
@@ -471,7 +475,7 @@ class QP(Resource):
             remote_qpn = as_int(w.remote_qpn, what, f"{f}.remote_qpn", U24,
                                 desc="not a 24-bit QP number")
             remote_qkey = as_int(w.remote_qkey, what, f"{f}.remote_qkey", U32)
-        signaled = self.sq_sig_all or bool(send_flags & F.IBV_SEND_SIGNALED)
+        signaled = self.sq_sig_all or bool(send_flags & _SIGNALED)
         wqe = SendWqe(wr_id, opcode, send_flags, signaled, sges, inline, total)
         wqe.imm = imm
         wqe.remote_addr = remote_addr
@@ -492,6 +496,24 @@ class QP(Resource):
                                         int(info.mw_access_flags))
             wqe.bind_rkey = bind_rkey
         return wqe
+
+    @staticmethod
+    def _check_send_scalars(w: Any, what: str, f: str) -> tuple[int, ...]:
+        """The named checks of a send WR's scalar fields (the slow path of
+        _make_send_wqe): each wrong one raises PyverbsRDMAError naming it."""
+        two = " (for two's complement use value & (2**64 - 1))"
+        return (as_int(w.opcode, what, f"{f}.opcode", U32),
+                as_bits(w.send_flags, what, f"{f}.send_flags", _SEND_FLAGS,
+                        noun="send_flags bits"),
+                as_int(w.wr_id, what, f"{f}.wr_id", U64),
+                as_int(w.imm_data, what, f"{f}.imm_data", U32),
+                as_int(w.remote_addr, what, f"{f}.remote_addr", U64,
+                       desc="not a 64-bit address"),
+                as_int(w.rkey, what, f"{f}.rkey", U32, desc="not a 32-bit key"),
+                as_int(w.compare_add, what, f"{f}.compare_add", U64,
+                       desc="not a 64-bit unsigned value" + two),
+                as_int(w.swap, what, f"{f}.swap", U64,
+                       desc="not a 64-bit unsigned value" + two))
 
     @staticmethod
     def _check_bind(w: SendWR, what: str, f: str) -> int:
