@@ -77,6 +77,7 @@ class UdpTransport:
         self._buf = bytearray(65536)
         self._addr: dict[bytes, tuple[str, int]] = {}
         self._sel: selectors.BaseSelector | None = None
+        self._last_sport, self._last_sock = -1, None  # the pool entry used last
         self.closed = False
 
     def _bind(self, port: int) -> socket.socket:
@@ -131,7 +132,10 @@ class UdpTransport:
             return None
         if len(self.tx) >= self.tx_pool:
             # the least recently used port's socket goes; the port stays right on the wire
-            self.tx.popitem(last=False)[1].close()
+            old_port, old = self.tx.popitem(last=False)
+            old.close()
+            if old_port == self._last_sport:
+                self._last_sport, self._last_sock = -1, None
             self.device.counters.sport_evicted += 1
         try:
             s = self._bind(sport)
@@ -147,7 +151,12 @@ class UdpTransport:
         if dst_ip == dev.ip_packed:  # loopback: no socket, handled right after this call
             dev._rxq.append((data, dst_ip, dst_ip, sport))
             return
-        s = self._tx_socket(sport)
+        if sport == self._last_sport:  # a message's packets share a port: skip the pool
+            s = self._last_sock
+        else:
+            s = self._tx_socket(sport)
+            if s is not None:
+                self._last_sport, self._last_sock = sport, s
         if s is None:
             # rebuild the ICRC for the main socket's port, which the packet will carry
             self.device.counters.sport_fallback += 1
@@ -228,6 +237,7 @@ class UdpTransport:
         for s in self.tx.values():
             s.close()
         self.tx.clear()
+        self._last_sport, self._last_sock = -1, None
         self.sock.close()
         if self.raw is not None:
             self.raw.close()
