@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--depth", type=int_range(0, None), default=128,
                    help="qps: max_send_wr and max_recv_wr of each QP (default 128)")
     b.set_defaults(func=_cmd_bench)
+
+    sub.add_parser("run", help="run an unchanged pyverbs program on softrdma "
+                               "(softrdma run prog.py [args]; docs/pyverbs.md)", add_help=False)
     return p
 
 
@@ -142,6 +145,10 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # everything after "run" belongs to the program
+        from .run import main as run_main
+        return run_main(argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # rdma-core tools take the server name after the options: "pingpong rc -n 5 HOST"
