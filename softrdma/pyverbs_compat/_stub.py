@@ -59,7 +59,9 @@ class _Record:
 def _unsupported_class(name: str, key: str) -> type:
     provider = next((p for k, p in _PROVIDER.items() if f"providers.{k}." in f"{key}."), None)
     if name.endswith(("Attr", "InitAttr", "Caps", "Param", "Info", "Spec")) or \
-            name.endswith("Attr") or name.startswith("Wqe"):
+            name.startswith("Wqe") or (name.endswith("Context") and not provider):
+        # attribute objects, and helpers such as ParentDomainContext: pyverbs builds them
+        # without a verb; the verb that uses them is the one that fails
         return type(name, (_Record,), {"__module__": f"pyverbs.{key}"})
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -16,5 +16,11 @@ class PD(CascadeClose, _PD):
     def ctx(self):  # noqa: ANN201
         return self.context
 
+    @property
+    def handle(self) -> int:
+        """The object's handle (uverbs' id); importing it into another context
+        (``Context(cmd_fd=...)``) is EOPNOTSUPP."""
+        return id(self) & 0xFFFFFFFF
+
 
 _stub.fill_missing(_sys.modules[__name__], "pd")  # ParentDomain...: EOPNOTSUPP, as rxe

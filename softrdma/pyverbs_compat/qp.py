@@ -27,7 +27,7 @@ from .wr import SGE, SendWR
 __all__ = ["QP", "QPEx", "QPCap", "QPInitAttr", "QPInitAttrEx", "QPAttr"]
 
 # ibv_qp_init_attr_mask, ibv_qp_create_send_ops_flags
-IBV_QP_INIT_ATTR_PD, IBV_QP_INIT_ATTR_CREATE_FLAGS, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS = 1, 8, 64
+IBV_QP_INIT_ATTR_PD, IBV_QP_INIT_ATTR_CREATE_FLAGS, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS = 1, 4, 64
 _RXE_QP_COMP_MASK_SUP = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | \
     IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
 W_RDMA_WRITE, W_RDMA_WRITE_IMM, W_SEND, W_SEND_IMM, W_RDMA_READ = 1, 2, 4, 8, 16
@@ -48,7 +48,26 @@ class QPCap(_QPCap):
         super().__init__(max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data)
 
 
-class QPInitAttr(_QPInitAttr):
+def _cap_field(name: str) -> property:
+    def get(self: Any) -> int:
+        return getattr(self.cap, name)
+
+    def put(self: Any, v: int) -> None:
+        setattr(self.cap, name, v)
+    return property(get, put)
+
+
+class _CapFields:
+    """pyverbs' init attributes expose the cap fields directly (``qia.max_send_wr = n``)."""
+
+    max_send_wr = _cap_field("max_send_wr")
+    max_recv_wr = _cap_field("max_recv_wr")
+    max_send_sge = _cap_field("max_send_sge")
+    max_recv_sge = _cap_field("max_recv_sge")
+    max_inline_data = _cap_field("max_inline_data")
+
+
+class QPInitAttr(_CapFields, _QPInitAttr):
     def __init__(self, qp_type: int = T.IBV_QPT_UD, qp_context: Any = None, scq: Any = None,
                  rcq: Any = None, srq: Any = None, cap: Any = None, sq_sig_all: int = 1) -> None:
         super().__init__(qp_type=qp_type, qp_context=qp_context, scq=scq, rcq=rcq, srq=srq,
@@ -63,7 +82,7 @@ class QPInitAttr(_QPInitAttr):
         return self.rcq
 
 
-class QPInitAttrEx:
+class QPInitAttrEx(_CapFields):
     def __init__(self, qp_type: int = T.IBV_QPT_UD, qp_context: Any = None, scq: Any = None,
                  rcq: Any = None, srq: Any = None, cap: Any = None, sq_sig_all: int = 0,
                  comp_mask: int = 0, pd: Any = None, xrcd: Any = None, create_flags: int = 0,
@@ -85,29 +104,17 @@ class QPInitAttrEx:
     def send_cq(self) -> Any:
         return self.scq
 
+    @send_cq.setter
+    def send_cq(self, cq: Any) -> None:
+        self.scq = cq
+
     @property
     def recv_cq(self) -> Any:
         return self.rcq
 
-    @property
-    def max_send_wr(self) -> int:
-        return self.cap.max_send_wr
-
-    @property
-    def max_recv_wr(self) -> int:
-        return self.cap.max_recv_wr
-
-    @property
-    def max_send_sge(self) -> int:
-        return self.cap.max_send_sge
-
-    @property
-    def max_recv_sge(self) -> int:
-        return self.cap.max_recv_sge
-
-    @property
-    def max_inline_data(self) -> int:
-        return self.cap.max_inline_data
+    @recv_cq.setter
+    def recv_cq(self, cq: Any) -> None:
+        self.rcq = cq
 
 
 class QPAttr(_QPAttr):
@@ -226,6 +233,11 @@ class QP(CascadeClose, _QP):
         except PyverbsRDMAError as e:
             raise PyverbsRDMAError("Failed to destroy QP", e.error_code) from None
 
+    def query_data_in_order(self, op: int, flags: int = 0) -> int:
+        """ibv_query_qp_data_in_order: 0 (not guaranteed), as libibverbs answers for rxe,
+        whose provider does not implement the query."""
+        return 0
+
     def set_ece(self, ece: Any) -> None:
         if getattr(ece, "vendor_id", 0):
             raise PyverbsRDMAError("Failed to set ECE", errno.EOPNOTSUPP)
@@ -294,7 +306,7 @@ class QPEx(QP):
     def wr_atomic_write(self, rkey: int, remote_addr: int, atomic_wr: bytes) -> None:
         # IBV_WR_ATOMIC_WRITE (rdma-core 44; Linux 6.2): softrdma has no ATOMIC WRITE, the
         # 6.1 rxe of the lab has none either: the WR fails at wr_complete
-        wr = self._new(16, W_ATOMIC_WRITE)  # IBV_WR_ATOMIC_WRITE
+        wr = self._new(15, W_ATOMIC_WRITE)  # IBV_WR_ATOMIC_WRITE
         wr.set_wr_rdma(rkey, remote_addr)
 
     def wr_local_inv(self, invalidate_rkey: int) -> None:

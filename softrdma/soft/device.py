@@ -228,6 +228,12 @@ class SoftDevice:
         gid = bytes(gid)
         if gid in self.gid_table:
             return self.ip_packed
+        # the link-local GID of another softrdma device whose MAC was derived from its IPv4
+        # address (02:00:a.b.c.d: loopback and interface-less addresses, soft/netdev.py):
+        # that address, as neighbour resolution finds an rxe peer's link-local address
+        if gid[:8] == b"\xfe\x80" + bytes(6) and gid[8:10] == b"\x00\x00" \
+                and gid[11:13] == b"\xff\xfe" and self.ip_version == 4:
+            return bytes([gid[10]]) + gid[13:16]
         if gid[:12] == bytes(10) + b"\xff\xff":
             return gid[12:]
         return bytes(gid)
