@@ -43,10 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for tool in TOOLS:
         tool.add_parser(sub)
+    sub.add_parser("run", help="run an unchanged pyverbs program on softrdma "
+                               "(softrdma run prog.py [args]; docs/pyverbs.md)", add_help=False)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # everything after "run" belongs to the program
+        from .run import main as run_main
+        return run_main(argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # rdma-core tools take the server name after the options: "pingpong rc -n 5 HOST"

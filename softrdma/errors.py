@@ -24,6 +24,7 @@ class PyverbsRDMAError(PyverbsError, OSError):
     def __init__(self, msg: str, error_code: int = _errno.EINVAL) -> None:
         text = f"{msg}. Errno: {error_code}, {os.strerror(error_code)}"
         OSError.__init__(self, error_code, text)
+        self.args = (text,)  # as pyverbs: args[0] is the whole message
         self.error_code = error_code
         self.msg = msg
 

@@ -183,9 +183,21 @@ class SoftDevice:
         a = ipaddress.ip_address(ip)
         return ipv4_mapped_gid(str(a)) if a.version == 4 else a.packed
 
-    @staticmethod
-    def ip_of_gid(gid: bytes) -> bytes:
-        """rdma_gid2ip: IPv4-mapped GIDs give 4 bytes, anything else the 16 bytes."""
+    def ip_of_gid(self, gid: bytes) -> bytes:
+        """The IP address a GID stands for. A GID of this device's own table is the device's
+        address, whichever index names it (rxe sends from its netdev's address: the
+        link-local GID of index 0 too, which for softrdma's loopback addresses has no IPv6
+        link-local address of its own); otherwise rdma_gid2ip: IPv4-mapped GIDs give 4
+        bytes, anything else the 16 bytes."""
+        gid = bytes(gid)
+        if gid in self.gid_table:
+            return self.ip_packed
+        # the link-local GID of another softrdma device whose MAC was derived from its IPv4
+        # address (02:00:a.b.c.d: loopback and interface-less addresses, soft/netdev.py):
+        # that address, as neighbour resolution finds an rxe peer's link-local address
+        if gid[:8] == b"\xfe\x80" + bytes(6) and gid[8:10] == b"\x00\x00" \
+                and gid[11:13] == b"\xff\xfe" and self.ip_version == 4:
+            return bytes([gid[10]]) + gid[13:16]
         if gid[:12] == bytes(10) + b"\xff\xff":
             return gid[12:]
         return bytes(gid)

@@ -1,0 +1,1 @@
+"""pyverbs, as softrdma: the modules `softrdma run` puts under the name `pyverbs`."""

@@ -1,0 +1,26 @@
+"""pyverbs.pd: PD (closing it closes its QPs, SRQs, AHs, MWs and MRs first, as pyverbs)."""
+
+from ..verbs_api.pd import PD as _PD
+from . import _stub
+from ._close import CascadeClose
+import sys as _sys
+
+__all__ = ["PD"]
+
+
+class PD(CascadeClose, _PD):
+    def __init__(self, creator, **kwargs):  # noqa: ANN001
+        super().__init__(creator)
+
+    @property
+    def ctx(self):  # noqa: ANN201
+        return self.context
+
+    @property
+    def handle(self) -> int:
+        """The object's handle (uverbs' id); importing it into another context
+        (``Context(cmd_fd=...)``) is EOPNOTSUPP."""
+        return id(self) & 0xFFFFFFFF
+
+
+_stub.fill_missing(_sys.modules[__name__], "pd")  # ParentDomain...: EOPNOTSUPP, as rxe

@@ -1,0 +1,1 @@
+"""pyverbs.providers: vendor providers (not supported by softrdma; see _stub)."""

@@ -1,0 +1,1 @@
+"""pyverbs.providers.efa: built from the manifest (see softrdma/pyverbs_compat/_stub.py)."""
