@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError, PyverbsUserError
 from ..verbs_api.attr import QPAttr as _QPAttr, QPCap as _QPCap, QPInitAttr as _QPInitAttr
 from ..verbs_api.enums import ibv_qp_attr_mask as M, ibv_qp_state as S, ibv_qp_type as T
-from ..verbs_api.enums import ibv_send_flags, ibv_wr_opcode as O
+from ..verbs_api.enums import ibv_wr_opcode as O
 from ..verbs_api.qp import QP as _QP
 from . import _stub
 from ._close import CascadeClose
