@@ -134,8 +134,8 @@ def test_pingpong_in_two_processes(gid):
     link-local GID) reaches the other process's device as rxe's link-local GIDs do."""
     port = str(_free_port())
     prog = str(PROGRAMS / "pyverbs_pingpong.py")
-    # each process pins its device's address (SOFTRDMA_IP): see the report on the race of
-    # two processes opening the default device at the same instant
+    # each process pins its device's address (SOFTRDMA_IP); test_live_device covers two
+    # programs that let their default devices pick the first free addresses
     srv = subprocess.Popen([sys.executable, "-m", "softrdma.run", prog, "server", port, "-n",
                             "10", "-g", gid], env=env(SOFTRDMA_IP=f"127.0.0.{61 + 2 * int(gid)}"),
                            cwd=ROOT,

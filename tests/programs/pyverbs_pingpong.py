@@ -138,19 +138,20 @@ def two_sides(args):
                 if time.monotonic() > end:
                     raise
                 time.sleep(0.1)
-    f = conn.makefile("rw")
+    # one file per direction: a text file open for both discards its read-ahead when written
+    f, w = conn.makefile("r"), conn.makefile("w")
     with open_ctx(args.dev) as ctx:
         pd = PD(ctx)
         me = Side(ctx, pd, args.gid, 2 if server else 1)
-        f.write(json.dumps(me.info()) + "\n")
-        f.flush()
+        w.write(json.dumps(me.info()) + "\n")
+        w.flush()
         peer = json.loads(f.readline())
         print(f"{args.mode}: qpn {me.qp.qp_num} gid {me.gid}; peer qpn {peer['qpn']} "
               f"gid {peer['gid']}", file=sys.stderr)
         me.connect(peer)
         me.post_recv()  # before the peer may send: after the handshake below
-        f.write("ready\n")
-        f.flush()
+        w.write("ready\n")
+        w.flush()
         f.readline()
         for i in range(args.iters):
             if server:
@@ -164,8 +165,8 @@ def two_sides(args):
                 wait(me.cq, {2: 1, 1: 1})
                 me.expect(2, i)
                 me.post_recv()
-        f.write("done\n")
-        f.flush()
+        w.write("done\n")
+        w.flush()
         f.readline()
     conn.close()
     print(f"pingpong ok: {args.iters} iterations")
