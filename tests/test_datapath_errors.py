@@ -862,3 +862,62 @@ def test_corrupted_bit_anywhere_is_caught():
         only_changed(before_b, b.mr, [(TGT, TGT + 8)])
         assert c.icrc_err + c.malformed_pkts == c.dropped_pkts == len(raw) * 8 - 8
         assert b.qp.qp_state == RTS and len(wb.raw) == 8
+
+
+def test_send_with_invalidate_kills_the_remote_type2_window():
+    """SEND_WITH_INV names a type 2 window bound at the responder: the responder invalidates
+    it before completing the receive (IBV_WC_WITH_INV, invalidated_rkey), and the window's
+    rkey no longer grants access. An rkey that names no window is rxe's class J error: the
+    responder completes the receive with REM_INV_REQ_ERR and moves to ERR, but still ACKs
+    the packet (rxe_resp.c RESPST_ERR_INVALIDATE_RKEY keeps the ACK syndrome), so the
+    requester's send succeeds."""
+    from softrdma.enums import (
+        IBV_ACCESS_REMOTE_READ, IBV_MW_TYPE_2, IBV_QPS_ERR, IBV_SEND_SIGNALED, IBV_WC_BIND_MW,
+        IBV_WC_REM_ACCESS_ERR, IBV_WC_REM_INV_REQ_ERR, IBV_WC_SUCCESS, IBV_WC_WITH_INV,
+        IBV_WR_BIND_MW, IBV_WR_RDMA_READ, IBV_WR_SEND_WITH_INV,
+    )
+    from softrdma.harness.sim import SimNetwork
+    from softrdma.harness.testing import connected_pair
+    from softrdma.verbs_api import MW, MWBindInfo, SendWR
+
+    net = SimNetwork(seed=5)
+    a, b = connected_pair(net, "RC")
+    mw = MW(b.pd, IBV_MW_TYPE_2)
+    bind = SendWR(wr_id=1, opcode=IBV_WR_BIND_MW, send_flags=IBV_SEND_SIGNALED)
+    bind.set_bind_wr(mw, MWBindInfo(b.mr, b.mr.buf, 4096, IBV_ACCESS_REMOTE_READ))
+    b.qp.post_send(bind)
+    net.run()
+    assert [(w.status, w.opcode) for w in b.cq.poll_all()] == [(IBV_WC_SUCCESS, IBV_WC_BIND_MW)]
+    rkey = mw.rkey
+    # the window works before the invalidation
+    a.post_send(IBV_WR_RDMA_READ, a.sge(0, 64), 2, remote_offset=0, rkey=rkey)
+    net.run()
+    assert [w.status for w in a.cq.poll_all()] == [IBV_WC_SUCCESS]
+    b.post_recv(b.sge(8192, 256), 3)
+    inv = SendWR(wr_id=4, opcode=IBV_WR_SEND_WITH_INV, sg=[a.sge(0, 16)],
+                 send_flags=IBV_SEND_SIGNALED)
+    inv.invalidate_rkey = rkey
+    a.qp.post_send(inv)
+    net.run()
+    assert [w.status for w in a.cq.poll_all()] == [IBV_WC_SUCCESS]
+    (wc,) = b.cq.poll_all()
+    assert wc.status == IBV_WC_SUCCESS and wc.wc_flags & IBV_WC_WITH_INV
+    assert wc.invalidated_rkey == rkey
+    # the window's rkey is dead now: a READ through it is a remote access error
+    a.post_send(IBV_WR_RDMA_READ, a.sge(0, 64), 5, remote_offset=0, rkey=rkey)
+    net.run()
+    assert [w.status for w in a.cq.poll_all()] == [IBV_WC_REM_ACCESS_ERR]
+
+    # an rkey that names no window: only the responder sees the error (rxe's class J)
+    a2, b2 = connected_pair(net, "RC")
+    b2.post_recv(b2.sge(0, 256), 6)
+    bad = SendWR(wr_id=7, opcode=IBV_WR_SEND_WITH_INV, sg=[a2.sge(0, 16)],
+                 send_flags=IBV_SEND_SIGNALED)
+    bad.invalidate_rkey = b2.mr.rkey  # an MR, not a type 2 window
+    a2.qp.post_send(bad)
+    net.run()
+    assert [w.status for w in a2.cq.poll_all()] == [IBV_WC_SUCCESS]
+    (rwc,) = b2.cq.poll_all()
+    assert rwc.status == IBV_WC_REM_INV_REQ_ERR and rwc.wr_id == 6
+    assert b2.qp.qp_state == IBV_QPS_ERR
+    assert b2.device.counters.qp_fatal == 0 and b.device.counters.qp_fatal == 0

@@ -30,6 +30,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from .memory import Access, AccessError
+from .mw import invalidate_rkey
 from ..enums import (
     ibv_access_flags as A, ibv_qp_state as S, ibv_qp_type as T, ibv_wc_flags as WCF,
     ibv_wc_status as WCS,
@@ -347,7 +348,7 @@ class Responder:
             self._atomic_reply(pkt)
             return
         if info.with_inv:
-            if not self.eng.invalidate_rkey(pkt.ieth_rkey):
+            if not invalidate_rkey(self.eng.device.keys, qp.pd, pkt.ieth_rkey):
                 self.status = WCS.IBV_WC_REM_INV_REQ_ERR
                 self.goto_error = True
                 self._complete(pkt)
