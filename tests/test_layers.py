@@ -1,9 +1,11 @@
 """The architecture, checked: the protocol core imports nothing above it or any I/O, and
 no module reaches into another module's private names.
 
-``softrdma.wire`` (bytes) and ``softrdma.qp`` (the protocol) are sans-IO: no sockets,
-threads, clocks or event loops, and nothing from the soft device, the verbs API, the
-harnesses or the tools. Read from the source with ``ast``, so a function-local import
+``softrdma.wire`` (bytes), ``softrdma.cm`` (the CM's wire format) and ``softrdma.qp`` (the
+protocol) are sans-IO: no sockets, threads, clocks or event loops, and nothing from the
+soft device, the verbs API, the harnesses or the tools. ``softrdma.cm`` sits on
+``softrdma.wire`` alone, and the wire layer never imports it (the dissector takes the CM's
+decoder as a plug-in). Read from the source with ``ast``, so a function-local import
 counts as much as a module-level one.
 """
 
@@ -17,7 +19,8 @@ import pytest
 from .conftest import ROOT
 
 PKG = ROOT / "softrdma"
-CORE = sorted((PKG / "wire").glob("*.py")) + sorted((PKG / "qp").glob("*.py"))
+CORE = (sorted((PKG / "wire").glob("*.py")) + sorted((PKG / "cm").glob("*.py"))
+        + sorted((PKG / "qp").glob("*.py")))
 FORBIDDEN_IO = {"socket", "threading", "time", "asyncio", "selectors", "select", "subprocess"}
 FORBIDDEN_PKGS = ("softrdma.soft", "softrdma.verbs_api", "softrdma.tools", "softrdma.harness",
                   "softrdma.sim", "softrdma.replay", "softrdma.testing", "softrdma.lab",
@@ -59,6 +62,19 @@ def test_the_core_is_sans_io_and_imports_nothing_above_it(path):
         top = mod.split(".")[0]
         if top in FORBIDDEN_IO or any(mod == p or mod.startswith(p + ".") for p in FORBIDDEN_PKGS):
             bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "cm").glob("*.py")) + sorted(
+    (PKG / "wire").glob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
+def test_cm_sits_on_wire_alone_and_wire_never_imports_cm(path):
+    """cm may import the wire layer and the standard library, nothing else of softrdma
+    (not even softrdma.qp); wire may not import cm, so the two never form a cycle."""
+    layer = path.parent.name
+    allowed = ("softrdma.wire", "softrdma.cm") if layer == "cm" else ("softrdma.wire",)
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {mod}" for line, mod, _ in imports(path)
+           if mod.startswith("softrdma") and mod != "softrdma"
+           and not any(mod == a or mod.startswith(a + ".") for a in allowed)]
     assert not bad, "\n".join(bad)
 
 

@@ -1,5 +1,7 @@
 """``softrdma dissect FILE``: one line (or JSON object) per RoCEv2 frame of a capture.
 
+MADs on QP1 are decoded as CM messages (:mod:`softrdma.cm.dissect`).
+
 Exit status 1 if a RoCE frame does not decode (or, with ``--verify``, has a bad ICRC); 2 if
 the file cannot be read (a usage error of this command, reported in one line).
 """
@@ -11,11 +13,15 @@ import json
 import sys
 from typing import Any
 
+from ..cm.dissect import CM_DISSECTOR
 from ..wire.dissect import DissectStats, dissect_records, format_record
 from ..wire.pcap import PcapError, read_pcap
 from .common import UsageError
 
 __all__ = ["add_parser", "run"]
+
+#: The payload decoders ``softrdma dissect`` runs.
+PAYLOAD = (CM_DISSECTOR,)
 
 
 def add_parser(sub: Any) -> None:
@@ -36,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     try:
         with open(args.pcap, "rb") as f:
-            for rec in dissect_records(read_pcap(f), stats):
+            for rec in dissect_records(read_pcap(f), stats, PAYLOAD):
                 if "error" in rec:
                     failed = True
                     if args.json:
@@ -47,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 if args.verify and not rec["icrc_ok"]:
                     failed = True
-                out.write((json.dumps(rec) if args.json else format_record(rec)) + "\n")
+                out.write((json.dumps(rec) if args.json else format_record(rec, PAYLOAD)) + "\n")
     except FileNotFoundError:
         raise UsageError(f"{args.pcap}: no such file")
     except IsADirectoryError:

@@ -2,12 +2,16 @@
 
 This is the engine behind ``softrdma dissect``. The field names of :func:`frame_record`
 are a stable interface documented in docs/dissect.md; add fields, never rename them.
+
+Payloads are decoded by :class:`PayloadDissector` plug-ins the caller passes in (the CM's,
+:data:`softrdma.cm.dissect.CM_DISSECTOR`, for MADs on QP1): protocols above the wire layer
+stay above it, and a frame no plug-in claims keeps exactly the record and line it had.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 from .frames import Frame, FrameError, decode_frame
 from .headers import HEADERS
@@ -15,7 +19,18 @@ from .opcodes import lookup
 from .packet import DecodeError, RocePacket, parse
 from .pcap import PcapRecord
 
-__all__ = ["DissectStats", "frame_record", "format_record", "dissect_records"]
+__all__ = ["DissectStats", "PayloadDissector", "frame_record", "format_record",
+           "dissect_records"]
+
+
+class PayloadDissector(Protocol):
+    """Decodes the payload of the packets it recognises into more record keys."""
+
+    def fields(self, pkt: RocePacket) -> dict[str, Any] | None:
+        """Keys to add to the packet's record (None: not this dissector's packet)."""
+
+    def text(self, rec: dict[str, Any]) -> str | None:
+        """The text appended to the record's line (None: nothing to add)."""
 
 
 @dataclass
@@ -32,8 +47,10 @@ class DissectStats:
                 f"{self.undecodable} undecodable, {self.bad_icrc} bad ICRC")
 
 
-def frame_record(index: int, ts: float, frame: Frame, pkt: RocePacket) -> dict[str, Any]:
-    """The documented JSON record of one decoded RoCE frame."""
+def frame_record(index: int, ts: float, frame: Frame, pkt: RocePacket,
+                 payload: Sequence[PayloadDissector] = ()) -> dict[str, Any]:
+    """The documented JSON record of one decoded RoCE frame; the keys of the first
+    ``payload`` dissector that claims the packet come last."""
     info = pkt.info
     expected = frame.icrc()
     rec: dict[str, Any] = {
@@ -70,11 +87,17 @@ def frame_record(index: int, ts: float, frame: Frame, pkt: RocePacket) -> dict[s
     rec["icrc"] = f"0x{pkt.icrc:08x}"
     rec["icrc_expected"] = f"0x{expected:08x}"
     rec["icrc_ok"] = pkt.icrc == expected
+    for d in payload:
+        extra = d.fields(pkt)
+        if extra is not None:
+            rec.update(extra)
+            break
     return rec
 
 
-def format_record(rec: dict[str, Any]) -> str:
-    """One human line for a record made by :func:`frame_record`."""
+def format_record(rec: dict[str, Any], payload: Sequence[PayloadDissector] = ()) -> str:
+    """One human line for a record made by :func:`frame_record`; a payload dissector's
+    text follows after `` | ``."""
     ends = f"{rec['src']}:{rec['sport']} > {rec['dst']}"
     flags = ("A" if rec["ackreq"] else "-") + ("S" if rec["se"] else "-")
     parts = [f"{rec['index']:5d}", f"{ends:<32}", f"{rec['opcode_name']:<34}",
@@ -92,12 +115,19 @@ def format_record(rec: dict[str, Any]) -> str:
             parts.append(" ".join(shown))
     parts.append(f"len={rec['payload_len']}")
     parts.append("icrc=ok" if rec["icrc_ok"] else f"icrc=BAD({rec['icrc']}!={rec['icrc_expected']})")
+    for d in payload:
+        text = d.text(rec)
+        if text is not None:
+            parts.append("| " + text)
+            break
     return " ".join(parts)
 
 
-def dissect_records(records: Iterable[PcapRecord], stats: DissectStats) -> Iterator[dict[str, Any]]:
+def dissect_records(records: Iterable[PcapRecord], stats: DissectStats,
+                    payload: Sequence[PayloadDissector] = ()) -> Iterator[dict[str, Any]]:
     """Decode pcap records, yielding a record dict per RoCE frame, or an error dict
-    ``{"index", "error", "reason"}`` for a frame that should be RoCE but does not decode."""
+    ``{"index", "error", "reason"}`` for a frame that should be RoCE but does not decode.
+    ``payload``: the dissectors that decode payloads (see :func:`frame_record`)."""
     for r in records:
         stats.frames += 1
         try:
@@ -120,7 +150,7 @@ def dissect_records(records: Iterable[PcapRecord], stats: DissectStats) -> Itera
                    "error": str(e), "reason": e.reason}
             continue
         stats.roce += 1
-        rec = frame_record(r.index, r.timestamp, frame, pkt)
+        rec = frame_record(r.index, r.timestamp, frame, pkt, payload)
         if not rec["icrc_ok"]:
             stats.bad_icrc += 1
         yield rec
