@@ -1142,3 +1142,14 @@ def test_every_kind_of_object_is_counted_against_its_device_limit(dev):
                 make().close()  # the slot was given back
         finally:
             dev.limits = old
+
+
+def test_unknown_keyword_arguments_are_refused_not_swallowed(env):
+    """A misspelt keyword (``qp_atr=``) must not be silently ignored."""
+    ctx = env.ctx
+    with pytest.raises(TypeError, match="qp_atr"):
+        QP(env.pd, QPInitAttr(qp_type=RC, scq=env.cq, rcq=env.cq), qp_atr=None)
+    with pytest.raises(TypeError, match="atr"):
+        AH(env.pd, atr=loopback_av(ctx))
+    with pytest.raises(TypeError, match="nme"):
+        Context(nme=DEV_NAME)

@@ -9,7 +9,6 @@ import socket
 import time
 from typing import Any
 
-from ..errors import PyverbsRDMAError
 from ..soft.udp import TransportError
 from ..verbs_api.device import add_device, find_device, unregister_device
 
@@ -139,7 +138,3 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
                             f"(is it the same tool and version?)")
         buf += chunk
     return bytes(buf)
-
-
-def verbs_error(e: PyverbsRDMAError) -> ToolError:
-    return ToolError(str(e))

@@ -75,7 +75,7 @@ class AH(Resource):
     _kind = "AH"
     _pool = "ah"
 
-    def __init__(self, pd: Any, attr: AHAttr | None = None, **kwargs: Any) -> None:
+    def __init__(self, pd: Any, attr: AHAttr | None = None) -> None:
         require(pd, PD, "Failed to create AH", "pd")
         pd._check()
         if attr is None:

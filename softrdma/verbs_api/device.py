@@ -220,7 +220,7 @@ class Context(ContextBase):
     first device. A context manager: leaving the ``with`` block destroys, in dependency
     order, every resource made through it that is still open."""
 
-    def __init__(self, name: str | bytes | None = None, **kwargs: Any) -> None:
+    def __init__(self, name: str | bytes | None = None) -> None:
         if name is not None and not isinstance(name, (str, bytes)):
             raise PyverbsRDMAError(f"Failed to open device: name must be a str, not "
                                    f"{type(name).__name__}", errno.EINVAL)

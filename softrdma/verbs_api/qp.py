@@ -110,8 +110,7 @@ class QP(Resource):
     _kind = "QP"
     _pool = "qp"
 
-    def __init__(self, pd_or_ctx: Any, init_attr: QPInitAttr, qp_attr: QPAttr | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, pd_or_ctx: Any, init_attr: QPInitAttr, qp_attr: QPAttr | None = None) -> None:
         what = "Failed to create QP"
         pd = require(pd_or_ctx, PD, what, "pd")
         pd._check()
