@@ -42,6 +42,7 @@ import random
 import socket
 import struct
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -50,12 +51,46 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..enums import (
-    IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
-    IBV_ACCESS_REMOTE_WRITE, IBV_MTU_1024, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD,
-    IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ,
-    IBV_WR_RDMA_WRITE, IBV_WR_SEND,
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_REMOTE_ATOMIC,
+    IBV_ACCESS_REMOTE_READ,
+    IBV_ACCESS_REMOTE_WRITE,
+    IBV_MTU_1024,
+    IBV_QP_STATE,
+    IBV_QPS_RESET,
+    IBV_QPS_RTS,
+    IBV_QPT_RC,
+    IBV_QPT_UC,
+    IBV_QPT_UD,
+    IBV_WR_ATOMIC_CMP_AND_SWP,
+    IBV_WR_ATOMIC_FETCH_AND_ADD,
+    IBV_WR_RDMA_READ,
+    IBV_WR_RDMA_WRITE,
+    IBV_WR_SEND,
+    ibv_wc_status,
 )
 from ..errors import PyverbsRDMAError
+from ..soft.udp import TransportError
+from ..verbs_api import (
+    AH,
+    CQ,
+    MR,
+    PD,
+    QP,
+    SGE,
+    SRQ,
+    AHAttr,
+    Context,
+    GlobalRoute,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+    SrqAttr,
+    SrqInitAttr,
+)
+from ..verbs_api.device import add_device, find_device, unregister_device
 from ..wire.frames import FrameError, decode_frame, encode_frame
 from ..wire.headers import ROCE_V2_UDP_DPORT
 from ..wire.icrc import icrc_ipv4
@@ -206,7 +241,6 @@ class Side:
     """One device: context, PDs, the arena and its MRs."""
 
     def __init__(self, dev: Any, rng: random.Random) -> None:
-        from ..verbs_api import MR, PD, Context
         self.dev = dev
         self.ctx = Context(name=dev.name)
         self.pd = PD(self.ctx)
@@ -227,7 +261,6 @@ class Side:
         self.loose_copy = [bytes(b) for b in self.loose]
 
     def sge(self, mr: str, off: int, n: int) -> Any:
-        from ..verbs_api import SGE
         m = self.mrs[mr]
         return SGE(m.buf + off, n, m.lkey)
 
@@ -239,7 +272,6 @@ class End:
     """One QP of a pair, with its CQs and the bookkeeping of posted receives."""
 
     def __init__(self, side: Side, kind: str, slot: int, srq: Any) -> None:
-        from ..verbs_api import CQ, QP, QPCap, QPInitAttr
         self.side = side
         self.kind = kind
         self.slot = slot  # index of this QP's receive slot in the recv region
@@ -279,7 +311,6 @@ class Pair:
 
 
 def _connect(e: End, peer: End, sq_psn: int, rq_psn: int) -> None:
-    from ..verbs_api import AH, AHAttr, GlobalRoute, QPAttr
     a = QPAttr(port_num=1)
     a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
     a.path_mtu = IBV_MTU_1024
@@ -393,9 +424,6 @@ class Fuzzer:
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self) -> None:
-        from ..soft.udp import TransportError
-        from ..verbs_api import SRQ, SrqAttr, SrqInitAttr
-        from ..verbs_api.device import add_device, find_device, unregister_device
         cfg = self.cfg
         if cfg.icrc == "raw" and not _raw_allowed():
             raise ToolError("--icrc raw needs a raw socket (root or CAP_NET_RAW)")
@@ -459,8 +487,6 @@ class Fuzzer:
         return p
 
     def _reconnect(self, p: Pair) -> None:
-        from ..verbs_api import QPAttr
-        from ..enums import IBV_QP_STATE, IBV_QPS_RESET
         for e in p.ends:
             self._drain(e)  # counts the error completions that broke the pair
             if e.qp.qp_state != IBV_QPS_RESET:
@@ -476,7 +502,6 @@ class Fuzzer:
 
     # -- legitimate traffic -----------------------------------------------------------------
     def _post_recv(self, e: End, n: int = 1) -> bool:
-        from ..verbs_api import RecvWR
         extra = 40 if e.kind == "UD" else 0
         sge = e.side.sge("recv", e.slot * SLOT, SLOT if not extra else 1024 + extra)
         tgt = self.srqs[self.sides.index(e.side)] if e.srq is not None else e.qp
@@ -523,7 +548,6 @@ class Fuzzer:
     def _legit_op(self) -> None:
         """One ordinary operation on a random pair, so forged responses meet requests in
         flight. Sources are the rw MR, targets the peer's rw MR or our sink: permitted."""
-        from ..verbs_api import SendWR
         p = self.rng.choice(self.pairs)
         e, peer = (p.a, p.b) if self.rng.random() < 0.5 else (p.b, p.a)
         if e.sends_out >= QP_DEPTH // 2:
@@ -565,7 +589,6 @@ class Fuzzer:
 
     def _recover(self) -> None:
         """Reset and reconnect the pairs a forged packet moved to ERR (cheap: states only)."""
-        from ..enums import IBV_QPS_RTS
         for p in self.pairs:
             if p.a.qp.qp_state != IBV_QPS_RTS or p.b.qp.qp_state != IBV_QPS_RTS:
                 self.stats.recoveries[p.kind] = self.stats.recoveries.get(p.kind, 0) + 1
@@ -583,7 +606,6 @@ class Fuzzer:
                 self.stats.async_events[k] = self.stats.async_events.get(k, 0) + 1
 
     def housekeeping(self) -> None:
-        from ..enums import IBV_QPS_RTS
         self._async_events()
         for p in self.pairs:
             for e in p.ends:
@@ -956,7 +978,6 @@ class Fuzzer:
 
     def _exercise(self, p: Pair) -> str | None:
         """WRITE, SEND and READ both ways (UC: WRITE, SEND; UD: SEND); None or what failed."""
-        from ..verbs_api import SendWR
         ops = {"UD": ("SEND",), "UC": ("WRITE", "SEND")}.get(p.kind, ("WRITE", "SEND", "READ"))
         for e, peer in ((p.a, p.b), (p.b, p.a)):
             for name in ops:
@@ -1023,7 +1044,6 @@ class Fuzzer:
             return f"{type(ex).__name__}: {ex}"
 
     def check_pairs(self) -> None:
-        from ..enums import IBV_QPS_RTS
         for i, p in enumerate(self.pairs):
             states = [int(e.qp.qp_state) for e in p.ends]
             how = "intact"
@@ -1068,7 +1088,6 @@ class Fuzzer:
     def write_crash_pcap(self) -> str:
         path = self.cfg.crash_pcap
         if not path:
-            import tempfile
             fd, path = tempfile.mkstemp(prefix="softrdma-fuzz-", suffix=".pcap")
             os.close(fd)
         with PcapWriter(path) as w:
@@ -1077,7 +1096,6 @@ class Fuzzer:
         return path
 
     def close(self) -> None:
-        from ..verbs_api.device import unregister_device
         if hasattr(self, "_old_hook"):
             threading.excepthook = self._old_hook
         if hasattr(self, "_leaked_ev"):
@@ -1097,7 +1115,6 @@ class Fuzzer:
 
 
 def _wc_status_name(status: int) -> str:
-    from ..enums import ibv_wc_status
     try:
         return ibv_wc_status(status).name.replace("IBV_WC_", "")
     except ValueError:
