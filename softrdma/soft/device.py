@@ -29,28 +29,27 @@ from typing import Any, Callable
 from ..completion import AsyncEvent
 from ..counters import Counters, Drop
 from ..enums import bytes_to_mtu, ibv_event_type, ibv_mtu
-from ..wire.icrc import icrc_ipv4, icrc_ipv6
-from .capture import PacketCapture
-from .progress import Progress, poll_once
-from .rx import receive_packet
 from ..qp.engine import QpEngine
 from ..qp.memory import KeyTable
+from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from ..wire.opcodes import OPCODES as _OPCODES
+from .capture import PacketCapture
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
+from .progress import Progress, poll_once
+from .rx import receive_packet
 from .udp import TransportError, UdpTransport
-
 
 __all__ = ["SoftDevice", "DeviceLimits", "DeviceFailed", "RXE_MAX_HDR_LENGTH",
            "active_mtu_for", "LOOPBACK_TRIES"]
 
 log = logging.getLogger("softrdma")
-LOOPBACK_TRIES = 64
-POOLS = ("pd", "cq", "srq", "qp", "mr", "mw", "ah")  # counted against DeviceLimits.max_<kind>  # an auto-addressed device tries 127.0.0.1, .2, ... this many addresses
+LOOPBACK_TRIES = 64  # an auto-addressed device tries 127.0.0.1, .2, ... this many addresses
+POOLS = ("pd", "cq", "srq", "qp", "mr", "mw", "ah")  # counted against DeviceLimits.max_<kind>
 
 
 class DeviceFailed(OSError):
     """The device's progress machinery stopped; nothing on it can complete any more."""
 
-from ..wire.opcodes import OPCODES as _OPCODES
 
 _RESPONSE_OPCODES = frozenset(op for op, i in _OPCODES.items() if i.is_response)
 RXE_MAX_HDR_LENGTH = 80  # rxe subtracts this from the netdev MTU before picking an IB MTU
