@@ -34,6 +34,15 @@ class Drop(str, enum.Enum):
     WRONG_SOURCE = "wrong_source"  # a connected QP's packet from another address
     STRICT_SPORT = "strict_sport"  # strict mode: not the path's UDP source port
     QKEY_VIOLATION = "qkey_violation"  # UD Q_Key mismatch
+    # QP1, the GSI (softrdma.soft.gsi: rxe_recv.c for QP1, then the MAD layer, mad.c)
+    GSI_OPCODE = "gsi_opcode"  # to QP 1 but not a UD SEND_ONLY
+    GSI_QKEY = "gsi_qkey"  # to QP 1 with a Q_Key other than 0x80010000
+    GSI_MAD_SIZE = "gsi_mad_size"  # to QP 1 but not one 256-byte MAD
+    GSI_MAD_BASE_VERSION = "gsi_mad_base_version"  # MAD base version not 1
+    GSI_MAD_CLASS = "gsi_mad_class"  # management class not the CM's: no agent for it
+    GSI_MAD_CLASS_VERSION = "gsi_mad_class_version"  # CM class version not 2
+    GSI_MAD_METHOD = "gsi_mad_method"  # CM MAD whose method is not SEND
+    GSI_NO_HANDLER = "gsi_no_handler"  # a CM MAD, but no MAD handler is registered
     # responder (softrdma.qp.responder, rxe_resp.c)
     PSN_OUT_OF_SEQ = "psn_out_of_seq"  # ahead of the expected PSN, after the one NAK
     UC_OUT_OF_SEQ = "uc_out_of_seq"  # UC: a lost packet drops the rest of the message
@@ -82,6 +91,9 @@ class Counters:
     sport_evicted: int = 0  # source-port sockets closed to stay within the pool
     qp_fatal: int = 0  # QPs moved to ERR by an unexpected exception (QpEngine.fault)
     progress_errors: int = 0  # unexpected errors the progress thread survived
+    gsi_mads_rcvd: int = 0  # MADs QP1 handed to the MAD handler (softrdma.soft.gsi)
+    gsi_mads_sent: int = 0  # MADs QP1 handed to the send path
+    gsi_handler_errors: int = 0  # exceptions the MAD handler raised (logged, survived)
     drops: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: Drop) -> None:

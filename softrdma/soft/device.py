@@ -34,6 +34,7 @@ from ..qp.memory import KeyTable
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from ..wire.opcodes import OPCODES as _OPCODES
 from .capture import PacketCapture
+from .gsi import GsiEndpoint
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
 from .progress import Progress, poll_once
 from .rx import receive_packet
@@ -124,6 +125,8 @@ class SoftDevice:
             random.Random(f"softrdma-secrets-{seed}")
         self.keys = KeyTable(self.secret_rng)
         self.qps: dict[int, QpEngine] = {}  # QPN -> the QP's engine (rxe's QP pool)
+        # QP1, the GSI: 256-byte MADs in and out, handed to a MAD handler (the CM)
+        self.gsi = GsiEndpoint(self)
         # rxe hands out QPNs in order from 16; softrdma draws them at random unless told to
         # be sequential (replays of captures pin QPNs through ``_next_qpn``)
         self.sequential_qpn = sequential_qpn
@@ -257,6 +260,16 @@ class SoftDevice:
         if self.capture is not None:
             self.capture.record(data, self.ip_packed, dst_ip, sport)
         self.transmit(data, dst_ip, sport)
+
+    def set_mad_handler(self, handler: Callable[..., Any] | None) -> None:
+        """QP1: hand every MAD that passes rxe's checks to ``handler(mad, source)``
+        (``self.gsi.set_handler``; docs/device.md, "QP1")."""
+        self.gsi.set_handler(handler)
+
+    def send_mad(self, mad: bytes | bytearray, dst_ip: str | bytes, dst_qpn: int = 1,
+                 **kw: int) -> None:
+        """QP1: send one 256-byte MAD to ``dst_ip`` as rxe does (``self.gsi.send``)."""
+        self.gsi.send(mad, dst_ip, dst_qpn, **kw)
 
     def _loopback(self, data: bytes, dst_ip: bytes, sport: int) -> None:
         """Default transport: deliver to ourselves (rxe's loopback), drop anything else."""

@@ -1,5 +1,7 @@
 """The receive path's header checks (rxe_recv.c): every packet is counted and either
 handed to its QP's engine or dropped with a reason; nothing malformed goes further.
+Packets for QP 1 (the GSI) go, after the device-wide checks, to ``device.gsi``
+(softrdma.soft.gsi), which checks them as rxe and the MAD layer do.
 
 Beyond rxe, a device in strict mode (``SoftDevice(strict=True)`` or SOFTRDMA_STRICT=1) also
 drops packets for a connected (RC/UC) QP that do not come from the UDP source port the
@@ -76,8 +78,11 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         c.drop(Drop.BAD_PKEY)
         return
     qpn = pkt.dest_qp
-    if qpn == 0:
-        c.drop(Drop.QP0)
+    if qpn <= 1:  # the one comparison QPNs >= 16 pay for the special QPs
+        if qpn == 0:
+            c.drop(Drop.QP0)
+        else:  # QP1, the GSI: its own checks, then the MAD handler (soft/gsi.py)
+            dev.gsi.on_packet(pkt, src_ip, dst_ip, sport)
         return
     qp = dev.qps.get(qpn)
     if qp is None or qp.closed:
