@@ -324,8 +324,14 @@ def test_duplicate_req_after_delayed_mra_gets_the_mra():
     mra_ev = net.a.event(E.MRA_RECEIVED)
     assert mra_ev.service_timeout == 24
     assert a_id.state == S.MRA_REQ_RCVD
-    # the REQ timer now waits conv(24) + conv(av timeout 19) ms before retrying
-    assert a_id.pending.deadline == approx((2 ** 16 + 2 ** 11) / 1000)
+    # the REQ timer now waits conv(24) + conv(av timeout 19) ms before retrying, and the
+    # retries keep that interval (ib_modify_mad); each duplicate REQ gets the MRA again
+    wait = (2 ** (24 - 8) + 2 ** (19 - 8)) / 1000  # 67.584 s
+    net.run(2 * wait + 0.001)
+    assert net.sent("A", "REQ") == [0.0, approx(wait), approx(2 * wait)]  # link dup'd the 1st
+    assert net.sent("B", "MRA") == [0.0, approx(wait), approx(2 * wait)]
+    assert a_id.state == S.MRA_REQ_RCVD  # a second MRA is a duplicate, no new event
+    assert net.a.types() == [E.MRA_RECEIVED]
 
 
 def test_duplicate_rep_gets_the_rtu_again():
