@@ -6,7 +6,8 @@ header with the TID rules (:mod:`.mad`), every CM message described once with pa
 build derived from the descriptions (:mod:`.messages`), what rdma_cm adds, the service
 ID's port space and the cma header in REQ private data (:mod:`.cma`), QP1 framing
 (:mod:`.qp1`), and the dissector's CM decoding (:mod:`.dissect`). docs/cm.md describes the
-wire format message by message.
+wire format message by message. On top of it, :mod:`.state` is the CM's connection state
+machine (:class:`~softrdma.cm.state.CmAgent`), sans-IO as well.
 """
 
 from .cma import (
@@ -22,6 +23,7 @@ from .messages import (
     MsgResponse, RejectReason, SidrStatus, TransportType, build_cm, parse_cm,
 )
 from .qp1 import GSI_QKEY, QP1_QPN, QP1_UDP_SPORT, build_qp1, qp1_drop_reason
+from .state import CmAgent, CmEvent, CmEventType, CmId, CmState, CmStateError
 
 __all__ = [
     "CMA_HDR_SIZE", "CmaError", "CmaHeader", "PortSpace", "cma_private_data",
@@ -33,4 +35,5 @@ __all__ = [
     "CMMessage", "MessageType", "MsgResponse", "RejectReason", "SidrStatus", "TransportType",
     "build_cm", "parse_cm",
     "GSI_QKEY", "QP1_QPN", "QP1_UDP_SPORT", "build_qp1", "qp1_drop_reason",
+    "CmAgent", "CmEvent", "CmEventType", "CmId", "CmState", "CmStateError",
 ]
