@@ -312,7 +312,9 @@ def test_sleeping_program_gets_retransmission_done_by_the_device(live):
         connect(b, a, 2, 1)
         assert _wait(lambda: len(a.cq) == 1)
         assert a.cq.poll_all()[0].status == IBV_WC_SUCCESS
-        assert ca.device.counters.completer_retry_err + ca.device.counters.sent_pkts > 1
+        # the one-packet WRITE went out at least twice: the first copy was dropped by b
+        assert ca.device.counters.sent_pkts >= 2
+        assert cb.device.counters.drops.get("qp_not_ready", 0) >= 1
 
 
 def test_a_failed_progress_loop_wakes_every_waiter(live):
