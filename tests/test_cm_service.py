@@ -12,7 +12,7 @@ import pytest
 
 from softrdma.cm.cma import CmaHeader, PortSpace, cma_private_data, service_id, \
     split_cma_private_data
-from softrdma.cm.messages import RejectReason
+from softrdma.cm.messages import SIDR_REQ, RejectReason, SidrStatus
 from softrdma.cm.state import CmEventType as E, CmState
 from softrdma.counters import Drop
 from softrdma.soft.cm_service import CmService
@@ -20,6 +20,8 @@ from softrdma.verbs_api import Context, add_device, remove_device
 
 A_IP, B_IP = "127.0.44.1", "127.0.44.2"
 SID = service_id(PortSpace.TCP, 7471)
+USID = service_id(PortSpace.UDP, 7174)  # udaddy
+RDMA_UDP_QKEY = 0x01234567
 #: Short timeouts carried by the REQ so a lost message costs ~0.26 s, not Linux's ~6 s:
 #: packet lifetime 8 (conv = 1 ms) and CM response timeouts 16 (conv = 256 ms): REQ
 #: retransmitted every 2*1 + 256 ms, REP every 256 ms; TIMEWAIT conv(15) = 128 ms.
@@ -192,3 +194,42 @@ def test_a_device_connects_to_itself_through_loopback(pair):
     assert next_event(a).type == E.RTU_RECEIVED
     assert ca.state == ev.cm_id.state == CmState.ESTABLISHED
     assert a.agent.counters["tx_retries"] == {}
+
+
+def test_sidr_resolution_over_udp(pair):
+    """udaddy's resolution: SIDR_REQ with a cma header, SIDR_REP with the UD QP and the
+    rdma_cm Q_Key; then a SIDR_REQ to a service nobody listens on gets status 1."""
+    a, b = pair
+    b.listen(USID)
+    hdr = CmaHeader(ipaddress.ip_address(A_IP), ipaddress.ip_address(B_IP), 40001)
+    pd = cma_private_data(hdr, b"ud-hi", size=SIDR_REQ.private_data_size)
+    ca = a.sidr_request(B_IP, service_id=USID, private_data=pd)
+    assert ca.state == CmState.SIDR_REQ_SENT
+    ev = next_event(b)
+    assert ev.type == E.SIDR_REQ_RECEIVED and ev.listen_id.state == CmState.LISTEN
+    assert ev.message.request_id == ca.local_id and ev.message.service_id == USID
+    assert ev.message.pkey == 0xFFFF
+    assert ev.source.src_ip == A_IP and ev.source.src_qp == 1
+    # duplicates are told apart by (IP, QPN), not by per-packet fields like the PSN
+    assert b.agent.peer_key(ev.source) == (A_IP, 1)
+    got_hdr, user = split_cma_private_data(ev.private_data)
+    assert (str(got_hdr.src), str(got_hdr.dst), got_hdr.sport) == (A_IP, B_IP, 40001)
+    assert user[:5] == b"ud-hi"
+    b.sidr_reply(ev.cm_id, qpn=0x333, qkey=RDMA_UDP_QKEY, private_data=b"ud-rep")
+    assert ev.cm_id.state == CmState.IDLE
+    rep = next_event(a)
+    assert rep.type == E.SIDR_REP_RECEIVED and rep.cm_id is ca
+    assert rep.status == SidrStatus.SUCCESS
+    assert (rep.message.request_id, rep.message.service_id) == (ca.local_id, USID)
+    assert (rep.message.qpn, rep.message.qkey) == (0x333, RDMA_UDP_QKEY)
+    assert rep.message.tid == ev.message.tid
+    assert rep.private_data[:6] == b"ud-rep"
+    assert ca.state == CmState.IDLE and a.deadline is None
+    assert a.agent.counters["tx_retries"] == {}
+
+    other = a.sidr_request(B_IP, service_id=USID + 1, timeout_ms=256)
+    rej = next_event(a)
+    assert rej.type == E.SIDR_REP_RECEIVED and rej.cm_id is other
+    assert rej.status == SidrStatus.UNSUPPORTED == 1
+    with pytest.raises(queue.Empty):
+        b.get_event(timeout=0.05)

@@ -12,7 +12,9 @@ rules, not read back from the code (drivers/infiniband/core/cm.c):
 * up to max_cm_retries = 15 retransmissions, so 16 sends, and the error one timeout
   after the last;
 * TIMEWAIT: conv(av timeout); the REQ's ACK timeout is cm_ack_timeout(15, 18) = 19
-  (rxe's ACK delay 15, packet lifetime 18), so conv(19) = **2048 ms** on both sides.
+  (rxe's ACK delay 15, packet lifetime 18), so conv(19) = **2048 ms** on both sides;
+* SIDR_REQ retransmission: rdma_cm's timeout_ms = 1 << (CMA_CM_RESPONSE_TIMEOUT 20 - 8)
+  = **4096 ms**, max_cm_retries 15 (cma.c ``cma_resolve_ib_udp``), then SIDR_REQ_ERROR.
 """
 
 from __future__ import annotations
@@ -22,16 +24,21 @@ from collections import deque
 import pytest
 
 from softrdma.cm.mad import new_tid
-from softrdma.cm.messages import REQ, MsgResponse, RejectReason, build_cm, parse_cm
+from softrdma.cm.messages import (
+    REQ, SIDR_REP, MsgResponse, RejectReason, SidrStatus, build_cm, parse_cm,
+)
 from softrdma.cm.state import (
-    ON_RECEIVE, USER_CALLS, CmAgent, CmEventType as E, CmState as S, CmStateError,
-    cm_ack_timeout,
+    ON_RECEIVE, ON_SEND_ERROR, USER_CALLS, CmAgent, CmEventType as E, CmState as S,
+    CmStateError, cm_ack_timeout,
 )
 
 SID = (0x0106 << 16) | 7471  # rdma_cm TCP port space, port 7471
 REQ_RTX = (2 * 2 ** (18 - 8) + 2 ** (20 - 8)) / 1000  # 6.144 s
 REP_RTX = 2 ** (20 - 8) / 1000  # 4.096 s
 TIMEWAIT = 2 ** (19 - 8) / 1000  # 2.048 s
+SIDR_RTX = 2 ** (20 - 8) / 1000  # 4.096 s
+USID = (0x0111 << 16) | 7174  # rdma_cm UDP port space, udaddy's port
+RDMA_UDP_QKEY = 0x01234567
 GUID_A, GUID_B = 0x5254_00FF_FE00_0012, 0x5254_00FF_FE00_0011
 QPN_A, QPN_B = 0x21, 0x22
 
@@ -45,6 +52,7 @@ class Side:
         self.events: list[tuple[float, object]] = []
         self.accept = self.rtu = self.drep = True
         self.reject_with: bytes | None = None
+        self.sidr_answer = True
         self.destroy_on_exit = False
         self.agent = CmAgent(guid, lambda mad, dest: net.send(name, dest, mad),
                              self.on_event, id_operand=operand, hi_tid=2)
@@ -64,6 +72,9 @@ class Side:
             self.agent.send_rtu(ev.cm_id, now)
         elif ev.type == E.DREQ_RECEIVED and self.drep:
             self.agent.send_drep(ev.cm_id, now)
+        elif ev.type == E.SIDR_REQ_RECEIVED and self.sidr_answer:
+            self.agent.send_sidr_rep(ev.cm_id, now, qpn=QPN_B, qkey=RDMA_UDP_QKEY,
+                                     private_data=b"sidr-rep")
         elif ev.type == E.TIMEWAIT_EXIT and self.destroy_on_exit:
             self.agent.destroy(ev.cm_id, now)
 
@@ -86,6 +97,7 @@ class Net:
         self.now = 0.0
         self.queue: deque[tuple[str, str, bytes]] = deque()
         self.log: list[tuple[float, str, str]] = []  # (time, sender, message name)
+        self.mads: list[tuple[float, str, bytes]] = []  # (time, sender, MAD), drops too
         self.drops: dict[str, int] = {}
         self.dups: dict[str, int] = {}
         self.a = Side(self, "A", GUID_A, 0x3FC95036)
@@ -95,6 +107,7 @@ class Net:
     def send(self, src: str, dest: str, mad: bytes) -> None:
         name = parse_cm(mad).name
         self.log.append((self.now, src, name))
+        self.mads.append((self.now, src, mad))
         if self.drops.get(name, 0):
             self.drops[name] -= 1
             return
@@ -129,6 +142,17 @@ class Net:
                               initiator_depth=1, retry_count=5, path_mtu=3,
                               private_data=b"req-data", **kw)
         return cm_id
+
+    def resolve(self, **kw) -> object:
+        """A SIDR_REQ from A to B's UD service (rdma_cm's timeouts unless given)."""
+        cm_id = self.a.agent.create_id()
+        self.a.agent.send_sidr_req(cm_id, self.now, dest="B", service_id=USID,
+                                   private_data=b"sidr-req", **kw)
+        return cm_id
+
+    def sent_mads(self, src: str, name: str) -> list:
+        return [m for _, s, mad in self.mads if s == src
+                for m in [parse_cm(mad)] if m.name == name]
 
 
 def established(net: Net):
@@ -533,3 +557,182 @@ def test_garbage_is_counted_and_ignored():
     net.b.agent.on_mad(bytes(bad), "A", 0.0)
     assert net.b.agent.counters["dropped"] == {"mad_size": 1, "class_version": 1}
     assert not net.queue
+
+
+# ---- SIDR (service ID resolution, the UD path: cm.c ib_send_cm_sidr_req & co.) -------
+
+def test_sidr_resolution_delivers_the_services_qpn_and_qkey():
+    net = Net()
+    net.b.agent.listen(USID)
+    a_id = net.resolve()
+    assert a_id.state == S.SIDR_REQ_SENT
+    net.run(0.5)
+    assert [n for _, _, n in net.log] == ["SIDR_REQ", "SIDR_REP"]
+    # the SIDR_REQ: request ID = the requester's comm ID, P_Key 0xFFFF, a fresh TID
+    ev_b = net.b.event(E.SIDR_REQ_RECEIVED)
+    req = ev_b.message
+    assert (req.request_id, req.pkey, req.service_id) == (a_id.local_id, 0xFFFF, USID)
+    assert req.tid == new_tid(a_id.local_id, 2)
+    assert ev_b.private_data.rstrip(b"\0") == b"sidr-req"
+    assert ev_b.listen_id.state == S.LISTEN and ev_b.source == "A"
+    # the SIDR_REP echoes request ID, service ID and TID and carries the UD QP
+    ev_a = net.a.event(E.SIDR_REP_RECEIVED)
+    rep = ev_a.message
+    assert ev_a.cm_id is a_id and ev_a.status == rep.status == SidrStatus.SUCCESS
+    assert (rep.request_id, rep.service_id, rep.tid) == (a_id.local_id, USID, req.tid)
+    assert (rep.qpn, rep.qkey) == (QPN_B, RDMA_UDP_QKEY)
+    assert ev_a.private_data.rstrip(b"\0") == b"sidr-rep"
+    # both ids back in IDLE, nothing left running
+    assert a_id.state == ev_b.cm_id.state == S.IDLE
+    assert net.a.agent.deadline is None and net.b.agent.deadline is None
+    assert net.a.types() == [E.SIDR_REP_RECEIVED]
+    assert net.b.types() == [E.SIDR_REQ_RECEIVED]
+
+
+def test_sidr_req_without_listener_gets_status_unsupported():
+    net = Net()
+    a_id = net.resolve()
+    net.run(0.5)
+    assert [n for _, _, n in net.log] == ["SIDR_REQ", "SIDR_REP"]
+    ev = net.a.event(E.SIDR_REP_RECEIVED)
+    assert ev.status == ev.message.status == SidrStatus.UNSUPPORTED == 1
+    assert ev.message.request_id == a_id.local_id and ev.message.service_id == USID
+    assert ev.message.tid == new_tid(a_id.local_id, 2)
+    assert not net.b.events and not net.b.agent.ids  # no id stays on B
+    assert a_id.state == S.IDLE and net.a.agent.deadline is None
+
+
+def test_lost_sidr_req_is_retransmitted_after_4096_ms_with_the_same_tid():
+    net = Net()
+    net.b.agent.listen(USID)
+    net.drops["SIDR_REQ"] = 1
+    net.resolve()
+    net.run(SIDR_RTX - 0.001)
+    assert net.sent("A", "SIDR_REQ") == [0.0] and not net.b.events
+    net.run(SIDR_RTX + 0.5)
+    assert net.sent("A", "SIDR_REQ") == [0.0, approx(SIDR_RTX)]
+    first, second = net.sent_mads("A", "SIDR_REQ")
+    assert first.tid == second.tid and first.request_id == second.request_id
+    assert net.a.types() == [E.SIDR_REP_RECEIVED]
+    assert net.a.event(E.SIDR_REP_RECEIVED).message.tid == first.tid
+    assert net.a.agent.counters["tx_retries"] == {"SIDR_REQ": 1}
+
+
+def test_sidr_req_times_out_after_15_retries_to_sidr_req_error():
+    net = Net()
+    net.b.agent.listen(USID)
+    net.drops["SIDR_REQ"] = 100
+    a_id = net.resolve()
+    net.run(1000.0)
+    sends = net.sent("A", "SIDR_REQ")
+    assert len(sends) == 1 + 15
+    assert sends == [approx(k * SIDR_RTX) for k in range(16)]
+    assert len({m.tid for m in net.sent_mads("A", "SIDR_REQ")}) == 1
+    assert net.a.types() == [E.SIDR_REQ_ERROR]
+    assert net.a.at(E.SIDR_REQ_ERROR) == [approx(16 * SIDR_RTX)]  # 65.536 s
+    assert net.a.event(E.SIDR_REQ_ERROR).send_status == "timeout"
+    assert a_id.state == S.IDLE and net.a.agent.deadline is None
+    assert net.a.agent.counters["tx_retries"]["SIDR_REQ"] == 15
+
+
+def test_sidr_req_timeout_and_retries_are_the_callers():
+    net = Net()
+    net.drops["SIDR_REQ"] = 100
+    net.resolve(timeout_ms=100, max_cm_retries=2)
+    net.run(10.0)
+    assert net.sent("A", "SIDR_REQ") == [0.0, approx(0.1), approx(0.2)]
+    assert net.a.at(E.SIDR_REQ_ERROR) == [approx(0.3)]
+
+
+def test_duplicate_sidr_req_is_dropped_while_being_processed():
+    net = Net()
+    net.b.agent.listen(USID)
+    net.b.sidr_answer = False  # B's consumer has not answered yet
+    net.dups["SIDR_REQ"] = 1
+    a_id = net.resolve()
+    net.run(0.1)
+    assert net.b.types() == [E.SIDR_REQ_RECEIVED]
+    assert net.b.agent.counters["rx_duplicates"] == {"SIDR_REQ": 1}
+    b_ids = [c for c in net.b.agent.ids.values() if c.state == S.SIDR_REQ_RCVD]
+    assert len(b_ids) == 1
+    # the same request ID from another source is a different request
+    raw = net.sent_mads("A", "SIDR_REQ")[0].pack()
+    net.b.agent.on_mad(raw, "C", net.now)
+    assert net.b.types() == [E.SIDR_REQ_RECEIVED] * 2
+    assert net.b.agent.counters["rx_duplicates"] == {"SIDR_REQ": 1}
+    # once answered the id no longer claims the request: the same SIDR_REQ is new again
+    net.b.agent.send_sidr_rep(b_ids[0], net.now, qpn=QPN_B, qkey=RDMA_UDP_QKEY)
+    net.run(0.2)
+    assert a_id.state == S.IDLE
+    net.b.agent.on_mad(raw, "A", net.now)
+    assert net.b.types() == [E.SIDR_REQ_RECEIVED] * 3
+    assert net.b.agent.counters["rx_duplicates"] == {"SIDR_REQ": 1}
+
+
+def test_destroy_in_sidr_req_rcvd_answers_status_reject():
+    net = Net()
+    net.b.agent.listen(USID)
+    net.b.sidr_answer = False
+    a_id = net.resolve()
+    net.run(0.1)
+    b_id = net.b.event(E.SIDR_REQ_RECEIVED).cm_id
+    assert b_id.state == S.SIDR_REQ_RCVD
+    net.b.agent.destroy(b_id, net.now)
+    net.run(0.2)
+    assert b_id.local_id not in net.b.agent.ids
+    ev = net.a.event(E.SIDR_REP_RECEIVED)
+    assert ev.status == SidrStatus.REJECT == 2
+    assert ev.message.request_id == a_id.local_id and ev.message.service_id == USID
+    assert a_id.state == S.IDLE and net.a.agent.deadline is None
+
+
+def test_destroy_in_sidr_req_sent_cancels_the_retransmission():
+    net = Net()
+    net.drops["SIDR_REQ"] = 100
+    a_id = net.resolve()
+    net.a.agent.destroy(a_id, 0.0)
+    assert net.a.agent.deadline is None
+    net.run(100.0)
+    assert net.sent("A", "SIDR_REQ") == [0.0] and not net.a.events
+
+
+def test_unmatched_sidr_rep_is_dropped_and_counted():
+    net = Net()
+    # no id with that comm ID
+    net.a.agent.on_mad(build_cm(SIDR_REP, tid=7, request_id=0x1234, service_id=USID),
+                       "B", 0.0)
+    assert net.a.agent.counters["dropped"] == {"unmatched_sidr_rep": 1}
+    # a second copy of a SIDR_REP once the id is back in IDLE
+    net.b.agent.listen(USID)
+    a_id = net.resolve()
+    net.run(0.1)
+    (rep_mad,) = [mad for _, s, mad in net.mads if s == "B"]
+    net.a.agent.on_mad(rep_mad, "B", net.now)
+    # a SIDR_REP naming an id that sent a REQ, not a SIDR_REQ
+    c_id = net.a.agent.create_id()
+    net.drops["REQ"] = 100
+    net.a.agent.send_req(c_id, net.now, dest="B", service_id=USID, local_qpn=QPN_A,
+                         starting_psn=1)
+    net.a.agent.on_mad(build_cm(SIDR_REP, tid=7, request_id=c_id.local_id,
+                                service_id=USID), "B", net.now)
+    assert net.a.agent.counters["dropped"] == {"unmatched_sidr_rep": 3}
+    assert net.a.types() == [E.SIDR_REP_RECEIVED]  # only the real one
+    assert a_id.state == S.IDLE and c_id.state == S.REQ_SENT
+    assert not net.queue
+
+
+def test_sidr_calls_in_the_wrong_state_raise_and_the_tables_agree_with_linux():
+    net = Net()
+    cm_id = net.a.agent.create_id()
+    with pytest.raises(CmStateError):
+        net.a.agent.send_sidr_rep(cm_id, 0.0)
+    net.a.agent.send_sidr_req(cm_id, 0.0, dest="B", service_id=USID)
+    with pytest.raises(CmStateError):
+        net.a.agent.send_sidr_req(cm_id, 0.0, dest="B", service_id=USID)
+    # written from cm.c (ib_send_cm_sidr_req, cm_send_sidr_rep_locked,
+    # cm_sidr_rep_handler, cm_process_send_error), not from the tables
+    assert USER_CALLS["send_sidr_req"] == {S.IDLE: S.SIDR_REQ_SENT}
+    assert USER_CALLS["send_sidr_rep"] == {S.SIDR_REQ_RCVD: S.IDLE}
+    assert ON_RECEIVE["SIDR_REP"] == {S.SIDR_REQ_SENT: S.IDLE}
+    assert ON_SEND_ERROR[S.SIDR_REQ_SENT] == (S.IDLE, E.SIDR_REQ_ERROR)
+    assert int(S.SIDR_REQ_SENT) == 14 and int(E.SIDR_REP_RECEIVED) == 17

@@ -4,7 +4,8 @@ Linux's ``ib_cm`` (drivers/infiniband/core/cm.c) restated for a userspace stack:
 agent owns the cm_ids of one port, is fed received MADs (:meth:`CmAgent.on_mad`), the
 passage of time (:meth:`CmAgent.on_timer`, woken at :attr:`CmAgent.deadline`) and the
 consumer's calls (``send_req``, ``send_rep``, ``send_rtu``, ``send_rej``, ``send_mra``,
-``send_dreq``, ``send_drep``, ``listen``, ``establish``, ``destroy``), and hands MADs to a
+``send_dreq``, ``send_drep``, ``send_sidr_req``, ``send_sidr_rep``, ``listen``,
+``establish``, ``destroy``), and hands MADs to a
 :class:`CmTransmit` and events to a :class:`CmEventSink`. It has no sockets, threads or
 clock: every entry point takes ``now`` (seconds, a virtual clock in tests).
 
@@ -29,27 +30,41 @@ What it does as Linux does (docs/cm.md, "The connection state machine"):
   the MRA if MRA_REP_SENT), RTU/DREP/DREQ by both comm IDs (a DREQ also by our QPN), a REJ
   as ``cm_acquire_rejected_id``. A REQ with no listener gets REJ 8, a DREQ for no id a
   DREP. Linux never resends a REP on a duplicate REQ (it waits for its own timer), and
-  neither does this.
+  neither does this;
+* **SIDR** (service ID resolution, what rdma_cm uses for UD ids: udaddy): ``send_sidr_req``
+  moves IDLE -> SIDR_REQ_SENT and sends a SIDR_REQ whose request ID is the id's local comm
+  ID, retransmitted with the same TID every ``timeout_ms`` (rdma_cm: ``1 << (20 - 8)`` =
+  4096 ms) up to ``max_cm_retries`` (15) times, then SIDR_REQ_ERROR and IDLE. A received
+  SIDR_REQ is a duplicate, and dropped, while an id still holds its (request ID, source)
+  (``cm_insert_remote_sidr``: from the SIDR_REQ until the SIDR_REP is sent); with no
+  listener for its service ID it is answered with SIDR_REP status 1 (UNSUPPORTED) and no
+  id, otherwise a new id in SIDR_REQ_RCVD gets SIDR_REQ_RECEIVED. ``send_sidr_rep``
+  answers (SIDR_REQ_RCVD -> IDLE; the request ID, service ID and TID echoed); destroying
+  an id in SIDR_REQ_RCVD answers with status 2 (REJECT). A SIDR_REP is matched by its
+  request ID to an id in SIDR_REQ_SENT with no remote ID (``cm_acquire_id(id, 0)``),
+  cancels the retransmission and gives SIDR_REP_RECEIVED; any other SIDR_REP is dropped
+  (``counters['dropped']['unmatched_sidr_rep']``). SIDR is not retransmitted from the
+  passive side and never enters TIMEWAIT.
 
-LAP/APR are not supported (Linux drops them on RoCE); SIDR is not implemented here yet.
+LAP/APR are not supported (Linux drops them on RoCE).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Protocol
+from typing import Any, Callable, Hashable, Protocol
 
 from .mad import AttrId, MadError, new_tid
 from .messages import (
-    DREP, DREQ, MRA, REJ, REP, REQ, RTU, CMMessage, MessageType, MsgResponse, RejectReason,
-    build_cm, parse_cm,
+    DREP, DREQ, MRA, REJ, REP, REQ, RTU, SIDR_REP, SIDR_REQ, CMMessage, MessageType,
+    MsgResponse, RejectReason, SidrStatus, build_cm, parse_cm,
 )
 
 __all__ = [
     "CmState", "CmEventType", "CmEvent", "CmId", "CmAgent", "CmTransmit", "CmEventSink",
     "CmStateError", "USER_CALLS", "ON_RECEIVE", "ON_SEND_ERROR", "cm_convert_to_ms",
-    "cm_ack_timeout", "MRA_FLAG_DELAY",
+    "cm_ack_timeout", "MRA_FLAG_DELAY", "DEFAULT_SIDR_TIMEOUT_MS",
 ]
 
 #: rdma_cm's defaults (drivers/infiniband/core/cma.c): CMA_CM_RESPONSE_TIMEOUT,
@@ -58,6 +73,9 @@ DEFAULT_CM_RESPONSE_TIMEOUT = 20
 DEFAULT_MAX_CM_RETRIES = 15
 DEFAULT_PACKET_LIFETIME = 18
 DEFAULT_ACK_DELAY = 15
+#: rdma_cm's SIDR_REQ timeout (cma.c ``cma_resolve_ib_udp``: ``timeout_ms = 1 <<
+#: (CMA_CM_RESPONSE_TIMEOUT - 8)``), with CMA_MAX_CM_RETRIES retries.
+DEFAULT_SIDR_TIMEOUT_MS = 1 << (DEFAULT_CM_RESPONSE_TIMEOUT - 8)
 #: ``IB_CM_MRA_FLAG_DELAY``: change state only; send the MRA if a duplicate arrives.
 MRA_FLAG_DELAY = 0x80
 
@@ -123,6 +141,8 @@ USER_CALLS: dict[str, dict[CmState, CmState]] = {
     "send_drep": {S.DREQ_RCVD: S.TIMEWAIT},
     "establish": {S.REP_SENT: S.ESTABLISHED, S.MRA_REP_RCVD: S.ESTABLISHED},
     "listen": {S.IDLE: S.LISTEN},
+    "send_sidr_req": {S.IDLE: S.SIDR_REQ_SENT},
+    "send_sidr_rep": {S.SIDR_REQ_RCVD: S.IDLE},
 }
 
 #: Received messages that match an id: the states they are accepted in and the state
@@ -141,6 +161,7 @@ ON_RECEIVE: dict[str, dict[CmState, CmState]] = {
             S.MRA_REP_RCVD: S.IDLE, S.REQ_RCVD: S.IDLE, S.MRA_REQ_SENT: S.IDLE,
             S.DREQ_SENT: S.TIMEWAIT, S.REP_RCVD: S.TIMEWAIT, S.MRA_REP_SENT: S.TIMEWAIT,
             S.ESTABLISHED: S.TIMEWAIT},
+    "SIDR_REP": {S.SIDR_REQ_SENT: S.IDLE},
 }
 
 #: A retransmitted message whose retries ran out, by the state it was sent in (or moved
@@ -151,6 +172,7 @@ ON_SEND_ERROR: dict[CmState, tuple[CmState, CmEventType]] = {
     S.REP_SENT: (S.IDLE, CmEventType.REP_ERROR),
     S.MRA_REP_RCVD: (S.IDLE, CmEventType.REP_ERROR),
     S.DREQ_SENT: (S.TIMEWAIT, CmEventType.DREQ_ERROR),
+    S.SIDR_REQ_SENT: (S.IDLE, CmEventType.SIDR_REQ_ERROR),
 }
 
 
@@ -193,9 +215,11 @@ class CmEvent:
     private_data: bytes | None = None
     reason: int | None = None  # REJ_RECEIVED
     ari: bytes | None = None  # REJ_RECEIVED
-    listen_id: "CmId | None" = None  # REQ_RECEIVED
+    listen_id: "CmId | None" = None  # REQ_RECEIVED, SIDR_REQ_RECEIVED
     service_timeout: int | None = None  # MRA_RECEIVED
     send_status: str | None = None  # *_ERROR: "timeout"
+    source: Hashable = None  # SIDR_REQ_RECEIVED: where the SIDR_REQ came from
+    status: int | None = None  # SIDR_REP_RECEIVED: the SidrStatus
 
 
 class CmEventSink(Protocol):
@@ -242,7 +266,7 @@ class CmId:
     pending: _Pending | None = None
     timewait_deadline: float | None = None
     timewait_remote_qpn: int = 0
-    _remote_keys: list[tuple[str, tuple[int, int]]] = field(default_factory=list)
+    _remote_keys: list[tuple[str, tuple[int, Any]]] = field(default_factory=list)
 
     def __repr__(self) -> str:
         return (f"CmId(local={self.local_id:#010x}, remote={self.remote_id:#010x}, "
@@ -254,21 +278,25 @@ class CmAgent:
 
     ``node_guid`` is the CA GUID put in REQ/REP; ``id_operand`` is XORed into comm IDs
     (Linux's ``random_id_operand``; pass a random 32-bit value in production) and
-    ``hi_tid`` is the MAD agent's half of new TIDs."""
+    ``hi_tid`` is the MAD agent's half of new TIDs. ``peer_key`` maps the source of a
+    received MAD to what identifies the sender for SIDR_REQ duplicate detection (the
+    source as given by default; a device passes its (IP, QPN), not per-packet fields)."""
 
     def __init__(self, node_guid: int, transmit: CmTransmit, on_event: CmEventSink, *,
-                 id_operand: int = 0, hi_tid: int = 0, ack_delay: int = DEFAULT_ACK_DELAY
-                 ) -> None:
+                 id_operand: int = 0, hi_tid: int = 0, ack_delay: int = DEFAULT_ACK_DELAY,
+                 peer_key: Callable[[Hashable], Hashable] | None = None) -> None:
         self.node_guid = node_guid
         self.transmit = transmit
         self.on_event = on_event
         self.id_operand = id_operand & 0xFFFFFFFF
         self.hi_tid = hi_tid
         self.ack_delay = ack_delay
+        self.peer_key: Callable[[Hashable], Hashable] = peer_key or (lambda src: src)
         self.ids: dict[int, CmId] = {}
         self.listeners: dict[int, CmId] = {}
         self._remote_ids: dict[tuple[int, int], CmId] = {}
         self._remote_qpns: dict[tuple[int, int], CmId] = {}
+        self._remote_sidr: dict[tuple[int, Hashable], CmId] = {}
         self._next = 0
         self._events: list[CmEvent] = []
         self._dispatching = False
@@ -355,14 +383,20 @@ class CmAgent:
 
     def _remove_remote(self, cm_id: CmId) -> None:
         for table, key in cm_id._remote_keys:
-            tbl = self._remote_ids if table == "id" else self._remote_qpns
+            tbl = self._table(table)
             if tbl.get(key) is cm_id:
                 del tbl[key]
         cm_id._remote_keys.clear()
 
-    def _insert_remote(self, table: str, key: tuple[int, int], cm_id: CmId) -> CmId | None:
+    def _table(self, table: str) -> dict[Any, CmId]:
+        """The remote-key table by name: "id" (remote comm ID, CA GUID), "qpn" (remote
+        QPN, CA GUID) or "sidr" (SIDR request ID, peer)."""
+        return {"id": self._remote_ids, "qpn": self._remote_qpns,
+                "sidr": self._remote_sidr}[table]  # type: ignore[return-value]
+
+    def _insert_remote(self, table: str, key: tuple[int, Any], cm_id: CmId) -> CmId | None:
         """Insert; the id already holding ``key`` if there is one (then nothing changes)."""
-        tbl = self._remote_ids if table == "id" else self._remote_qpns
+        tbl = self._table(table)
         cur = tbl.get(key)
         if cur is not None:
             return cur
@@ -571,13 +605,59 @@ class CmAgent:
         self._emit(CmEvent(CmEventType.USER_ESTABLISHED, cm_id))
         self._dispatch()
 
+    def send_sidr_req(self, cm_id: CmId, now: float, *, dest: Hashable, service_id: int,
+                      private_data: bytes = b"", pkey: int = 0xFFFF,
+                      timeout_ms: int = DEFAULT_SIDR_TIMEOUT_MS,
+                      max_cm_retries: int = DEFAULT_MAX_CM_RETRIES) -> None:
+        """``ib_send_cm_sidr_req``: IDLE -> SIDR_REQ_SENT. The SIDR_REQ's request ID is
+        the id's local comm ID; it is retransmitted with the same TID every
+        ``timeout_ms`` up to ``max_cm_retries`` times, then SIDR_REQ_ERROR and IDLE."""
+        nxt = self._check("send_sidr_req", cm_id)
+        cm_id.tid = new_tid(cm_id.local_id, self.hi_tid)
+        mad = build_cm(SIDR_REQ, tid=cm_id.tid, private_data=private_data,
+                       request_id=cm_id.local_id, pkey=pkey, service_id=service_id)
+        cm_id.dest = dest
+        cm_id.service_id = service_id
+        cm_id.timeout_ms = timeout_ms
+        cm_id.max_cm_retries = max_cm_retries
+        cm_id.req = parse_cm(mad)
+        cm_id.state = nxt
+        self._send(cm_id, mad, now, expect_answer=True)
+        self._dispatch()
+
+    def send_sidr_rep(self, cm_id: CmId, now: float, *, status: int = SidrStatus.SUCCESS,
+                      qpn: int = 0, qkey: int = 0, private_data: bytes = b"",
+                      info: bytes = b"") -> None:
+        """``ib_send_cm_sidr_rep``: answer a SIDR_REQ (SIDR_REQ_RCVD -> IDLE) with its
+        request ID, service ID and TID echoed; ``qpn``/``qkey`` are the service's UD QP
+        (rdma_cm: Q_Key 0x01234567), ``info`` the additional information (72 bytes at
+        most). The id no longer claims the request: a later SIDR_REQ with the same
+        request ID is a new one."""
+        nxt = self._check("send_sidr_rep", cm_id)
+        if len(info) > 72:
+            raise ValueError(f"SIDR_REP carries at most 72 bytes of additional "
+                             f"information, got {len(info)}")
+        mad = build_cm(SIDR_REP, tid=cm_id.tid, private_data=private_data,
+                       request_id=cm_id.remote_id, status=int(status), qpn=qpn,
+                       service_id=cm_id.service_id, qkey=qkey,
+                       additional_info_length=len(info),
+                       additional_info=bytes(info).ljust(72, b"\0"))
+        self._move(cm_id, nxt, now)  # drops the (request ID, peer) key
+        self._send(cm_id, mad, now, expect_answer=False)
+        self._dispatch()
+
     def destroy(self, cm_id: CmId, now: float) -> None:
         """``ib_destroy_cm_id``: say goodbye as Linux does for the state (REJ TIMEOUT
         with our GUID as ARI while a REQ is out, REJ 28 during setup, DREQ or DREP once
-        connected), then forget the id. No events follow."""
+        connected, SIDR_REP REJECT (2) to a SIDR_REQ not answered yet; a SIDR_REQ out is
+        just cancelled), then forget the id. No events follow."""
         st = cm_id.state
         if st == CmState.LISTEN:
             self.listeners.pop(cm_id.service_id, None)
+        elif st == CmState.SIDR_REQ_SENT:
+            self._cancel(cm_id)
+        elif st == CmState.SIDR_REQ_RCVD:
+            self.send_sidr_rep(cm_id, now, status=SidrStatus.REJECT)
         elif st in (CmState.REQ_SENT, CmState.MRA_REQ_RCVD):
             self._cancel(cm_id)
             self.send_rej(cm_id, now, RejectReason.TIMEOUT,
@@ -795,6 +875,44 @@ class CmAgent:
         self._cancel(cm_id)
         self._move(cm_id, nxt, now)
         self._emit(CmEvent(CmEventType.DREP_RECEIVED, cm_id, msg, msg.private_data))
+
+    def _on_sidr_req(self, msg: CMMessage, src: Hashable, now: float) -> None:
+        """``cm_sidr_req_handler``: a duplicate of a SIDR_REQ still being processed is
+        dropped; with no listener the answer is SIDR_REP UNSUPPORTED (and no id stays);
+        otherwise a new id in SIDR_REQ_RCVD and SIDR_REQ_RECEIVED."""
+        key = (msg.request_id, self.peer_key(src))
+        if key in self._remote_sidr:
+            self._count("rx_duplicates", "SIDR_REQ")
+            return
+        listener = self.listeners.get(msg.service_id)
+        if listener is None:  # cm_reject_sidr_req(IB_SIDR_UNSUPPORTED)
+            self._tx(build_cm(SIDR_REP, tid=msg.tid, request_id=msg.request_id,
+                              status=SidrStatus.UNSUPPORTED, service_id=msg.service_id),
+                     src)
+            return
+        cm_id = self.create_id(listener.context)
+        cm_id.remote_id = msg.request_id
+        cm_id.service_id = msg.service_id
+        cm_id.tid = msg.tid
+        cm_id.dest = src
+        cm_id.req = msg
+        cm_id.state = CmState.SIDR_REQ_RCVD
+        self._insert_remote("sidr", key, cm_id)
+        self._emit(CmEvent(CmEventType.SIDR_REQ_RECEIVED, cm_id, msg, msg.private_data,
+                           listen_id=listener, source=src))
+
+    def _on_sidr_rep(self, msg: CMMessage, src: Hashable, now: float) -> None:
+        """``cm_sidr_rep_handler``: the id whose local comm ID is the request ID (and
+        has no remote ID), in SIDR_REQ_SENT; anything else is dropped."""
+        cm_id = self._acquire(msg.request_id, 0)
+        nxt = ON_RECEIVE["SIDR_REP"].get(cm_id.state) if cm_id is not None else None
+        if cm_id is None or nxt is None:
+            self._count("dropped", "unmatched_sidr_rep")
+            return
+        self._cancel(cm_id)
+        self._move(cm_id, nxt, now)
+        self._emit(CmEvent(CmEventType.SIDR_REP_RECEIVED, cm_id, msg, msg.private_data,
+                           status=msg.status))
 
 
 def _name_of(mad: bytes) -> str:

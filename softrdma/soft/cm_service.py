@@ -14,8 +14,8 @@ things a device has (docs/cm.md, "The CM on a device"):
   is never delivered into the middle of the agent;
 * **time**: the service looks like a QP engine to the device's timers (``deadline``,
   ``on_timer(now)``, ``closed``; :meth:`SoftDevice.timer_changed` after every call into
-  the agent), so the progress thread of a live device retransmits REQ/REP/DREQ and ends
-  TIMEWAIT on time, and :meth:`SoftDevice.progress` does it on a manual device.
+  the agent), so the progress thread of a live device retransmits REQ/REP/DREQ/SIDR_REQ
+  and ends TIMEWAIT on time, and :meth:`SoftDevice.progress` does it on a manual device.
 
 Every call into the agent holds the device lock. Events (:class:`~softrdma.cm.state.CmEvent`)
 go to ``on_event`` if one is given -- called with the device lock held, usually on the
@@ -63,7 +63,8 @@ class CmService:
             int.from_bytes(bytes(device.node_guid), "big"), self._transmit, self._on_event,
             id_operand=rng.getrandbits(32) if id_operand is None else id_operand,
             hi_tid=rng.getrandbits(32) if hi_tid is None else hi_tid,
-            ack_delay=device.limits.local_ca_ack_delay)
+            ack_delay=device.limits.local_ca_ack_delay,
+            peer_key=mad_address)  # SIDR_REQ duplicates: same (IP, QPN), whatever the PSN
         with device.lock:
             if device.gsi.handler is not None:
                 raise RuntimeError(f"device {device.name} already has a MAD handler")
@@ -168,6 +169,26 @@ class CmService:
     def disconnect_reply(self, cm_id: CmId, private_data: bytes = b"") -> None:
         """Answer a DREQ with a DREP."""
         self._run(lambda: self.agent.send_drep(cm_id, self.now, private_data))
+
+    def sidr_request(self, dest: Hashable, *, service_id: int, private_data: bytes = b"",
+                     context: Any = None, **kw: Any) -> CmId:
+        """A new id and its SIDR_REQ to ``dest`` (an IP, or (ip, qpn)); ``kw`` are further
+        :meth:`CmAgent.send_sidr_req` arguments (``timeout_ms``, ``max_cm_retries``,
+        ``pkey``). The answer is a SIDR_REP_RECEIVED (or SIDR_REQ_ERROR) event."""
+        def go() -> CmId:
+            cm_id = self.agent.create_id(context)
+            self.agent.send_sidr_req(cm_id, self.now, dest=dest, service_id=service_id,
+                                     private_data=private_data, **kw)
+            return cm_id
+        return self._run(go)
+
+    def sidr_reply(self, cm_id: CmId, *, status: int = 0, qpn: int = 0, qkey: int = 0,
+                   private_data: bytes = b"", info: bytes = b"") -> None:
+        """Answer a SIDR_REQ_RECEIVED with a SIDR_REP (status 0: success, with the UD
+        QP's number and Q_Key)."""
+        self._run(lambda: self.agent.send_sidr_rep(cm_id, self.now, status=status, qpn=qpn,
+                                                   qkey=qkey, private_data=private_data,
+                                                   info=info))
 
     def establish(self, cm_id: CmId) -> None:
         self._run(lambda: self.agent.establish(cm_id, self.now))
