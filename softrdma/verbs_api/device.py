@@ -46,7 +46,7 @@ from .enums import (
 )
 
 __all__ = ["Device", "Context", "DeviceAttr", "PortAttr", "AsyncEvent", "get_device_list",
-           "add_device", "remove_device", "get_soft_device"]
+           "add_device", "remove_device", "get_soft_device", "soft_devices"]
 
 _registry: dict[str, SoftDevice] = {}
 _registry_lock = threading.Lock()
@@ -111,6 +111,13 @@ def get_soft_device(name: str | None = None) -> SoftDevice:
     if dev is None:
         raise PyverbsRDMAError(f"Failed to open device {name}: no such device", errno.ENODEV)
     return dev
+
+
+def soft_devices() -> list[SoftDevice]:
+    """Every registered soft device (the default one included), in creation order."""
+    with _registry_lock:
+        _ensure_default()
+        return list(_registry.values())
 
 
 @dataclass

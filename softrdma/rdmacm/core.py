@@ -1,0 +1,1117 @@
+"""rdma_cm: IP addressing and connection management over the IB CM, as Linux does it.
+
+This module is what the kernel's ``drivers/infiniband/core/cma.c`` and librdmacm's
+``cma.c`` do between them, for soft devices:
+
+* **addresses** (:meth:`CmaId.bind_addr`, :meth:`CmaId.resolve_addr`): an IP address
+  names a device (the soft device holding it) and a port in a port space (TCP for RC,
+  UDP for UD, IB for either); an unbound id gets an ephemeral port, as
+  ``inet_get_local_port_range`` gives one;
+* **routes** (:meth:`CmaId.resolve_route`): on RoCE there is no SA; the path is made
+  locally (``cma_resolve_iboe_route``): IP-mapped GIDs, the port's MTU, hop limit 64,
+  packet lifetime 18 and the flow label ``(sport * 31 + dport) & 0xFFFFF`` that decides
+  the RC UDP source port;
+* **connections**: REQ/REP/RTU through the device's :class:`~softrdma.soft.cm_service.CmService`
+  with the cma header in the REQ's private data, the QP moved INIT -> RTR -> RTS with the
+  attributes ``rdma_init_qp_attr`` gives (PSNs crossed, responder resources and
+  initiator depth swapped), REJ, DREQ/DREP, and SIDR for UD;
+* **events**: each id reports to its :class:`EventChannel` the ``RDMA_CM_EVENT_*`` Linux
+  reports, when Linux reports them (docs/cm.md, "rdma_cm").
+
+Threads: CM events arrive with the device lock held (usually on the progress thread) and
+are turned into rdma_cm events there; every consumer call takes the same lock, so an id
+never sees two things at once. Nothing here blocks while holding it.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address, ip_address
+from typing import Any
+
+from ..cm.cma import CmaError, CmaHeader, gid_from_ip, service_id
+from ..cm.messages import RejectReason, SidrStatus
+from ..cm.state import MRA_FLAG_DELAY, CmEvent, CmEventType, CmId, CmState
+from ..errors import PyverbsRDMAError
+from ..soft.cm_service import CmService
+from ..verbs_api.events import EventQueue
+from .enums import (
+    RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES, RDMA_PS_IB, RDMA_PS_IPOIB, RDMA_PS_TCP,
+    RDMA_PS_UDP, RDMA_UDP_QKEY, REJ_PRIVATE_DATA, REP_PRIVATE_DATA, REQ_PRIVATE_DATA,
+    SIDR_REP_PRIVATE_DATA, SIDR_REQ_PRIVATE_DATA, RdmaCmState, rdma_cm_event_type as E,
+)
+
+__all__ = ["CmaId", "CmaEvent", "ConnParams", "UdParams", "Route", "EventChannel",
+           "CmaDevice", "PORT_RANGE"]
+
+IPAddress = IPv4Address | IPv6Address
+
+#: rdma_cm constants (cma.c): CM response timeout, CM retries, RoCE packet lifetime,
+#: the MRA setting it answers every REQ and REP with (state only, 24 ~ 68 s)
+CMA_CM_RESPONSE_TIMEOUT = 20
+CMA_MAX_CM_RETRIES = 15
+CMA_IBOE_PACKET_LIFETIME = 18
+CMA_CM_MRA_SETTING = MRA_FLAG_DELAY | 24
+#: SIDR_REQ timeout: ``1 << (CMA_CM_RESPONSE_TIMEOUT - 8)`` ms
+CMA_SIDR_TIMEOUT_MS = 1 << (CMA_CM_RESPONSE_TIMEOUT - 8)
+#: Linux's default ip_local_port_range, where ephemeral rdma_cm ports come from
+PORT_RANGE = (32768, 60999)
+HOP_LIMIT = 64
+ETIMEDOUT = errno.ETIMEDOUT
+
+_PS = {RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IB, RDMA_PS_IPOIB}
+
+
+def _err(msg: str, code: int) -> PyverbsRDMAError:
+    return PyverbsRDMAError(msg, code)
+
+
+# ---- parameters and events ---------------------------------------------------------------
+
+@dataclass
+class ConnParams:
+    """``struct rdma_conn_param``: what a connect/accept asks for, what an event reports."""
+
+    private_data: bytes = b""
+    responder_resources: int = 0
+    initiator_depth: int = 0
+    flow_control: int = 0
+    retry_count: int = 0
+    rnr_retry_count: int = 0
+    srq: int = 0
+    qp_num: int = 0
+
+
+@dataclass
+class UdParams:
+    """``struct rdma_ud_param``: a resolved UD service (ESTABLISHED on a UD id)."""
+
+    private_data: bytes = b""
+    ah_attr: Any = None
+    qp_num: int = 0
+    qkey: int = 0
+
+
+@dataclass
+class CmaEvent:
+    """``struct rdma_cm_event``: ``event``, ``id``, ``listen_id``, ``status`` and the
+    connection (``conn``) or UD (``ud``) parameters."""
+
+    event: E
+    id: "CmaId"
+    listen_id: "CmaId | None" = None
+    status: int = 0
+    conn: ConnParams | None = None
+    ud: UdParams | None = None
+
+    @property
+    def private_data(self) -> bytes:
+        p = self.ud if self.ud is not None else self.conn
+        return p.private_data if p is not None else b""
+
+    def __repr__(self) -> str:
+        return f"CmaEvent({self.event.name}, status={self.status}, id={self.id!r})"
+
+
+class EventChannel:
+    """``struct rdma_event_channel``: the queue of events of the ids created on it. Its
+    :attr:`fd` is readable while an event waits (select, poll, asyncio)."""
+
+    def __init__(self) -> None:
+        self._queue = EventQueue()
+        self._manual: set[Any] = set()  # manual devices: waiting means driving them
+        self.closed = False
+
+    @property
+    def fd(self) -> int:
+        return self._queue.fd
+
+    def put(self, event: CmaEvent) -> None:
+        self._queue.put(event)
+
+    def get(self, timeout: float | None = None) -> CmaEvent:
+        """The next event (``rdma_get_cm_event``); blocks up to ``timeout`` seconds (None:
+        for ever). ETIMEDOUT when none comes; EBADF once closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.closed:
+                raise _err("rdma_get_cm_event: the event channel is closed", errno.EBADF)
+            ev = self._queue.get()
+            if ev is not None:
+                return ev
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise _err("rdma_get_cm_event: no event", errno.ETIMEDOUT)
+            manual = [d for d in self._manual if d.udp is None or d.progress_thread is None]
+            if manual:
+                for dev in manual:
+                    if dev.udp is not None:
+                        dev.poll(0.001)
+                    else:
+                        with dev.lock:
+                            dev.progress()
+                            nxt = dev.next_deadline()
+                            if nxt is not None and not self._queue:
+                                dev.now = max(dev.now, nxt)  # virtual time: skip ahead
+                                dev.fire_timers(dev.now)
+                continue
+            self._queue.wait(None if left is None else time.monotonic() + min(left, 1.0))
+
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._queue.close()
+
+
+# ---- the per-device part ------------------------------------------------------------------
+
+@dataclass
+class Route:
+    """``struct rdma_route`` on RoCE: the path a connection uses."""
+
+    sgid: bytes
+    dgid: bytes
+    sgid_index: int
+    path_mtu: int
+    hop_limit: int = HOP_LIMIT
+    traffic_class: int = 0
+    flow_label: int = 0
+    packet_life_time: int = CMA_IBOE_PACKET_LIFETIME
+    rate: int = 0
+
+
+class CmaDevice:
+    """rdma_cm's view of one soft device (``struct cma_device``): a verbs context kept
+    open while ids use the device, its :class:`CmService` (the IB CM on QP1), and the
+    listeners by service ID. Made on first use and closed with the last id."""
+
+    _all: dict[int, "CmaDevice"] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, device: Any) -> None:
+        from ..verbs_api import Context  # the context makes a live device live
+        self.device = device
+        self.ctx = Context(name=device.name)
+        self.service = CmService(device, on_event=self._on_cm_event)
+        self.refs = 0
+        self.listeners: dict[int, "CmaId"] = {}  # service ID -> listening CmaId
+        lim = device.limits
+        self.max_responder_resources = lim.max_qp_rd_atom
+        self.max_initiator_depth = lim.max_qp_init_rd_atom
+
+    @classmethod
+    def acquire(cls, device: Any) -> "CmaDevice":
+        with cls._lock:
+            cdev = cls._all.get(id(device))
+            if cdev is None:
+                cdev = cls._all[id(device)] = CmaDevice(device)
+            cdev.refs += 1
+            return cdev
+
+    def ref(self) -> "CmaDevice":
+        """One more user of a device already in use (no construction, so safe with the
+        device lock held)."""
+        with CmaDevice._lock:
+            self.refs += 1
+        return self
+
+    def release(self) -> None:
+        with CmaDevice._lock:
+            self.refs -= 1
+            if self.refs > 0:
+                return
+            CmaDevice._all.pop(id(self.device), None)
+        self.service.close()
+        self.ctx.close()
+
+    @property
+    def ip(self) -> str:
+        return self.device.ip
+
+    @property
+    def now(self) -> float:
+        return self.device.now
+
+    def _on_cm_event(self, ev: CmEvent) -> None:
+        """A CM event (device lock held): to the rdma_cm id it belongs to."""
+        if ev.type in (CmEventType.REQ_RECEIVED, CmEventType.SIDR_REQ_RECEIVED):
+            listener = self.listeners.get(ev.cm_id.service_id)
+            if listener is None or listener.state != RdmaCmState.LISTEN:
+                if ev.type == CmEventType.REQ_RECEIVED:
+                    self.service.reject(ev.cm_id, RejectReason.INVALID_SERVICE_ID)
+                else:
+                    self._sidr_answer(ev.cm_id, SidrStatus.UNSUPPORTED)
+                return
+            listener._on_request(ev, self)
+            return
+        owner = ev.cm_id.context
+        if isinstance(owner, CmaId) and owner.cm is ev.cm_id:
+            owner._on_cm(ev)
+
+    def _sidr_answer(self, cm_id: CmId, status: int) -> None:
+        self.service.sidr_reply(cm_id, status=int(status))
+
+
+# ---- ports --------------------------------------------------------------------------------
+
+class _Ports:
+    """Bound ports per port space: ``rdma_bind_addr``'s conflicts (a wildcard address
+    conflicts with every address on its port) and ephemeral ports."""
+
+    def __init__(self) -> None:
+        self.bound: dict[tuple[int, int], list["CmaId"]] = {}
+        self.lock = threading.Lock()
+        self.rng = random.Random()
+
+    def bind(self, cid: "CmaId", ip: IPAddress | None, port: int) -> int:
+        ps = cid.ps
+        with self.lock:
+            if port == 0:
+                lo, hi = PORT_RANGE
+                start = self.rng.randint(lo, hi)
+                for p in itertools.chain(range(start, hi + 1), range(lo, start)):
+                    if not self._conflict(ps, ip, p, cid):
+                        port = p
+                        break
+                else:
+                    raise _err("rdma_bind_addr: no free port", errno.EADDRNOTAVAIL)
+            elif self._conflict(ps, ip, port, cid):
+                raise _err(f"rdma_bind_addr: port {port} is in use"
+                           f"{'' if ip is None else f' on {ip}'}", errno.EADDRINUSE)
+            self.bound.setdefault((ps, port), []).append(cid)
+            return port
+
+    def _conflict(self, ps: int, ip: IPAddress | None, port: int, cid: "CmaId") -> bool:
+        for other in self.bound.get((ps, port), ()):
+            if other is cid:
+                continue
+            oip = other.src_ip
+            if cid.reuseaddr and other.reuseaddr and other.state != RdmaCmState.LISTEN:
+                continue
+            if ip is None or oip is None or oip == ip:
+                return True
+        return False
+
+    def unbind(self, cid: "CmaId") -> None:
+        with self.lock:
+            ids = self.bound.get((cid.ps, cid.src_port))
+            if ids and cid in ids:
+                ids.remove(cid)
+                if not ids:
+                    del self.bound[(cid.ps, cid.src_port)]
+
+
+PORTS = _Ports()
+
+
+# ---- finding devices ----------------------------------------------------------------------
+
+def _soft_devices() -> list[Any]:
+    from ..verbs_api.device import soft_devices
+    return soft_devices()
+
+
+def _open_default_ip(keep: list[CmaDevice]) -> None:
+    """Fix the default device's address (it moves off a loopback address another
+    process holds when it goes live) before addresses are compared with it; the caller
+    releases what lands in ``keep`` once it holds the device it chose."""
+    for dev in _soft_devices():
+        if getattr(dev, "auto_address", False) and dev.live and dev.udp is None:
+            keep.append(CmaDevice.acquire(dev))
+
+
+def device_for_ip(ip: IPAddress, keep: list[CmaDevice]) -> Any | None:
+    """The soft device whose address is ``ip`` (IPv4-mapped IPv6 counts as IPv4)."""
+    _open_default_ip(keep)
+    if isinstance(ip, IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    for dev in _soft_devices():
+        if ip_address(dev.ip) == ip:
+            return dev
+    return None
+
+
+def route_source(dst: IPAddress) -> IPAddress | None:
+    """The source address the host's routing table picks for ``dst`` (a connected UDP
+    socket sends nothing), as ``rdma_resolve_addr`` asks the IP stack."""
+    fam = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((str(dst), 9))
+            return ip_address(s.getsockname()[0])
+    except OSError:
+        return None
+
+
+def device_for_dst(dst: IPAddress, keep: list[CmaDevice]) -> Any | None:
+    """The device a connection to ``dst`` leaves from: one holding ``dst`` itself
+    (loopback to a local device), else the one holding the route's source address,
+    else for a loopback destination the default device."""
+    dev = device_for_ip(dst, keep)
+    if dev is not None:
+        return dev
+    src = route_source(dst)
+    if src is not None:
+        dev = device_for_ip(src, keep)
+        if dev is not None:
+            return dev
+    if dst.is_loopback:
+        for d in _soft_devices():
+            if ip_address(d.ip).version == dst.version:
+                return d
+    return None
+
+
+def _parse_ip(value: Any, what: str) -> IPAddress | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, (IPv4Address, IPv6Address)):
+        return value
+    try:
+        a = ip_address(value.decode() if isinstance(value, bytes) else str(value))
+    except ValueError:
+        raise _err(f"{what}: {value!r:.60} is not an IP address", errno.EINVAL) from None
+    if isinstance(a, IPv6Address) and a.ipv4_mapped is not None:
+        return a.ipv4_mapped
+    return a
+
+
+def _check_port(port: Any, what: str) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 0xFFFF:
+        raise _err(f"{what}: port {port!r:.40} is not 0..65535", errno.EINVAL)
+    return port
+
+
+def _check_private(data: Any, limit: int, what: str) -> bytes:
+    if data is None:
+        return b""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise _err(f"{what}: private_data must be bytes, not {type(data).__name__}",
+                   errno.EINVAL)
+    data = bytes(data)
+    if len(data) > limit:
+        raise _err(f"{what}: private_data is {len(data)} bytes, at most {limit} fit",
+                   errno.EINVAL)
+    return data
+
+
+def flow_label(sport: int, dport: int) -> int:
+    """The RoCEv2 flow label rdma_cm puts in the path (cma.c
+    ``cma_get_roce_udp_flow_label``); rxe derives the RC UDP source port from it."""
+    return (sport * 31 + dport) & 0xFFFFF
+
+
+# ---- the id -------------------------------------------------------------------------------
+
+class CmaId:
+    """``struct rdma_cm_id`` with the kernel's ``rdma_id_private`` and librdmacm's
+    ``cma_id_private`` in one: address, route, port space, QP, the IB CM id under it,
+    and its state (:class:`RdmaCmState`).
+
+    ``qp_type`` follows the port space (TCP: RC; UDP: UD; IB: RC unless a UD QP is
+    attached). Events go to ``channel``."""
+
+    def __init__(self, channel: EventChannel, ps: int = RDMA_PS_TCP, context: Any = None,
+                 *, qp_type: int | None = None) -> None:
+        from ..verbs_api.enums import ibv_qp_type
+        if ps not in _PS:
+            raise _err(f"rdma_create_id: port space {ps!r:.40} is not RDMA_PS_TCP, _UDP, "
+                       f"_IB or _IPOIB", errno.EINVAL)
+        if channel is None or channel.closed:
+            raise _err("rdma_create_id: the event channel is closed", errno.EBADF)
+        self.channel = channel
+        self.ps = int(ps)
+        self.context = context
+        if qp_type is None:
+            qp_type = ibv_qp_type.IBV_QPT_UD if ps in (RDMA_PS_UDP, RDMA_PS_IPOIB) \
+                else ibv_qp_type.IBV_QPT_RC
+        self.qp_type = int(qp_type)
+        self.state = RdmaCmState.IDLE
+        self.cdev: CmaDevice | None = None
+        self.src_ip: IPAddress | None = None
+        self.src_port = 0
+        self.dst_ip: IPAddress | None = None
+        self.dst_port = 0
+        self.route: Route | None = None
+        self.qp: Any = None
+        self.cm: CmId | None = None
+        self.listen_id: "CmaId | None" = None
+        self.backlog = 0
+        self.reuseaddr = False
+        self.tos = 0
+        self.ack_timeout: int | None = None  # RDMA_OPTION_ID_ACK_TIMEOUT
+        self.seq_num = random.getrandbits(24)  # our starting PSN: the PSN we receive first
+        self.responder_resources = 0
+        self.initiator_depth = 0
+        self.retry_count = 7
+        self.remote_qpn = 0
+        self.remote_qkey = 0
+        self.sq_psn = 0
+        self.req: Any = None  # the REQ (sent or received)
+        self.rep: Any = None  # the REP (sent or received)
+        self.connect_error = False
+        self.destroyed = False
+
+    def __repr__(self) -> str:
+        src = f"{self.src_ip}:{self.src_port}" if self.src_ip is not None else \
+            f"*:{self.src_port}"
+        dst = f" -> {self.dst_ip}:{self.dst_port}" if self.dst_ip is not None else ""
+        return f"CmaId({src}{dst}, {self.state.name})"
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    @property
+    def device(self) -> Any:
+        return self.cdev.device if self.cdev is not None else None
+
+    @property
+    def is_ud(self) -> bool:
+        from ..verbs_api.enums import ibv_qp_type
+        return self.qp_type == ibv_qp_type.IBV_QPT_UD
+
+    def _lock(self) -> Any:
+        return self.cdev.device.lock if self.cdev is not None else _NullLock()
+
+    def _attach(self, dev: Any) -> None:
+        if self.cdev is None:
+            self.cdev = CmaDevice.acquire(dev)
+            if not dev.live or dev.progress_thread is None:
+                self.channel._manual.add(dev)
+
+    def _event(self, ev: E, *, status: int = 0, conn: ConnParams | None = None,
+               ud: UdParams | None = None, listen_id: "CmaId | None" = None,
+               cid: "CmaId | None" = None) -> None:
+        target = cid or self
+        if target.destroyed:
+            return
+        target.channel.put(CmaEvent(ev, target, listen_id, status, conn, ud))
+
+    def _require(self, what: str, *states: RdmaCmState) -> None:
+        if self.destroyed:
+            raise _err(f"{what}: the id is destroyed", errno.EBADF)
+        if self.state not in states:
+            raise _err(f"{what}: the id is in state {self.state.name}, not "
+                       f"{' or '.join(s.name for s in states)}", errno.EINVAL)
+
+    # ---- addresses ----------------------------------------------------------------------
+
+    def bind_addr(self, ip: Any = None, port: int = 0) -> None:
+        """``rdma_bind_addr``: a local address (None or the wildcard: any device) and port
+        (0: an ephemeral one). A specific address binds the id to its device (ENODEV if
+        no soft device holds it)."""
+        what = "rdma_bind_addr"
+        self._require(what, RdmaCmState.IDLE)
+        addr = _parse_ip(ip, what)
+        port = _check_port(port, what)
+        dev = None
+        keep: list[CmaDevice] = []
+        try:
+            if addr is not None and not addr.is_unspecified:
+                dev = device_for_ip(addr, keep)
+                if dev is None:
+                    raise _err(f"{what}: no RDMA device has address {addr}", errno.ENODEV)
+            else:
+                addr = None
+            self.src_port = PORTS.bind(self, addr, port)
+            self.src_ip = addr
+            if dev is not None:
+                self._attach(dev)
+        finally:
+            for c in keep:
+                c.release()
+        self.state = RdmaCmState.ADDR_BOUND
+
+    def resolve_addr(self, src: Any, dst: Any, dst_port: int = 0,
+                     timeout_ms: int = 2000) -> None:
+        """``rdma_resolve_addr``: pick the device a connection to ``dst`` leaves from
+        (binding the id if it is not), then ADDR_RESOLVED, or ADDR_ERROR when no soft
+        device can reach ``dst``."""
+        what = "rdma_resolve_addr"
+        self._require(what, RdmaCmState.IDLE, RdmaCmState.ADDR_BOUND,
+                      RdmaCmState.ADDR_RESOLVED)
+        daddr = _parse_ip(dst, what)
+        if daddr is None:
+            raise _err(f"{what}: a destination address is required", errno.EINVAL)
+        dst_port = _check_port(dst_port, what)
+        if self.state == RdmaCmState.IDLE:
+            self.bind_addr(src, 0)
+        elif src is not None and _parse_ip(src, what) not in (None, self.src_ip):
+            raise _err(f"{what}: the id is bound to {self.src_ip}, not {src}", errno.EINVAL)
+        if self.src_ip is not None and self.src_ip.version != daddr.version:
+            raise _err(f"{what}: {self.src_ip} and {daddr} are of different families",
+                       errno.EAFNOSUPPORT)
+        self.dst_ip, self.dst_port = daddr, dst_port
+        if self.cdev is None:
+            keep: list[CmaDevice] = []
+            try:
+                dev = device_for_dst(daddr, keep)
+                if dev is not None:
+                    self._attach(dev)
+            finally:
+                for c in keep:
+                    c.release()
+            if dev is None:
+                self.state = RdmaCmState.ADDR_BOUND
+                self._event(E.RDMA_CM_EVENT_ADDR_ERROR, status=-errno.ENETUNREACH)
+                return
+        self.state = RdmaCmState.ADDR_RESOLVED
+        self._event(E.RDMA_CM_EVENT_ADDR_RESOLVED)
+
+    @property
+    def local_ip(self) -> IPAddress | None:
+        """The address this id uses: the bound one, or its device's."""
+        if self.src_ip is not None:
+            return self.src_ip
+        return ip_address(self.cdev.ip) if self.cdev is not None else None
+
+    def resolve_route(self, timeout_ms: int = 2000) -> None:
+        """``rdma_resolve_route``, RoCE style (``cma_resolve_iboe_route``): no SA query;
+        the path is built here and ROUTE_RESOLVED follows at once."""
+        what = "rdma_resolve_route"
+        self._require(what, RdmaCmState.ADDR_RESOLVED)
+        dev = self.device
+        sip = self.local_ip
+        sgid = gid_from_ip(sip)
+        sgid_index = dev.gid_table.index(sgid) if sgid in dev.gid_table else 1
+        self.route = Route(sgid=sgid, dgid=gid_from_ip(self.dst_ip), sgid_index=sgid_index,
+                           path_mtu=int(dev.active_mtu), traffic_class=self.tos,
+                           flow_label=flow_label(self.src_port, self.dst_port))
+        self.state = RdmaCmState.ROUTE_RESOLVED
+        self._event(E.RDMA_CM_EVENT_ROUTE_RESOLVED)
+
+    # ---- listening ----------------------------------------------------------------------
+
+    def listen(self, backlog: int = 0) -> None:
+        """``rdma_listen``: take REQs (or SIDR_REQs) for this port on the bound address's
+        device, or on every soft device for the wildcard address."""
+        what = "rdma_listen"
+        if self.state == RdmaCmState.IDLE:
+            self.bind_addr(None, 0)
+        self._require(what, RdmaCmState.ADDR_BOUND)
+        if self.src_port == 0:
+            raise _err(f"{what}: the id has no port", errno.EINVAL)
+        devs = [self.device] if self.cdev is not None else _soft_devices()
+        sid = service_id(self.ps, self.src_port)
+        cdevs = [self.cdev] if self.cdev is not None else []
+        if self.cdev is None:
+            for dev in devs:
+                cdevs.append(CmaDevice.acquire(dev))
+                if not dev.live or dev.progress_thread is None:
+                    self.channel._manual.add(dev)
+        for c in cdevs:
+            if sid in c.listeners and c.listeners[sid] is not self:
+                for c2 in cdevs:
+                    if c2 is not self.cdev:
+                        c2.release()
+                raise _err(f"{what}: port {self.src_port} already has a listener on "
+                           f"{c.device.name}", errno.EADDRINUSE)
+        self._listen_devs = cdevs
+        self._listen_cms: list[tuple[CmaDevice, CmId]] = []
+        for c in cdevs:
+            c.listeners[sid] = self
+            try:
+                self._listen_cms.append((c, c.service.listen(sid, context=self)))
+            except Exception as e:  # the CM has a listener there already
+                raise _err(f"{what}: port {self.src_port}: {e}", errno.EADDRINUSE) from None
+        self.backlog = backlog
+        self.state = RdmaCmState.LISTEN
+
+    def _on_request(self, ev: CmEvent, cdev: CmaDevice) -> None:
+        """A REQ or SIDR_REQ for our service (device lock held): a new id in CONNECT and
+        CONNECT_REQUEST, or a reject as cma.c ``cma_ib_req_handler`` sends one."""
+        sidr = ev.type == CmEventType.SIDR_REQ_RECEIVED
+        msg = ev.message
+        try:
+            hdr = CmaHeader.unpack(ev.private_data or b"")
+        except CmaError:
+            return self._refuse(cdev, ev.cm_id, sidr)
+        local = ip_address(cdev.ip)
+        if hdr.dst != local or (self.src_ip is not None and hdr.dst != self.src_ip) \
+                or hdr.src.is_unspecified or hdr.src.is_multicast:
+            return self._refuse(cdev, ev.cm_id, sidr)
+        if not sidr and self.ps == RDMA_PS_UDP:
+            return self._refuse(cdev, ev.cm_id, sidr)
+        if sidr and self.ps == RDMA_PS_TCP:
+            return self._refuse(cdev, ev.cm_id, sidr)
+        from ..verbs_api.enums import ibv_qp_type
+        child = CmaId(self.channel, self.ps, qp_type=ibv_qp_type.IBV_QPT_UD if sidr else (
+            ibv_qp_type.IBV_QPT_UC if msg.transport_type == 1 else ibv_qp_type.IBV_QPT_RC))
+        child.cdev = cdev.ref()
+        child.listen_id = self
+        child.src_ip, child.src_port = local, self.src_port
+        child.dst_ip, child.dst_port = hdr.src, hdr.sport
+        child.cm = ev.cm_id
+        ev.cm_id.context = child
+        child.state = RdmaCmState.CONNECT
+        user = bytes((ev.private_data or b"")[36:])
+        if sidr:
+            child.route = Route(sgid=gid_from_ip(local), dgid=gid_from_ip(hdr.src),
+                                sgid_index=1, path_mtu=int(cdev.device.active_mtu))
+            self._event(E.RDMA_CM_EVENT_CONNECT_REQUEST, cid=child, listen_id=self,
+                        ud=UdParams(private_data=user.ljust(SIDR_REQ_PRIVATE_DATA, b"\0")))
+            return
+        dev = cdev.device
+        child.req = msg
+        child.route = Route(
+            sgid=bytes(msg.primary_remote_gid), dgid=bytes(msg.primary_local_gid),
+            sgid_index=1, path_mtu=min(int(msg.path_mtu), int(dev.active_mtu)),
+            hop_limit=int(msg.primary_hop_limit), traffic_class=int(msg.primary_traffic_class),
+            flow_label=int(msg.primary_flow_label),
+            packet_life_time=max(int(msg.primary_local_ack_timeout) - 1, 0))
+        if child.route.sgid in dev.gid_table:
+            child.route.sgid_index = dev.gid_table.index(child.route.sgid)
+        child.remote_qpn = int(msg.local_qpn)
+        child.sq_psn = int(msg.starting_psn)
+        child.retry_count = int(msg.retry_count)
+        # librdmacm ucma_process_conn_req: the peer's offer, capped by the device
+        child.initiator_depth = min(int(msg.responder_resources), cdev.max_initiator_depth)
+        child.responder_resources = min(int(msg.initiator_depth),
+                                        cdev.max_responder_resources)
+        cdev.service.send_mra(ev.cm_id, CMA_CM_MRA_SETTING)
+        self._event(E.RDMA_CM_EVENT_CONNECT_REQUEST, cid=child, listen_id=self,
+                    conn=ConnParams(
+                        private_data=user.ljust(REQ_PRIVATE_DATA, b"\0"),
+                        responder_resources=int(msg.initiator_depth),
+                        initiator_depth=int(msg.responder_resources),
+                        flow_control=int(msg.flow_control), retry_count=int(msg.retry_count),
+                        rnr_retry_count=int(msg.rnr_retry_count), srq=int(msg.srq),
+                        qp_num=int(msg.local_qpn)))
+
+    @staticmethod
+    def _refuse(cdev: CmaDevice, cm_id: CmId, sidr: bool) -> None:
+        """cma.c: a request rdma_cm cannot take gets REJ 28 (SIDR_REP REJECT)."""
+        if sidr:
+            cdev.service.sidr_reply(cm_id, status=int(SidrStatus.REJECT))
+        else:
+            cdev.service.reject(cm_id, RejectReason.CONSUMER_DEFINED)
+
+    # ---- QP -----------------------------------------------------------------------------
+
+    def attach_qp(self, qp: Any) -> None:
+        """``rdma_create_qp``'s second half: the QP becomes the id's and goes to INIT
+        (UD: on to RTS at once, with rdma_cm's Q_Key), as librdmacm does."""
+        from ..verbs_api.enums import ibv_qp_type
+        if self.qp is not None:
+            raise _err("rdma_create_qp: the id already has a QP", errno.EINVAL)
+        if self.cdev is None:
+            raise _err("rdma_create_qp: the id is not bound to a device (resolve the "
+                       "address or bind a local one first)", errno.EINVAL)
+        if qp.device is not self.device:
+            raise _err("rdma_create_qp: the QP belongs to another device", errno.EINVAL)
+        self.qp = qp
+        if qp.qp_type == ibv_qp_type.IBV_QPT_UD:
+            self.qp_type = ibv_qp_type.IBV_QPT_UD
+        try:
+            self._modify_qp("INIT")
+            if self.is_ud:
+                self._modify_qp("RTR")
+                self._modify_qp("RTS")
+        except Exception:
+            self.qp = None
+            raise
+
+    def init_qp_attr(self, state: str) -> tuple[Any, int]:
+        """``rdma_init_qp_attr``: the attributes and mask for moving this id's QP to
+        ``state`` ("INIT", "RTR" or "RTS"), as the kernel computes them
+        (cma.c / cm.c ``cm_init_qp_*_attr``)."""
+        from ..verbs_api.attr import AHAttr, GlobalRoute, GID, QPAttr
+        from ..verbs_api.enums import ibv_access_flags as A, ibv_qp_attr_mask as M, \
+            ibv_qp_state as Q
+        a = QPAttr()
+        if state == "INIT":
+            a.qp_state = Q.IBV_QPS_INIT
+            a.pkey_index, a.port_num = 0, 1
+            mask = M.IBV_QP_STATE | M.IBV_QP_PKEY_INDEX | M.IBV_QP_PORT
+            if self.is_ud:
+                a.qkey = RDMA_UDP_QKEY
+                return a, mask | M.IBV_QP_QKEY
+            a.qp_access_flags = 0
+            if self.cm is not None:  # ib_cm_init_qp_attr: connected (or connecting)
+                a.qp_access_flags = A.IBV_ACCESS_REMOTE_WRITE
+                if self.responder_resources:
+                    a.qp_access_flags |= A.IBV_ACCESS_REMOTE_READ | \
+                        A.IBV_ACCESS_REMOTE_ATOMIC
+            return a, mask | M.IBV_QP_ACCESS_FLAGS
+        if self.is_ud:
+            if state == "RTR":
+                a.qp_state = Q.IBV_QPS_RTR
+                return a, M.IBV_QP_STATE
+            a.qp_state, a.sq_psn = Q.IBV_QPS_RTS, 0
+            return a, M.IBV_QP_STATE | M.IBV_QP_SQ_PSN
+        if self.cm is None or self.route is None or not self.remote_qpn:
+            raise _err(f"rdma_init_qp_attr: {state} needs a connection in progress",
+                       errno.EINVAL)
+        r = self.route
+        if state == "RTR":
+            a.qp_state = Q.IBV_QPS_RTR
+            a.ah_attr = AHAttr(is_global=1, port_num=1, gr=GlobalRoute(
+                dgid=GID(r.dgid), flow_label=r.flow_label, sgid_index=r.sgid_index,
+                hop_limit=r.hop_limit, traffic_class=r.traffic_class))
+            a.path_mtu = r.path_mtu
+            a.dest_qp_num = self.remote_qpn
+            a.rq_psn = self.seq_num
+            mask = (M.IBV_QP_STATE | M.IBV_QP_AV | M.IBV_QP_PATH_MTU | M.IBV_QP_DEST_QPN
+                    | M.IBV_QP_RQ_PSN)
+            from ..verbs_api.enums import ibv_qp_type
+            if self.qp_type == ibv_qp_type.IBV_QPT_RC:
+                a.max_dest_rd_atomic = self.responder_resources
+                a.min_rnr_timer = 0
+                mask |= M.IBV_QP_MAX_DEST_RD_ATOMIC | M.IBV_QP_MIN_RNR_TIMER
+            return a, mask
+        if state == "RTS":
+            a.qp_state = Q.IBV_QPS_RTS
+            a.sq_psn = self.sq_psn
+            mask = M.IBV_QP_STATE | M.IBV_QP_SQ_PSN
+            from ..verbs_api.enums import ibv_qp_type
+            if self.qp_type == ibv_qp_type.IBV_QPT_RC:
+                a.timeout = self.ack_timeout if self.ack_timeout is not None else \
+                    self._av_timeout()
+                a.retry_cnt = self.retry_count
+                a.rnr_retry = self._rnr_retry()
+                a.max_rd_atomic = self.initiator_depth
+                mask |= (M.IBV_QP_TIMEOUT | M.IBV_QP_RETRY_CNT | M.IBV_QP_RNR_RETRY
+                         | M.IBV_QP_MAX_QP_RD_ATOMIC)
+            return a, mask
+        raise _err(f"rdma_init_qp_attr: state {state!r} is not INIT, RTR or RTS",
+                   errno.EINVAL)
+
+    def _av_timeout(self) -> int:
+        """The QP's ACK timeout: the REQ's local ACK timeout on the passive side, the
+        path's packet lifetime + 1 on the active side (cm.c ``cm_init_av_by_path``)."""
+        if self.listen_id is not None and self.req is not None:
+            return int(self.req.primary_local_ack_timeout)
+        return (self.route.packet_life_time if self.route else CMA_IBOE_PACKET_LIFETIME) + 1
+
+    def _rnr_retry(self) -> int:
+        if self.listen_id is not None:  # passive: the REQ says how often we may retry
+            return int(self.req.rnr_retry_count) if self.req is not None else 7
+        return int(self.rep.rnr_retry_count) if self.rep is not None else 7
+
+    def _modify_qp(self, state: str) -> None:
+        attr, mask = self.init_qp_attr(state)
+        self.qp.modify(attr, mask)
+
+    def _qp_to_rts(self, resp_res: int | None = None, init_depth: int | None = None) -> None:
+        """librdmacm ``ucma_modify_qp_rtr`` then ``ucma_modify_qp_rts``: INIT again
+        (the access flags now that the connection is known), RTR, RTS."""
+        from ..verbs_api.enums import ibv_qp_state as Q
+        if self.qp is None:
+            return
+        if self.qp.state in (Q.IBV_QPS_RESET, Q.IBV_QPS_INIT):
+            self._modify_qp("INIT")
+        self._modify_qp("RTR")
+        self._modify_qp("RTS")
+
+    def _qp_to_error(self) -> None:
+        from ..verbs_api.attr import QPAttr
+        from ..verbs_api.enums import ibv_qp_attr_mask as M, ibv_qp_state as Q
+        if self.qp is None or getattr(self.qp, "closed", False):
+            return
+        try:
+            self.qp.modify(QPAttr(qp_state=Q.IBV_QPS_ERR), M.IBV_QP_STATE)
+        except PyverbsRDMAError:
+            pass
+
+    # ---- connecting ---------------------------------------------------------------------
+
+    def connect(self, param: ConnParams | None = None) -> None:
+        """``rdma_connect``: a REQ (RC/UC) or a SIDR_REQ (UD) to the resolved address."""
+        what = "rdma_connect"
+        self._require(what, RdmaCmState.ROUTE_RESOLVED)
+        cdev = self.cdev
+        assert cdev is not None and self.route is not None
+        if self.is_ud:
+            return self._connect_ud(param)
+        if self.qp is None and param is None:
+            raise _err(f"{what}: without a QP, connection parameters (qp_num) are "
+                       f"required", errno.EINVAL)
+        self._check_resources(param, what)
+        p = param or ConnParams()
+        user = _check_private(p.private_data, REQ_PRIVATE_DATA, what)
+        self.initiator_depth = cdev.max_initiator_depth if param is None or \
+            p.initiator_depth == RDMA_MAX_INIT_DEPTH else p.initiator_depth
+        self.responder_resources = cdev.max_responder_resources if param is None or \
+            p.responder_resources == RDMA_MAX_RESP_RES else p.responder_resources
+        retry = 7 if param is None else min(7, p.retry_count)
+        rnr = 7 if param is None else min(7, p.rnr_retry_count)
+        qpn = self.qp.qp_num if self.qp is not None else p.qp_num
+        srq = int(self.qp.srq is not None) if self.qp is not None else p.srq
+        self.retry_count = retry
+        hdr = CmaHeader(src=self.local_ip, dst=self.dst_ip, sport=self.src_port)
+        r = self.route
+        from ..verbs_api.enums import ibv_qp_type
+        with self._lock():
+            self.state = RdmaCmState.CONNECT
+            self.cm = cdev.service.connect(
+                str(self.dst_ip),
+                service_id=service_id(self.ps, self.dst_port), local_qpn=qpn,
+                starting_psn=self.seq_num, private_data=hdr.pack() + user, context=self,
+                packet_life_time=r.packet_life_time,
+                remote_cm_response_timeout=CMA_CM_RESPONSE_TIMEOUT,
+                local_cm_response_timeout=CMA_CM_RESPONSE_TIMEOUT,
+                max_cm_retries=CMA_MAX_CM_RETRIES,
+                responder_resources=self.responder_resources,
+                initiator_depth=self.initiator_depth,
+                transport_type=1 if self.qp_type == ibv_qp_type.IBV_QPT_UC else 0,
+                flow_control=int(bool(p.flow_control)),
+                retry_count=retry, rnr_retry_count=rnr, srq=srq, path_mtu=r.path_mtu,
+                primary_local_gid=r.sgid, primary_remote_gid=r.dgid,
+                primary_flow_label=r.flow_label, primary_traffic_class=r.traffic_class,
+                primary_hop_limit=r.hop_limit, primary_packet_rate=r.rate)
+
+    def _check_resources(self, param: ConnParams | None, what: str) -> None:
+        """librdmacm ``ucma_valid_param``."""
+        if self.ps != RDMA_PS_TCP or param is None:
+            return
+        cdev = self.cdev
+        if param.responder_resources != RDMA_MAX_RESP_RES and \
+                param.responder_resources > cdev.max_responder_resources:
+            raise _err(f"{what}: responder_resources {param.responder_resources} exceeds "
+                       f"the device's {cdev.max_responder_resources}", errno.EINVAL)
+        if param.initiator_depth != RDMA_MAX_INIT_DEPTH and \
+                param.initiator_depth > cdev.max_initiator_depth:
+            raise _err(f"{what}: initiator_depth {param.initiator_depth} exceeds the "
+                       f"device's {cdev.max_initiator_depth}", errno.EINVAL)
+
+    def _connect_ud(self, param: ConnParams | None) -> None:
+        what = "rdma_connect"
+        user = _check_private(param.private_data if param else b"", SIDR_REQ_PRIVATE_DATA,
+                              what)
+        hdr = CmaHeader(src=self.local_ip, dst=self.dst_ip, sport=self.src_port)
+        with self._lock():
+            self.state = RdmaCmState.CONNECT
+            self.cm = self.cdev.service.sidr_request(
+                str(self.dst_ip), service_id=service_id(self.ps, self.dst_port),
+                private_data=hdr.pack() + user, context=self)
+
+    def accept(self, param: ConnParams | None = None) -> None:
+        """``rdma_accept`` on a connection request: the QP to RTR and RTS, then the REP
+        (UD: the SIDR_REP with the QP's number and rdma_cm's Q_Key)."""
+        what = "rdma_accept"
+        self._require(what, RdmaCmState.CONNECT)
+        cdev = self.cdev
+        if self.listen_id is None:  # the active side: rdma_accept after CONNECT_RESPONSE
+            return self.establish()
+        if self.is_ud:
+            user = _check_private(param.private_data if param else b"",
+                                  SIDR_REP_PRIVATE_DATA, what)
+            qpn = self.qp.qp_num if self.qp is not None else (param.qp_num if param else 0)
+            with self._lock():
+                cdev.service.sidr_reply(self.cm, status=int(SidrStatus.SUCCESS), qpn=qpn,
+                                        qkey=RDMA_UDP_QKEY, private_data=user)
+            return
+        if self.qp is None and param is None:
+            raise _err(f"{what}: without a QP, connection parameters (qp_num) are "
+                       f"required", errno.EINVAL)
+        self._check_resources(param, what)
+        user = _check_private(param.private_data if param else b"", REP_PRIVATE_DATA, what)
+        if param is not None and param.initiator_depth != RDMA_MAX_INIT_DEPTH:
+            self.initiator_depth = param.initiator_depth
+        if param is not None and param.responder_resources != RDMA_MAX_RESP_RES:
+            self.responder_resources = param.responder_resources
+        with self._lock():
+            if self.cm is None or self.cm.state not in (CmState.REQ_RCVD,
+                                                        CmState.MRA_REQ_SENT):
+                raise _err(f"{what}: the request is no longer pending", errno.EINVAL)
+            try:
+                self._qp_to_rts()
+            except PyverbsRDMAError:
+                self._qp_to_error()
+                raise
+            qpn = self.qp.qp_num if self.qp is not None else param.qp_num
+            srq = int(self.qp.srq is not None) if self.qp is not None else param.srq
+            rnr = 7 if param is None else min(7, param.rnr_retry_count)
+            cdev.service.accept(
+                self.cm, local_qpn=qpn, starting_psn=self.seq_num, private_data=user,
+                responder_resources=self.responder_resources,
+                initiator_depth=self.initiator_depth,
+                flow_control=int(bool(param.flow_control)) if param else 0,
+                rnr_retry_count=rnr, srq=srq)
+
+    def establish(self) -> None:
+        """``rdma_establish`` (active side, no QP, after CONNECT_RESPONSE): send the RTU.
+        On the passive side: the peer's first data came before the RTU (``rdma_notify``)."""
+        what = "rdma_establish"
+        self._require(what, RdmaCmState.CONNECT)
+        with self._lock():
+            cm = self.cm
+            if cm is None:
+                raise _err(f"{what}: no connection in progress", errno.EINVAL)
+            if cm.state in (CmState.REP_RCVD, CmState.MRA_REP_SENT):
+                self.cdev.service.ready_to_use(cm)
+            elif cm.state in (CmState.REP_SENT, CmState.MRA_REP_RCVD):
+                self.cdev.service.establish(cm)
+            else:
+                raise _err(f"{what}: the connection is {cm.state.name}", errno.EINVAL)
+
+    def reject(self, private_data: bytes = b"") -> None:
+        """``rdma_reject``: REJ 28 (consumer defined) with up to 148 bytes of private
+        data; for UD a SIDR_REP with status REJECT."""
+        what = "rdma_reject"
+        self._require(what, RdmaCmState.CONNECT)
+        if self.listen_id is None and not (self.cm and self.cm.state in (
+                CmState.REP_RCVD, CmState.MRA_REP_SENT)):
+            raise _err(f"{what}: not a connection request", errno.EINVAL)
+        with self._lock():
+            if self.is_ud:
+                data = _check_private(private_data, SIDR_REP_PRIVATE_DATA, what)
+                self.cdev.service.sidr_reply(self.cm, status=int(SidrStatus.REJECT),
+                                             private_data=data)
+            else:
+                data = _check_private(private_data, REJ_PRIVATE_DATA, what)
+                self.cdev.service.reject(self.cm, RejectReason.CONSUMER_DEFINED, data)
+
+    def disconnect(self) -> None:
+        """``rdma_disconnect``: the QP to ERROR, then a DREQ (or, if the peer's DREQ came
+        first, the DREP)."""
+        what = "rdma_disconnect"
+        if self.destroyed:
+            raise _err(f"{what}: the id is destroyed", errno.EBADF)
+        if self.cm is None or self.state not in (RdmaCmState.CONNECT,
+                                                 RdmaCmState.DISCONNECT):
+            raise _err(f"{what}: the id is not connected ({self.state.name})", errno.EINVAL)
+        with self._lock():
+            self._qp_to_error()
+            cm = self.cm
+            if cm.state == CmState.ESTABLISHED:  # cm.c sends a DREQ only when established
+                self.cdev.service.disconnect(cm)
+            elif cm.state == CmState.DREQ_RCVD:
+                self.cdev.service.disconnect_reply(cm)
+
+    # ---- CM events (device lock held) ---------------------------------------------------
+
+    def _on_cm(self, ev: CmEvent) -> None:
+        """cma.c ``cma_ib_handler`` / ``cma_sidr_rep_handler`` and librdmacm's event
+        processing for one CM event on this id."""
+        t = ev.type
+        T = CmEventType
+        if t == T.TIMEWAIT_EXIT:
+            if self.state == RdmaCmState.DISCONNECT:
+                self._event(E.RDMA_CM_EVENT_TIMEWAIT_EXIT)
+            return
+        if t == T.SIDR_REP_RECEIVED:
+            return self._on_sidr_rep(ev)
+        if t == T.SIDR_REQ_ERROR:
+            self._event(E.RDMA_CM_EVENT_UNREACHABLE, status=-ETIMEDOUT)
+            return
+        if self.state != RdmaCmState.CONNECT or t == T.MRA_RECEIVED:
+            return  # cma_ib_handler: only a connecting id listens; MRAs are swallowed
+        if t in (T.REQ_ERROR, T.REP_ERROR):
+            self._event(E.RDMA_CM_EVENT_UNREACHABLE, status=-ETIMEDOUT)
+        elif t == T.REP_RECEIVED:
+            self._on_rep(ev)
+        elif t in (T.RTU_RECEIVED, T.USER_ESTABLISHED):
+            self._event(E.RDMA_CM_EVENT_ESTABLISHED, conn=ConnParams())
+        elif t in (T.DREQ_ERROR, T.DREQ_RECEIVED, T.DREP_RECEIVED):
+            self.state = RdmaCmState.DISCONNECT
+            self._event(E.RDMA_CM_EVENT_DISCONNECTED,
+                        status=-ETIMEDOUT if t == T.DREQ_ERROR else 0)
+        elif t == T.REJ_RECEIVED:
+            self._qp_to_error()
+            self._event(E.RDMA_CM_EVENT_REJECTED, status=int(ev.reason or 0),
+                        conn=ConnParams(private_data=bytes(ev.private_data or b"").ljust(
+                            REJ_PRIVATE_DATA, b"\0")[:REJ_PRIVATE_DATA]))
+
+    def _on_rep(self, ev: CmEvent) -> None:
+        msg = ev.message
+        self.rep = msg
+        self.remote_qpn = int(msg.local_qpn)
+        self.sq_psn = int(msg.starting_psn)
+        # cm_rep_handler: the peer's resources are our depth, and the other way round
+        self.initiator_depth = int(msg.responder_resources)
+        self.responder_resources = int(msg.initiator_depth)
+        self.cdev.service.send_mra(self.cm, CMA_CM_MRA_SETTING)
+        conn = ConnParams(private_data=bytes(ev.private_data or b"")[:REP_PRIVATE_DATA],
+                          responder_resources=int(msg.initiator_depth),
+                          initiator_depth=int(msg.responder_resources),
+                          flow_control=int(msg.flow_control),
+                          rnr_retry_count=int(msg.rnr_retry_count), srq=int(msg.srq),
+                          qp_num=int(msg.local_qpn))
+        if self.qp is None:
+            self._event(E.RDMA_CM_EVENT_CONNECT_RESPONSE, conn=conn)
+            return
+        try:  # librdmacm ucma_process_conn_resp
+            self._qp_to_rts()
+        except PyverbsRDMAError as e:
+            self._qp_to_error()
+            self.connect_error = True
+            self._event(E.RDMA_CM_EVENT_CONNECT_ERROR, status=-(e.error_code or errno.EINVAL),
+                        conn=conn)
+            return
+        self.cdev.service.ready_to_use(self.cm)
+        self._event(E.RDMA_CM_EVENT_ESTABLISHED, conn=conn)
+
+    def _on_sidr_rep(self, ev: CmEvent) -> None:
+        """cma.c ``cma_sidr_rep_handler``: status 0 is ESTABLISHED with the service's
+        QPN, Q_Key and an address to reach it; anything else UNREACHABLE."""
+        msg = ev.message
+        if self.state != RdmaCmState.CONNECT:
+            return
+        data = bytes(ev.private_data or b"")[:SIDR_REP_PRIVATE_DATA]
+        if int(msg.status) != SidrStatus.SUCCESS:
+            self._event(E.RDMA_CM_EVENT_UNREACHABLE, status=int(msg.status),
+                        ud=UdParams(private_data=data))
+            return
+        if int(msg.qkey) != RDMA_UDP_QKEY:  # cma_set_qkey's check on the reply
+            self._event(E.RDMA_CM_EVENT_UNREACHABLE, status=-errno.EINVAL,
+                        ud=UdParams(private_data=data))
+            return
+        from ..verbs_api.attr import AHAttr, GlobalRoute, GID
+        r = self.route
+        ah = AHAttr(is_global=1, port_num=1, gr=GlobalRoute(
+            dgid=GID(r.dgid), flow_label=r.flow_label, sgid_index=r.sgid_index,
+            hop_limit=r.hop_limit, traffic_class=r.traffic_class))
+        self.remote_qpn, self.remote_qkey = int(msg.qpn), int(msg.qkey)
+        self._event(E.RDMA_CM_EVENT_ESTABLISHED,
+                    ud=UdParams(private_data=data, ah_attr=ah, qp_num=int(msg.qpn),
+                                qkey=int(msg.qkey)))
+
+    # ---- the end ------------------------------------------------------------------------
+
+    def destroy(self) -> None:
+        """``rdma_destroy_id``: leave the CM as Linux does (REJ, DREQ or DREP for the
+        connection's state), stop listening, free the port. Idempotent."""
+        if self.destroyed:
+            return
+        cdev = self.cdev
+        if self.state == RdmaCmState.LISTEN:
+            sid = service_id(self.ps, self.src_port)
+            for c, cm in getattr(self, "_listen_cms", ()):
+                c.service.destroy(cm)
+            for c in getattr(self, "_listen_devs", ()):
+                with c.device.lock:
+                    if c.listeners.get(sid) is self:
+                        del c.listeners[sid]
+                if c is not cdev:
+                    c.release()
+        if self.cm is not None and cdev is not None:
+            with self._lock():
+                if self.is_ud and self.cm.state == CmState.SIDR_REQ_RCVD:
+                    cdev.service.sidr_reply(self.cm, status=int(SidrStatus.REJECT))
+                if self.cm.context is self:
+                    self.cm.context = None
+                if cdev.service.agent.ids.get(self.cm.local_id) is self.cm:
+                    cdev.service.destroy(self.cm)
+        self.destroyed = True
+        self.state = RdmaCmState.DESTROYING
+        PORTS.unbind(self)
+        if cdev is not None:
+            self.cdev = None
+            cdev.release()
+
+
+class _NullLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
