@@ -381,8 +381,7 @@ class CMID:
         to_conn.id = ev.id
         to_conn.id.context = to_conn
         to_conn._sync_channel = EventChannel()  # rdma_migrate_id to a channel of its own
-        to_conn._sync_channel._manual |= cid.channel._manual
-        to_conn.id.channel = to_conn._sync_channel
+        to_conn._sync_channel.adopt(to_conn.id)
         to_conn._event = ev
         to_conn.ctx = ev.id.cdev.ctx
         from ..verbs_api import PD

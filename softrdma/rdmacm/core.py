@@ -126,6 +126,7 @@ class EventChannel:
     def __init__(self) -> None:
         self._queue = EventQueue()
         self._manual: set[Any] = set()  # manual devices: waiting means driving them
+        self.ids: set["CmaId"] = set()  # the ids whose events come here
         self.closed = False
 
     @property
@@ -150,26 +151,51 @@ class EventChannel:
                 raise _err("rdma_get_cm_event: no event", errno.ETIMEDOUT)
             manual = [d for d in self._manual if d.udp is None or d.progress_thread is None]
             if manual:
-                for dev in manual:
-                    if dev.udp is not None:
-                        dev.poll(0.001)
-                    else:
-                        with dev.lock:
-                            dev.progress()
-                            nxt = dev.next_deadline()
-                            if nxt is not None and not self._queue:
-                                dev.now = max(dev.now, nxt)  # virtual time: skip ahead
-                                dev.fire_timers(dev.now)
+                if not self._drive(manual):
+                    time.sleep(0.001)
                 continue
             self._queue.wait(None if left is None else time.monotonic() + min(left, 1.0))
+
+    def _drive(self, devices: list[Any]) -> bool:
+        """Waiting on manual devices means moving them: packets first; when nothing is
+        left to do, a device without sockets (virtual time) jumps to its next timer.
+        False when nothing at all happened."""
+        moved = False
+        for dev in devices:
+            if dev.udp is not None:
+                moved |= bool(dev.poll(0.001))
+                continue
+            with dev.lock:
+                if dev.progress():
+                    moved = True
+                    continue
+                nxt = dev.next_deadline()
+                if nxt is not None and not self._queue:
+                    dev.now = max(dev.now, nxt)  # virtual time: skip to the next timer
+                    dev.fire_timers(dev.now)
+                    dev.progress()
+                    moved = True
+        return moved
 
     def pending(self) -> int:
         return len(self._queue)
 
     def close(self) -> None:
+        """Close the channel and destroy the ids still on it (what the kernel does when
+        the rdma_cm file closes): a connection request nobody took is rejected."""
         if not self.closed:
             self.closed = True
+            for cid in list(self.ids):
+                cid.destroy()
             self._queue.close()
+
+    def adopt(self, cid: "CmaId") -> None:
+        """``rdma_migrate_id``: ``cid``'s events come here from now on."""
+        old = cid.channel
+        old.ids.discard(cid)
+        self._manual |= old._manual
+        cid.channel = self
+        self.ids.add(cid)
 
 
 # ---- the per-device part ------------------------------------------------------------------
@@ -429,6 +455,7 @@ class CmaId:
         if channel is None or channel.closed:
             raise _err("rdma_create_id: the event channel is closed", errno.EBADF)
         self.channel = channel
+        channel.ids.add(self)
         self.ps = int(ps)
         self.context = context
         if qp_type is None:
@@ -1103,6 +1130,7 @@ class CmaId:
                     cdev.service.destroy(self.cm)
         self.destroyed = True
         self.state = RdmaCmState.DESTROYING
+        self.channel.ids.discard(self)
         PORTS.unbind(self)
         if cdev is not None:
             self.cdev = None
