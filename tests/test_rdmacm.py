@@ -24,10 +24,10 @@ from softrdma.rdmacm import (
 from softrdma.rdmacm import enums as ce
 from softrdma.rdmacm.core import flow_label
 from softrdma.verbs_api import (
-    AH, QPCap, QPInitAttr, SGE, SendWR, add_device, remove_device,
+    AH, QPCap, QPInitAttr, add_device, remove_device,
 )
 from softrdma.verbs_api.enums import (
-    ibv_access_flags as A, ibv_qp_state as Q, ibv_qp_type, ibv_wc_status, ibv_wr_opcode as O,
+    ibv_access_flags as A, ibv_qp_state as Q, ibv_qp_type, ibv_wc_status,
 )
 
 S_IP, C_IP = "127.0.8.1", "127.0.8.2"
