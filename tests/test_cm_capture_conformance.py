@@ -118,7 +118,7 @@ def cm():
 def test_softrdma_as_the_active_side(cm):
     """softrdma is ucmatose's client (10.77.0.12): its REQ, RTU and DREP against rxe's."""
     (req_cp, req), (rep_cp, rep), (rtu_cp, rtu) = cm[0], cm[2], cm[4]
-    (dreq_cp, dreq), (drep_cp, drep) = cm[6], cm[8]
+    (dreq_cp, dreq), (_, drep) = cm[6], cm[8]
     side = Side(CLIENT, "cap-client")
     try:
         cid = CMID(side.ch)
