@@ -435,3 +435,44 @@ def test_wildcard_listener_takes_requests_on_its_port(devices):
         lid.close()
         sch.close()
         cch.close()
+
+
+def test_ipv6_connection(devices):
+    """rdma_cm over IPv6: GIDs are the addresses themselves, the cma header says 6."""
+    import threading
+    add_device("::1", name="rcm-v6")
+    try:
+        lid = CMID(AddrInfo(src="::1", src_service="7482", flags=RAI_PASSIVE), rc_attr())
+        lid.listen()
+        got = {}
+
+        def serve():
+            c = lid.get_request(timeout=10)
+            mr = c.reg_msgs(16)
+            c.post_recv(mr)
+            c.accept()
+            wc = c.get_recv_comp(timeout=10)
+            got["data"] = mr.read(wc.byte_len, 0)
+            c.close()
+        t = threading.Thread(target=serve)
+        t.start()
+        c = CMID(AddrInfo(dst="::1", dst_service="7482"), rc_attr())
+        c.connect()
+        hdr = CmaHeader.unpack(c.id.cm.req.private_data)
+        assert hdr.ip_version == 6 and str(hdr.dst) == "::1"
+        assert bytes(c.id.cm.req.primary_remote_gid) == bytes(15) + b"\x01"
+        mr = c.reg_msgs(16)
+        mr.write(b"over v6", 7)
+        c.post_send(mr, length=7)
+        assert c.get_send_comp(timeout=5).status == ibv_wc_status.IBV_WC_SUCCESS
+        t.join(10)
+        assert got["data"] == b"over v6"
+        c.close()
+        lid.close()
+    finally:
+        for _ in range(50):
+            try:
+                remove_device("rcm-v6")
+                break
+            except PyverbsRDMAError:
+                time.sleep(0.02)

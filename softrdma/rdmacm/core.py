@@ -665,13 +665,15 @@ class CmaId:
         if hdr.dst != local or (self.src_ip is not None and hdr.dst != self.src_ip) \
                 or hdr.src.is_unspecified or hdr.src.is_multicast:
             return self._refuse(cdev, ev.cm_id, sidr)
-        if not sidr and self.ps == RDMA_PS_UDP:
-            return self._refuse(cdev, ev.cm_id, sidr)
-        if sidr and self.ps == RDMA_PS_TCP:
-            return self._refuse(cdev, ev.cm_id, sidr)
         from ..verbs_api.enums import ibv_qp_type
-        child = CmaId(self.channel, self.ps, qp_type=ibv_qp_type.IBV_QPT_UD if sidr else (
-            ibv_qp_type.IBV_QPT_UC if msg.transport_type == 1 else ibv_qp_type.IBV_QPT_RC))
+        # cma.c cma_check_req_qp_type: a REQ's transport must be the listener's QP type,
+        # a SIDR_REQ needs a UD listener
+        qp_type = ibv_qp_type.IBV_QPT_UD if sidr else {
+            0: ibv_qp_type.IBV_QPT_RC, 1: ibv_qp_type.IBV_QPT_UC}.get(int(msg.transport_type))
+        if qp_type is None or (qp_type != self.qp_type and self.ps != RDMA_PS_IB) or \
+                (self.ps == RDMA_PS_IB and sidr != self.is_ud):
+            return self._refuse(cdev, ev.cm_id, sidr)
+        child = CmaId(self.channel, self.ps, qp_type=qp_type)
         child.cdev = cdev.ref()
         child.listen_id = self
         child.src_ip, child.src_port = local, self.src_port
