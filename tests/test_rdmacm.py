@@ -476,3 +476,41 @@ def test_ipv6_connection(devices):
                 break
             except PyverbsRDMAError:
                 time.sleep(0.02)
+
+
+def test_lost_rtu_is_recovered_by_the_rep_retransmission(devices):
+    """The client's RTU is lost: the server's CM resends its REP after conv(20) = 4096 ms,
+    the client's CM answers the duplicate REP with the RTU again (cm.c
+    cm_dup_rep_handler), and only then is the server ESTABLISHED."""
+    from softrdma.cm.messages import parse_cm as _parse_cm
+    from softrdma.wire.packet import parse as _parse
+    p = Pair(7483)
+    try:
+        p.client.create_qp(rc_attr())
+        dev = p.client.id.device
+        real = dev.transmit
+        dropped = []
+
+        def lossy(data, dst, sport):
+            pkt = _parse(bytes(data))
+            if pkt.dest_qp == 1 and _parse_cm(pkt.payload).name == "RTU" and not dropped:
+                dropped.append(time.monotonic())
+                return
+            real(data, dst, sport)
+        dev.transmit = lossy
+        p.client.connect(ConnParam())
+        req = expect(p.sch, E.RDMA_CM_EVENT_CONNECT_REQUEST)
+        p.server = CMID(req, listen_id=p.listener)
+        p.server.create_qp(rc_attr())
+        p.server.accept()
+        expect(p.cch, E.RDMA_CM_EVENT_ESTABLISHED)
+        assert dropped  # the first RTU went nowhere
+        expect(p.sch, E.RDMA_CM_EVENT_ESTABLISHED, timeout=8)
+        waited = time.monotonic() - dropped[0]
+        assert 3.5 < waited < 6.0, waited  # the REP's 4.096 s timer, not sooner
+        agent = p.client.id.cdev.service.agent
+        assert agent.counters["rx_duplicates"]["REP"] == 1
+        assert agent.counters["tx"]["RTU"] == 2
+        dev.transmit = real
+    finally:
+        p.close()
