@@ -86,10 +86,18 @@ def test_agent_and_client_answer_requests(tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert ask({"op": "kill", "id": "j3"}) == {"rc": 4, "stdout": "bye\n", "stderr": ""}
-        # wait's timeout kills the group too
+        # wait's timeout kills the session too
+        t = time.monotonic()
         assert ask({"op": "start", "id": "j4", "cmd": "sleep 30 & wait"})["rc"] == 0
         r = ask({"op": "wait", "id": "j4", "timeout": 0.3})
         assert r["rc"] == 124 and r["stderr"].endswith("TIMEOUT")
+        # `timeout` moves itself and its command to a process group of their own: kill
+        # still reaches them (the tests start guest tools as `timeout 60 rping ...`)
+        assert ask({"op": "start", "id": "j5", "cmd": "echo x; timeout 30 sleep 20"})["rc"] == 0
+        time.sleep(0.3)
+        r = ask({"op": "kill", "id": "j5", "signal": 15, "timeout": 5})
+        assert r == {"rc": -15, "stdout": "x\n", "stderr": ""}  # no SIGKILL fallback
+        assert time.monotonic() - t < 10
     finally:
         agent.kill()
         agent.wait(timeout=10)

@@ -69,3 +69,16 @@ def test_rping_between_two_rxe_guests(scenario, loss, tmp_path, request):
         if not ok and (lab.dir / f"{request.node.name}.pcap").exists():
             FAILED.mkdir(exist_ok=True)
             shutil.copy(lab.dir / f"{request.node.name}.pcap", FAILED)
+
+
+def test_a_killed_rdma_cm_server_is_gone(scenario):
+    """GuestJob.kill reaches a tool started under `timeout` (which moves itself and the tool
+    to a process group of their own), and its rdma_cm ID goes with it."""
+    lab = scenario
+    port = next(PORTS)
+    srv = lab.guest_start(0, f"timeout 60 rping -s -p {port} -v")
+    assert lab.wait_cm_listen(0, port)
+    assert srv.running()
+    r = srv.kill(signal.SIGTERM, timeout=5)
+    assert r.rc == -15 and "TIMEOUT" not in r.stderr, r
+    assert not any(d.get("src-addr", "").endswith(f":{port}") for d in lab.cm_listeners(0))

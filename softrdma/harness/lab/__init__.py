@@ -149,7 +149,7 @@ def cm_listeners(rdma_json: str) -> list[dict]:
 
 
 class GuestJob:
-    """A command started in a guest with :meth:`Lab.guest_start` (its own process group)."""
+    """A command started in a guest with :meth:`Lab.guest_start` (in a session of its own)."""
 
     def __init__(self, lab: "Lab", guest: int, job_id: str) -> None:
         self.lab, self.guest, self.id = lab, guest, job_id
@@ -166,9 +166,9 @@ class GuestJob:
             self.guest, {"op": "poll", "id": self.id}, 30).stdout == "running"
 
     def kill(self, sig: int = signal.SIGTERM, timeout: float = 10) -> Result:
-        """Send ``sig`` to its process group and collect it (SIGKILL after ``timeout``).
-        SIGINT stops a guest tcpdump cleanly; a job that had already ended reports as
-        :meth:`wait` would."""
+        """Send ``sig`` to every process of its session and collect it (SIGKILL after
+        ``timeout``). SIGINT stops a guest tcpdump cleanly; a job that had already ended
+        reports as :meth:`wait` would."""
         self.done = True
         return self.lab._agent(self.guest, {"op": "kill", "id": self.id, "signal": int(sig),
                                             "timeout": timeout}, timeout + 20)

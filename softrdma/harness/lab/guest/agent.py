@@ -4,8 +4,9 @@ Runs in each guest of :class:`softrdma.harness.lab.Lab` (started by ``setup.sh``
 answers one JSON request per TCP connection (``client.py`` sends them) with one JSON line
 ``{"rc", "stdout", "stderr"}``. Requests: ``run`` (a shell line, waited for), ``start``,
 ``wait``, ``poll`` and ``kill`` (a background job by id), ``ping``, ``poweroff``. A background
-job runs in a process group of its own, so a timeout or ``kill`` reaches everything it started
-(``timeout 60 rping ...`` and rping alike). Standard library only: the guest
+job runs in a session of its own, and a timeout or ``kill`` signals every process in that
+session: ``timeout 60 rping ...`` puts itself and rping in a new process group, so killing
+the job's process group alone would miss them. Standard library only: the guest
 runs it with the host's interpreter from the shared root filesystem.
 """
 
@@ -20,11 +21,29 @@ import threading
 jobs = {}
 
 
+def _session(sid):
+    """The processes of session ``sid`` (from /proc: the session is field 6 of stat)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:
+            pids.append(int(d))
+    return pids
+
+
 def _killpg(p, sig):
-    try:
-        os.killpg(p.pid, sig)
-    except OSError:  # already gone
-        pass
+    """Signal every process of the job's session (its leader first)."""
+    for pid in [p.pid] + [q for q in _session(p.pid) if q != p.pid]:
+        try:
+            os.kill(pid, sig)
+        except OSError:  # already gone
+            pass
 
 
 def _finish(p, timeout):
