@@ -60,6 +60,11 @@ EXPECTED_COUNTS = {
                      "RC_RDMA_READ_RESPONSE_MIDDLE": 120, "RC_RDMA_READ_RESPONSE_LAST": 20},
     "fetch_add.pcap": {"RC_FETCH_ADD": 20, "RC_ATOMIC_ACKNOWLEDGE": 20},
     "cmp_swap.pcap": {"RC_COMPARE_SWAP": 20, "RC_ATOMIC_ACKNOWLEDGE": 20},
+    # rdma_cm: the CM MADs travel as UD Send Only on QP1
+    "rping.pcap": {"UD_SEND_ONLY": 5, "RC_SEND_ONLY": 12, "RC_ACKNOWLEDGE": 15,
+                   "RC_RDMA_READ_REQUEST": 3, "RC_RDMA_READ_RESPONSE_ONLY": 3,
+                   "RC_RDMA_WRITE_ONLY": 3},
+    "udaddy.pcap": {"UD_SEND_ONLY": 2, "UD_SEND_ONLY_WITH_IMMEDIATE": 20},
 }
 
 

@@ -1,5 +1,8 @@
 """Session fixture: one lab of real Linux rxe peers (softrdma.harness.lab) for all interop tests.
 
+The lab has two guests: softrdma's scenarios use guest 0; guest 1 is the second kernel rxe
+peer of the rxe-to-rxe rdma_cm runs (test_rdmacm_lab.py). They boot in parallel.
+
 Missing prerequisites skip these tests locally with one line naming them, and fail under
 CI=true. Each test that fails keeps a pcap of its traffic in tests/interop/failed-pcaps/.
 """
@@ -27,7 +30,7 @@ def lab():
             pytest.fail("CI=true and " + msg)
         pytest.skip(msg)
     try:
-        lb = Lab(guests=1)
+        lb = Lab(guests=2)
     except LabUnavailable as e:
         if IN_CI:
             pytest.fail(f"CI=true and the lab did not start: {e}")
@@ -46,13 +49,15 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture
 def scenario(lab, request, tmp_path):
-    """Capture the scenario's RoCE traffic; keep the pcap if the test fails; undo netem."""
+    """Capture the scenario's RoCE traffic; keep the pcap if the test fails; undo netem and
+    kill what the scenario left running on either side."""
     pcap = tmp_path / f"{request.node.name}.pcap"
     cap = lab.capture(pcap)
     yield lab
     cap.terminate()
     cap.wait(timeout=10)
-    lab.netem(0, None)
+    lab.netem_clear()
+    lab.kill_guest_jobs()  # a guest server a failed scenario never collected
     lab.kill_host_procs()  # whatever a failed scenario left running on the softrdma side
     if getattr(request.node, "_interop_failed", False) and pcap.exists():
         FAILED.mkdir(exist_ok=True)

@@ -34,7 +34,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Lab", "LabUnavailable", "Result", "missing_prerequisites", "HOST_IP", "guest_ip"]
+__all__ = ["Lab", "LabUnavailable", "Result", "missing_prerequisites", "HOST_IP", "guest_ip",
+           "GuestJob", "cm_listeners"]
 
 HOST_IP = "10.77.0.1"
 AGENT_PORT = 7777
@@ -133,13 +134,44 @@ def guest_script(name: str) -> str:
     return resources.files(__name__).joinpath("guest", name).read_text()
 
 
+def cm_listeners(rdma_json: str) -> list[dict]:
+    """The listening rdma_cm IDs in the output of ``rdma -j resource show cm_id``.
+
+    Each is a dict as iproute2 prints it, e.g. ``{"state": "LISTEN", "ps": "TCP", "comm":
+    "rping", "src-addr": "10.77.0.11:7174", ...}`` (``0.0.0.0:PORT`` for a server bound to
+    any address). rping, ucmatose, rdma_server and perftest ``-R`` listen in the TCP port
+    space, udaddy in the UDP one."""
+    try:
+        ids = json.loads(rdma_json or "[]")
+    except ValueError:
+        return []
+    return [d for d in ids if isinstance(d, dict) and d.get("state") == "LISTEN"]
+
+
 class GuestJob:
+    """A command started in a guest with :meth:`Lab.guest_start` (in a session of its own)."""
+
     def __init__(self, lab: "Lab", guest: int, job_id: str) -> None:
         self.lab, self.guest, self.id = lab, guest, job_id
+        self.done = False
 
     def wait(self, timeout: float = 120) -> Result:
+        """Its exit status and output; still running after ``timeout``, it is killed (rc 124)."""
+        self.done = True
         return self.lab._agent(self.guest, {"op": "wait", "id": self.id, "timeout": timeout},
                                timeout + 10)
+
+    def running(self) -> bool:
+        return not self.done and self.lab._agent(
+            self.guest, {"op": "poll", "id": self.id}, 30).stdout == "running"
+
+    def kill(self, sig: int = signal.SIGTERM, timeout: float = 10) -> Result:
+        """Send ``sig`` to every process of its session and collect it (SIGKILL after
+        ``timeout``). SIGINT stops a guest tcpdump cleanly; a job that had already ended
+        reports as :meth:`wait` would."""
+        self.done = True
+        return self.lab._agent(self.guest, {"op": "kill", "id": self.id, "signal": int(sig),
+                                            "timeout": timeout}, timeout + 20)
 
 
 class Lab:
@@ -155,6 +187,7 @@ class Lab:
         self.procs: list[subprocess.Popen] = []
         self.host_procs: list[subprocess.Popen] = []
         self._job = 0
+        self.guest_jobs: list[GuestJob] = []
         self.closed = False
         self.nics: dict[int, str] = {}
         atexit.register(self.close)
@@ -276,7 +309,51 @@ class Lab:
         r = self._agent(i, {"op": "start", "id": jid, "cmd": cmd}, 30)
         if not r.ok:
             raise RuntimeError(f"could not start {cmd!r} in guest {i}: {r.stderr}")
-        return GuestJob(self, i, jid)
+        job = GuestJob(self, i, jid)
+        self.guest_jobs.append(job)
+        return job
+
+    def kill_guest_jobs(self) -> None:
+        """Kill guest jobs that were started and never waited for (a failed test's server
+        that would otherwise hold its rdma_cm port or UDP 4791 for the next one)."""
+        for job in self.guest_jobs:
+            if not job.done:
+                job.kill(signal.SIGKILL, timeout=5)
+        self.guest_jobs = []
+
+    def cm_listeners(self, i: int) -> list[dict]:
+        """The rdma_cm IDs listening in guest ``i`` (see :func:`cm_listeners`)."""
+        return cm_listeners(self.guest(i, "rdma -j resource show cm_id", timeout=30).stdout)
+
+    def wait_cm_listen(self, i: int, port: int, ps: str = "TCP", timeout: float = 30) -> bool:
+        """Wait until an rdma_cm server in guest ``i`` listens on ``port`` in port space
+        ``ps`` ("TCP": rping, ucmatose, rdma_server, perftest -R; "UDP": udaddy). Use it
+        instead of a guessed sleep between starting a server and its client."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(d.get("ps") == ps and str(d.get("src-addr", "")).endswith(f":{port}")
+                   for d in self.cm_listeners(i)):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
+    def guest_capture(self, i: int, name: str, filt: str = "udp port 4791",
+                      timeout: float = 30) -> GuestJob:
+        """tcpdump on guest ``i``'s own NIC into ``self.dir / name`` (the directory the
+        guests share with the host); stop it with ``.kill(signal.SIGINT)``. This sees
+        traffic between two guests, which ``capture`` on ``br0`` does not. Returns once
+        tcpdump has created the file, i.e. is capturing."""
+        path = self.dir / name
+        path.unlink(missing_ok=True)
+        job = self.guest_start(i, f"exec tcpdump -i {self.nics[i]} -U -s 0 -w {path} {filt}")
+        deadline = time.monotonic() + timeout
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not path.exists():
+            r = job.kill(signal.SIGKILL)
+            raise RuntimeError(f"tcpdump did not start in guest {i}: {r.stderr}")
+        return job
 
     def _host_argv(self, cmd: str | list[str]) -> list[str]:
         argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
@@ -340,8 +417,15 @@ class Lab:
         return p
 
     def netem(self, i: int, spec: str | None) -> Result:
-        """Apply ``tc netem`` (e.g. "loss 5%") to guest ``i``'s NIC, or remove it (None)."""
+        """Apply ``tc netem`` (e.g. "loss 5%") to guest ``i``'s NIC, or remove it (None).
+        It acts on what the guest sends: for loss both ways between two guests, apply it to
+        both; against softrdma, pair it with softrdma's own injection (SOFTRDMA_TX_LOSS)."""
         nic = self.nics[i]
         if spec is None:
             return self.guest(i, f"tc qdisc del dev {nic} root 2>/dev/null; true")
         return self.guest(i, f"tc qdisc replace dev {nic} root netem {spec}")
+
+    def netem_clear(self) -> None:
+        """Remove netem from every guest."""
+        for i in range(self.n):
+            self.netem(i, None)
