@@ -86,6 +86,18 @@ class CMID(_c.CMID):
                  port_space: int = RDMA_PS_TCP, listen_id: Any = None) -> None:
         super().__init__(creator, qp_init_attr, pd, port_space, listen_id)
 
+    def set_local_ece(self, ece: Any) -> None:
+        """``rdma_set_local_ece``: the ECE the REQ/REP would carry (kept; softrdma's
+        QPs have no ECE options to offer, as librxe, whose ``query_ece`` is EOPNOTSUPP)."""
+        self._check()
+        self._local_ece = ece
+
+    def get_remote_ece(self) -> Any:
+        """``rdma_get_remote_ece``: what the peer offered, none here (vendor_id 0)."""
+        from .qp import ECE
+        self._check()
+        return ECE(vendor_id=0, options=0, comp_mask=0)
+
     def join_multicast(self, addr: AddrInfo | None = None,
                        mc_attr: JoinMCAttrEx | None = None, context: Any = None) -> None:
         if addr is None and mc_attr is None:
