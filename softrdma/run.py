@@ -9,7 +9,11 @@ resolve to softrdma's modules (``softrdma.pyverbs_compat``, laid out as pyverbs:
 pd, mr, cq, qp, addr, wr, srq, enums, libibverbs_enums, pyverbs_error, utils, mem_alloc,
 base...). Devices are softrdma's (``softrdma0``, live on the first free loopback address).
 Child processes started with ``multiprocessing`` (fork) inherit the redirection; programs
-started with ``subprocess`` do not (run them with ``softrdma run`` too). Nothing changes
+started with ``subprocess`` do not (run them with ``softrdma run`` too). With
+``SOFTRDMA_NETDEV=1``, a soft device's network interface is served as rdma-core's tests
+look it up (``/sys/class/infiniband/<dev>/device/net/`` and ``ip -j addr show``:
+``softrdma.pyverbs_compat._netdev``); without it a soft device has no net interface, as
+kernel rxe has none in sysfs (its rdma_cm tests skip). Nothing changes
 for a process that does not opt in: a real pyverbs installation stays what ``import
 pyverbs`` finds elsewhere.
 """
@@ -31,7 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               else sys.stdout)
         return 2 if not args else 0
     from .pyverbs_compat._finder import install
+    from .pyverbs_compat._netdev import install as install_netdev
     install()
+    if os.environ.get("SOFTRDMA_NETDEV", "").strip() == "1":
+        install_netdev()
     try:
         if args[0] == "-m":
             if len(args) < 2:

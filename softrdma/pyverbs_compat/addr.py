@@ -56,10 +56,47 @@ class AH(CascadeClose, _AH):
     def __init__(self, pd: Any, wc: Any = None, port_num: int = 1, grh: Any = None,
                  attr: Any = None) -> None:
         if wc is not None:
-            from ..errors import PyverbsRDMAError
-            import errno
-            raise PyverbsRDMAError("Failed to create AH from WC", errno.EOPNOTSUPP)
+            attr = _ah_attr_from_wc(pd, wc, port_num, grh)
         super().__init__(pd, attr=attr)
+
+
+def _ah_attr_from_wc(pd: Any, wc: Any, port_num: int, grh: Any) -> AHAttr:
+    """libibverbs' ``ibv_init_ah_from_wc`` on RoCE: the 40 bytes at ``grh`` (an address in
+    one of the PD's context's MRs, where the UD receive put them) are a GRH, or, for
+    RoCEv2 over IPv4, 20 zero bytes and the IPv4 header; the reply goes to its source
+    address, from the table entry holding its destination."""
+    import errno
+
+    from ..errors import PyverbsRDMAError
+    from ..verbs_api.mr import MR as _BaseMR
+    what = "Failed to create AH from WC"
+    ctx = pd.context
+    raw = None
+    for obj in list(getattr(ctx, "children", ())):
+        if isinstance(obj, _BaseMR) and not obj.closed and \
+                obj.buf <= int(grh) and int(grh) + 40 <= obj.buf + obj.length:
+            off = int(grh) - obj.buf
+            raw = bytes(obj.mem[off:off + 40])
+            break
+    if raw is None or not wc.wc_flags & 1:  # IBV_WC_GRH
+        raise PyverbsRDMAError(what, errno.EINVAL)
+    ip4 = raw[20:]
+    if ip4[0] >> 4 == 4:
+        sgid = bytes(10) + b"\xff\xff" + ip4[12:16]
+        dgid = bytes(10) + b"\xff\xff" + ip4[16:20]
+        tclass, flow = ip4[1], 0
+    else:
+        sgid, dgid = raw[8:24], raw[24:40]
+        tclass = (int.from_bytes(raw[0:4], "big") >> 20) & 0xFF
+        flow = int.from_bytes(raw[0:4], "big") & 0xFFFFF
+    table = ctx.device.gid_table
+    if dgid not in table:
+        raise PyverbsRDMAError(what, errno.EINVAL)
+    gr = GlobalRoute(dgid=GID(":".join(sgid.hex()[i:i + 4] for i in range(0, 32, 4))),
+                     flow_label=flow, sgid_index=table.index(dgid), hop_limit=0xFF,
+                     traffic_class=tclass)
+    return AHAttr(port_num=port_num, sl=getattr(wc, "sl", 0), is_global=1, gr=gr,
+                  dlid=getattr(wc, "slid", 0))
 
 
 def gid_str(subnet_prefix: int, interface_id: int) -> str:

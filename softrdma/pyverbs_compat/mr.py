@@ -9,10 +9,12 @@ takes the new address as an integer, as pyverbs does. ``write(data, length, offs
 
 from __future__ import annotations
 
+import errno
 import sys as _sys
 from typing import Any
 
 from ..errors import PyverbsRDMAError, PyverbsUserError
+from ..verbs_api.enums import ibv_access_flags as A
 from ..verbs_api.mr import MR as _MR, MW as _MW, MWBind as _MWBind
 from ..verbs_api.wr import MWBindInfo as _MWBindInfo
 from . import _stub
@@ -29,6 +31,19 @@ def _rewrap(e: PyverbsRDMAError, msg: str) -> PyverbsRDMAError:
 class MR(CascadeClose, _MR):
     def __init__(self, creator: Any, length: int = 0, access: int = 0, address: Any = None,
                  implicit: bool = False, **kwargs: Any) -> None:
+        from ..rdmacm.cmid import CMID
+        if isinstance(creator, CMID):
+            # pyverbs: rdma_reg_msgs / rdma_reg_write / rdma_reg_read on the id's PD, as
+            # the access flag says (anything else: EINVAL, no MR)
+            acc = {A.IBV_ACCESS_LOCAL_WRITE: A.IBV_ACCESS_LOCAL_WRITE,
+                      A.IBV_ACCESS_REMOTE_WRITE: A.IBV_ACCESS_LOCAL_WRITE |
+                      A.IBV_ACCESS_REMOTE_WRITE,
+                      A.IBV_ACCESS_REMOTE_READ: A.IBV_ACCESS_LOCAL_WRITE |
+                      A.IBV_ACCESS_REMOTE_READ}.get(access, -1)
+            if acc < 0 or creator.pd is None or address is not None:
+                raise PyverbsRDMAError(f"Failed to register a MR. length: {length}, access "
+                                       f"flags: {access}", errno.EINVAL)
+            creator, access = creator.pd, acc
         try:
             if address is not None and not implicit:
                 super().__init__(creator, length, access, address=address,

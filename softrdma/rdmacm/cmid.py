@@ -240,6 +240,13 @@ class CMID:
     (``rdma_create_ep``), ``CMID(event, listen_id=listener)`` for the id a
     CONNECT_REQUEST carries."""
 
+    @staticmethod
+    def _verbs() -> Any:
+        """Where the id's PD, MRs, QP and CQs come from (a subclass, such as
+        pyverbs_compat's, gives its own classes)."""
+        from .. import verbs_api
+        return verbs_api
+
     def __init__(self, creator: Any = None, qp_init_attr: Any = None, pd: Any = None,
                  port_space: int = RDMA_PS_TCP, listen_id: "CMID | None" = None) -> None:
         self.pd = pd
@@ -299,8 +306,7 @@ class CMID:
             if self.ctx is None:
                 self.ctx = self.id.cdev.ctx
             if self.pd is None:
-                from ..verbs_api import PD
-                self.pd = PD(self.ctx)
+                self.pd = self._verbs().PD(self.ctx)
                 self._owned.append(self.pd)
 
     def _wait(self, want: int, what: str, timeout: float = SYNC_TIMEOUT) -> CmaEvent:
@@ -376,7 +382,7 @@ class CMID:
             ev = cid.channel.get(timeout)
             if ev.event == E.RDMA_CM_EVENT_CONNECT_REQUEST:
                 break
-        to_conn = CMID()
+        to_conn = type(self)()
         to_conn.sync = True
         to_conn.id = ev.id
         to_conn.id.context = to_conn
@@ -384,8 +390,7 @@ class CMID:
         to_conn._sync_channel.adopt(to_conn.id)
         to_conn._event = ev
         to_conn.ctx = ev.id.cdev.ctx
-        from ..verbs_api import PD
-        to_conn.pd = self.pd if self.pd is not None else PD(to_conn.ctx)
+        to_conn.pd = self.pd if self.pd is not None else self._verbs().PD(to_conn.ctx)
         if self.pd is None:
             to_conn._owned.append(to_conn.pd)
         if self.qp_init_attr is not None:
@@ -442,7 +447,8 @@ class CMID:
     def create_qp(self, qp_init: Any) -> None:
         """``rdma_create_qp``: a QP on the id's PD (CQs made for it when ``qp_init`` has
         none), moved to INIT (UD: to RTS) with rdma_cm's attributes."""
-        from ..verbs_api import CQ, QP, CompChannel
+        v = self._verbs()
+        CQ, QP, CompChannel = v.CQ, v.QP, v.CompChannel
         cid = self._check()
         if cid.cdev is None:
             raise PyverbsRDMAError("Failed to Create QP: the id has no device (resolve or "
@@ -489,7 +495,7 @@ class CMID:
     # ---- memory and messages (rdma_verbs.h) -------------------------------------------
 
     def _mr(self, size: int, access: int) -> Any:
-        from ..verbs_api import MR
+        MR = self._verbs().MR
         self._check()
         if self.pd is None:
             raise PyverbsRDMAError("Failed to register MR: the CMID has no PD yet",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import os
 import random
 import socket
 import threading
@@ -339,6 +340,80 @@ class _Ports:
 PORTS = _Ports()
 
 
+# ---- loopback addresses shared by processes -----------------------------------------------
+
+class LoopbackListeners:
+    """Linux holds all of 127/8 on ``lo``, and rdma_cm binds a loopback address to
+    whichever device (``cma_bind_loopback``); every process shares that kernel. Soft devices
+    are per process, each on its own loopback address, so a listener bound to a loopback
+    address its process's device does not hold is entered here (one file per listener,
+    under ``SOFTRDMA_RDMACM_DIR``, default ``/dev/shm`` or the temp dir): an id connecting
+    to that address and port in another process finds the device address to send to.
+    Entries of dead processes are ignored and removed."""
+
+    @property
+    def dir(self) -> str:
+        import tempfile
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        return os.environ.get("SOFTRDMA_RDMACM_DIR") or \
+            os.path.join(base, f"softrdma-rdmacm-{os.getuid()}")
+
+    def _path(self, ps: int, ip: IPAddress, port: int) -> str:
+        return os.path.join(self.dir, f"{ps:x}-{ip}-{port}")
+
+    def publish(self, ps: int, ip: IPAddress, port: int, dev_ip: str) -> None:
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        path = self._path(ps, ip, port)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(f"{os.getpid()} {dev_ip}\n")
+        os.replace(tmp, path)
+
+    def withdraw(self, ps: int, ip: IPAddress, port: int) -> None:
+        path = self._path(ps, ip, port)
+        try:
+            with open(path) as f:
+                if f.read().split()[0] == str(os.getpid()):
+                    os.unlink(path)
+        except (OSError, IndexError):
+            pass
+
+    def lookup(self, ps: int, ip: IPAddress, port: int) -> IPAddress | None:
+        path = self._path(ps, ip, port)
+        try:
+            with open(path) as f:
+                pid_s, dev_ip = f.read().split()[:2]
+            pid = int(pid_s)
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            return None
+        except PermissionError:
+            pass
+        return ip_address(dev_ip)
+
+
+LOOPBACK = LoopbackListeners()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no rdma_cm state (its devices are fresh too:
+    softrdma.verbs_api.device): the parent's ids, devices and ports stay the parent's."""
+    global PORTS
+    CmaDevice._all = {}
+    CmaDevice._lock = threading.Lock()
+    PORTS = _Ports()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 # ---- finding devices ----------------------------------------------------------------------
 
 def _soft_devices() -> list[Any]:
@@ -465,6 +540,8 @@ class CmaId:
         self.state = RdmaCmState.IDLE
         self.cdev: CmaDevice | None = None
         self.src_ip: IPAddress | None = None
+        self.src_loopback = False  # src_ip: a loopback address another process may hold
+        self._published = False
         self.src_port = 0
         self.dst_ip: IPAddress | None = None
         self.dst_port = 0
@@ -544,6 +621,12 @@ class CmaId:
         try:
             if addr is not None and not addr.is_unspecified:
                 dev = device_for_ip(addr, keep)
+                if dev is None and addr.is_loopback:
+                    # all of 127/8 (and ::1) is local: the device of this process, as
+                    # Linux's cma_bind_loopback takes any device (LoopbackListeners)
+                    dev = next((d for d in _soft_devices()
+                                if ip_address(d.ip).version == addr.version), None)
+                    self.src_loopback = dev is not None
                 if dev is None:
                     raise _err(f"{what}: no RDMA device has address {addr}", errno.ENODEV)
             else:
@@ -596,9 +679,22 @@ class CmaId:
     @property
     def local_ip(self) -> IPAddress | None:
         """The address this id uses: the bound one, or its device's."""
-        if self.src_ip is not None:
+        if self.src_ip is not None and not self.src_loopback:
             return self.src_ip
         return ip_address(self.cdev.ip) if self.cdev is not None else None
+
+    def _loopback_peer(self) -> None:
+        """A loopback destination no local device holds: the device address of the
+        process listening there (LoopbackListeners), as the route's destination."""
+        dst = self.dst_ip
+        if dst is None or not dst.is_loopback or self.route is None:
+            return
+        if any(ip_address(d.ip) == dst for d in _soft_devices()):
+            return
+        peer = LOOPBACK.lookup(self.ps, dst, self.dst_port)
+        if peer is not None and peer != dst:
+            self.dst_ip = peer
+            self.route.dgid = gid_from_ip(peer)
 
     def resolve_route(self, timeout_ms: int = 2000) -> None:
         """``rdma_resolve_route``, RoCE style (``cma_resolve_iboe_route``): no SA query;
@@ -651,6 +747,9 @@ class CmaId:
                 raise _err(f"{what}: port {self.src_port}: {e}", errno.EADDRINUSE) from None
         self.backlog = backlog
         self.state = RdmaCmState.LISTEN
+        if self.src_loopback and self.cdev is not None:
+            LOOPBACK.publish(self.ps, self.src_ip, self.src_port, self.cdev.ip)
+            self._published = True
 
     def _on_request(self, ev: CmEvent, cdev: CmaDevice) -> None:
         """A REQ or SIDR_REQ for our service (device lock held): a new id in CONNECT and
@@ -662,7 +761,7 @@ class CmaId:
         except CmaError:
             return self._refuse(cdev, ev.cm_id, sidr)
         local = ip_address(cdev.ip)
-        if hdr.dst != local or (self.src_ip is not None and hdr.dst != self.src_ip) \
+        if hdr.dst != local or (self.src_ip is not None and hdr.dst != self.local_ip) \
                 or hdr.src.is_unspecified or hdr.src.is_multicast:
             return self._refuse(cdev, ev.cm_id, sidr)
         from ..verbs_api.enums import ibv_qp_type
@@ -858,6 +957,7 @@ class CmaId:
         self._require(what, RdmaCmState.ROUTE_RESOLVED)
         cdev = self.cdev
         assert cdev is not None and self.route is not None
+        self._loopback_peer()
         if self.is_ud:
             return self._connect_ud(param)
         if self.qp is None and param is None:
@@ -1112,6 +1212,9 @@ class CmaId:
         if self.destroyed:
             return
         cdev = self.cdev
+        if self._published:
+            LOOPBACK.withdraw(self.ps, self.src_ip, self.src_port)
+            self._published = False
         if self.state == RdmaCmState.LISTEN:
             sid = service_id(self.ps, self.src_port)
             for c, cm in getattr(self, "_listen_cms", ()):

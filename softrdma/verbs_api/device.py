@@ -64,6 +64,39 @@ def _ensure_default() -> None:
                                              live=mode == "thread", auto_address=not pinned)
 
 
+_made: dict[str, dict[str, Any]] = {}  # name -> how add_device made it (for forks)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child gets fresh devices, as a process gets its own verbs objects: the
+    parent's device state (its QPs, its UDP socket, its progress thread, which did not
+    survive the fork) stays the parent's. The child's copies of the parent's sockets are
+    closed; each device is made again as it was made, and goes live (on the next free
+    loopback address for the default one) when the child opens it."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    old = dict(_registry)
+    _registry.clear()
+    for name, dev in old.items():
+        udp = getattr(dev, "udp", None)
+        if udp is not None:
+            for s in [udp.sock, getattr(udp, "raw", None), getattr(udp, "_sel", None),
+                      *getattr(udp, "tx", {}).values()]:
+                try:
+                    if s is not None:
+                        s.close()
+                except OSError:
+                    pass
+        if name == DEFAULT_NAME:
+            continue  # made again on first use, as in a new process
+        how = _made.get(name)
+        if how is not None:
+            _registry[name] = SoftDevice(name, **how)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def add_device(ip: str, name: str | None = None, *, mtu: int | None = None,
                seed: int | None = None, live: bool = True) -> SoftDevice:
     """Create a soft device for ``ip`` (the GID table, port MTU and MAC come from the
@@ -89,6 +122,7 @@ def add_device(ip: str, name: str | None = None, *, mtu: int | None = None,
             raise PyverbsRDMAError(f"device {name} already exists", errno.EEXIST)
         dev = SoftDevice(name, ip, mtu=mtu, seed=seed, live=live)
         _registry[name] = dev
+        _made[name] = dict(ip=ip, mtu=mtu, seed=seed, live=live)
         return dev
 
 

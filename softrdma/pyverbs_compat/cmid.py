@@ -1,0 +1,113 @@
+"""pyverbs.cmid: CMEventChannel, CMEvent, CMID, AddrInfo, ConnParam, UDParam, JoinMCAttrEx.
+
+Backed by softrdma's rdma_cm (:mod:`softrdma.rdmacm`): each class here subclasses the one
+there, so ``isinstance`` holds both ways. What pyverbs adds over it:
+
+* the id's PD, the MRs of ``reg_msgs``/``reg_read``/``reg_write``, the QP and CQs of
+  ``create_qp`` are pyverbs_compat's (``mr.write``/``mr.read``, cascade close...), and
+  ``MR(cmid, length, access)`` registers through the id as pyverbs does
+  (``rdma_reg_msgs``/``_read``/``_write`` by the access flag);
+* ``join_multicast``/``leave_multicast`` exist with pyverbs' signatures and fail with
+  ``EOPNOTSUPP``: softrdma's rdma_cm has no multicast (docs/pyverbs.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import types
+from typing import Any
+
+from ..errors import PyverbsRDMAError, PyverbsUserError
+from ..rdmacm import cmid as _c
+from ..rdmacm.enums import RAI_PASSIVE, RDMA_PS_TCP
+from .base import PyverbsRDMAErrno  # noqa: F401
+
+__all__ = ["CMEventChannel", "CMEvent", "CMID", "AddrInfo", "ConnParam", "UDParam",
+           "JoinMCAttrEx", "PyverbsRDMAErrno"]
+
+
+class CMEventChannel(_c.CMEventChannel):
+    pass
+
+
+class CMEvent(_c.CMEvent):
+    pass
+
+
+class ConnParam(_c.ConnParam):
+    pass
+
+
+class UDParam(_c.UDParam):
+    pass
+
+
+class AddrInfo(_c.AddrInfo):
+    """pyverbs' ``AddrInfo``: a source address alone (no ``dst``, no ``RAI_PASSIVE``) is
+    accepted, as pyverbs resolves it with ``RAI_PASSIVE`` first (rdmacm_utils' multicast
+    addresses are made so)."""
+
+    def __init__(self, src: Any = None, dst: Any = None, src_service: Any = None,
+                 dst_service: Any = None, port_space: int = 0, flags: int = 0) -> None:
+        src_only = dst is None and src is not None and not flags & RAI_PASSIVE
+        super().__init__(src, dst, src_service, dst_service, port_space,
+                         flags | (RAI_PASSIVE if src_only else 0))
+        self.flags = flags
+
+
+class JoinMCAttrEx:
+    """``rdma_cm_join_mc_attr_ex``: ``addr`` (an AddrInfo), ``comp_mask``, ``join_flags``."""
+
+    def __init__(self, addr: AddrInfo, comp_mask: int = 0, join_flags: int = 0) -> None:
+        if not isinstance(addr, _c.AddrInfo):
+            raise TypeError("JoinMCAttrEx: addr must be an AddrInfo")
+        self.addr = addr
+        self.comp_mask = comp_mask
+        self.join_flags = join_flags
+
+
+def _compat_verbs() -> types.SimpleNamespace:
+    from .cq import CQ, CompChannel
+    from .mr import MR
+    from .pd import PD
+    from .qp import QP
+    return types.SimpleNamespace(PD=PD, MR=MR, QP=QP, CQ=CQ, CompChannel=CompChannel)
+
+
+class CMID(_c.CMID):
+    """pyverbs' ``CMID(creator=None, qp_init_attr=None, pd=None, port_space=RDMA_PS_TCP,
+    listen_id=None)``; creator a CMEventChannel, an AddrInfo or a CMEvent."""
+
+    @staticmethod
+    def _verbs() -> Any:
+        return _compat_verbs()
+
+    def __init__(self, creator: Any = None, qp_init_attr: Any = None, pd: Any = None,
+                 port_space: int = RDMA_PS_TCP, listen_id: Any = None) -> None:
+        super().__init__(creator, qp_init_attr, pd, port_space, listen_id)
+
+    def set_local_ece(self, ece: Any) -> None:
+        """``rdma_set_local_ece``: the ECE the REQ/REP would carry (kept; softrdma's
+        QPs have no ECE options to offer, as librxe, whose ``query_ece`` is EOPNOTSUPP)."""
+        self._check()
+        self._local_ece = ece
+
+    def get_remote_ece(self) -> Any:
+        """``rdma_get_remote_ece``: what the peer offered, none here (vendor_id 0)."""
+        from .qp import ECE
+        self._check()
+        return ECE(vendor_id=0, options=0, comp_mask=0)
+
+    def join_multicast(self, addr: AddrInfo | None = None,
+                       mc_attr: JoinMCAttrEx | None = None, context: Any = None) -> None:
+        if addr is None and mc_attr is None:
+            raise PyverbsUserError("Join to multicast must have AddrInfo or JoinMCAttrEx "
+                                   "arguments")
+        self._check()
+        raise PyverbsRDMAError("Failed to Join multicast: rdma_cm multicast is not "
+                               "supported by softrdma", errno.EOPNOTSUPP)
+
+    def leave_multicast(self, addr: AddrInfo) -> None:
+        self._check()
+        raise PyverbsRDMAError("Failed to leave multicast: rdma_cm multicast is not "
+                               "supported by softrdma", errno.EOPNOTSUPP)
