@@ -387,7 +387,7 @@ def test_bad_calls_get_errno_naming_the_problem(devices):
             b.bind_addr(AddrInfo(src=S_IP, src_service="7480", flags=RAI_PASSIVE))
         assert ei.value.error_code == errno.EADDRINUSE
         with pytest.raises(PyverbsRDMAError) as ei:
-            b.bind_addr(AddrInfo(src="127.0.8.77", flags=RAI_PASSIVE))
+            b.bind_addr(AddrInfo(src="192.0.2.77", flags=RAI_PASSIVE))  # TEST-NET-1
         assert ei.value.error_code == errno.ENODEV
         with pytest.raises(PyverbsRDMAError) as ei:
             b.connect()  # not resolved
