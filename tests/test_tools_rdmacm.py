@@ -1,0 +1,225 @@
+"""``softrdma rping``, ``cmatose`` and ``udaddy`` as real processes on loopback (each
+process its own soft device on an address of 127.0.9.0/24), plus their data formats."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from softrdma.tools.rping import ping_data
+from softrdma.tools.udaddy import ah_attr_from_wc
+
+SOFT = [sys.executable, "-m", "softrdma"]
+
+
+def _env(ip):
+    env = dict(os.environ)
+    env["SOFTRDMA_IP"] = ip
+    env.pop("SOFTRDMA_PROGRESS", None)
+    return env
+
+
+def _wait_bound(ip, timeout=20.0):
+    """Until the server's soft device holds UDP 4791 on ``ip`` (then a moment more for
+    its listen)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.bind((ip, 4791))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                time.sleep(0.5)
+                return
+            raise
+        finally:
+            s.close()
+        time.sleep(0.05)
+    raise AssertionError(f"the server never bound {ip}:4791")
+
+
+def _pair(tool, srv_ip, cli_ip, srv_args, cli_args, timeout=90):
+    """Server and client; the server's output goes to files, so a server printing a lot
+    (rping -v -S 60000) never blocks on a pipe nobody reads yet."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        srv = subprocess.Popen(SOFT + [tool, *srv_args], env=_env(srv_ip), text=True,
+                               stdout=out, stderr=err)
+        try:
+            _wait_bound(srv_ip)
+            cli = subprocess.run(SOFT + [tool, *cli_args], env=_env(cli_ip), text=True,
+                                 capture_output=True, timeout=timeout)
+            srv.wait(timeout=timeout)
+        finally:
+            srv.kill()
+            srv.wait()
+        out.seek(0)
+        err.seek(0)
+        return cli, SimpleNamespace(returncode=srv.returncode, stdout=out.read(),
+                                    stderr=err.read())
+
+
+# ---- rping ----------------------------------------------------------------------------
+
+def test_ping_data_is_rpings_pattern():
+    # rping.c: "rdma-ping-%d: ", then from `start` (65 + ping, wrapping after 122) one
+    # character more each byte, wrapping after 122 ('z') to 65 ('A'), NUL at size - 1
+    d = ping_data(0, 64)
+    assert d == b"rdma-ping-0: " + bytes(range(65, 65 + 50)) + b"\0"
+    d = ping_data(57, 30)  # start 122: 'z', then 'A'...
+    assert d == b"rdma-ping-57: " + b"zABCDEFGHIJKLMN" + b"\0"
+    assert ping_data(58, 30)[14:16] == b"AB"  # start wrapped back to 65
+    assert ping_data(3, 26) == b"rdma-ping-3: DEFGHIJKLMNO\0"
+    assert len(ping_data(9, 65535)) == 65535 and b"{" not in ping_data(9, 65535)
+
+
+@pytest.mark.parametrize("size,last", [(26, 1), (64, 2), (1000, 3), (5000, 4), (60000, 5)])
+def test_rping_client_and_server(size, last):
+    srv_ip, cli_ip = f"127.0.9.{10 + last}", f"127.0.9.{20 + last}"
+    port = str(7300 + last)
+    cli, srv = _pair("rping", srv_ip, cli_ip,
+                     ["-s", "-a", srv_ip, "-p", port, "-S", str(size), "-v"],
+                     ["-c", "-a", srv_ip, "-I", cli_ip, "-p", port, "-S", str(size), "-C",
+                      "10", "-v", "-V"])
+    assert cli.returncode == 0, cli.stderr
+    assert srv.returncode == 0, srv.stderr
+    want = [ping_data(i, size).split(b"\0")[0].decode() for i in range(10)]
+    assert cli.stdout.splitlines() == [f"ping data: {w}" for w in want]
+    assert srv.stdout.splitlines() == [f"server ping data: {w}" for w in want]
+    assert cli.stdout.splitlines()[3].startswith("ping data: rdma-ping-3: DEFG")
+    # the server sees the client's disconnect, as rping reports it
+    assert "server DISCONNECT EVENT..." in srv.stderr
+    assert "wait for RDMA_READ_ADV state 10" in srv.stderr
+
+
+def test_rping_wrong_port_is_rejected():
+    srv_ip, cli_ip = "127.0.9.31", "127.0.9.32"
+    srv = subprocess.Popen(SOFT + ["rping", "-s", "-a", srv_ip, "-p", "7311"],
+                           env=_env(srv_ip), text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    try:
+        _wait_bound(srv_ip)
+        cli = subprocess.run(SOFT + ["rping", "-c", "-a", srv_ip, "-p", "7312", "-C", "1"],
+                             env=_env(cli_ip), text=True, capture_output=True, timeout=60)
+    finally:
+        srv.kill()
+        srv.wait()
+    assert cli.returncode == 1
+    # rping: "cma event RDMA_CM_EVENT_REJECTED, error 8" (REJ reason 8: invalid service ID)
+    assert cli.stderr.strip() == "softrdma rping: cma event RDMA_CM_EVENT_REJECTED, error 8"
+    assert cli.stdout == ""
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["rping", "-c", "-a", "127.0.9.1", "-S", "25"],
+     "Invalid size 25 (valid range is 26 to 65536)"),
+    (["rping", "-s", "-S", "65536"], "Invalid size 65536 (valid range is 26 to 65536)"),
+    (["rping", "-c", "-a", "127.0.9.1", "-C", "-1"], "Invalid count -1"),
+    (["rping", "-a", "127.0.9.1"], "one of -s (server) or -c (client) is required"),
+    (["rping", "-c"], "needs the server's address"),
+    (["rping", "-s", "-c"], "not allowed with argument"),
+    (["udaddy", "-p", "2"], "port space 0x2 is not supported"),
+    (["cmatose", "-c", "0"], "-c: 0 is not positive"),
+])
+def test_usage_errors(argv, needle):
+    r = subprocess.run(SOFT + argv, text=True, capture_output=True, timeout=60,
+                       env=_env("127.0.9.250"))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_help_texts():
+    for tool, words in (("rping", ["-S size", "-C count", "validate"]),
+                        ("cmatose", ["-c connections", "7471"]),
+                        ("udaddy", ["port_space", "7174"])):
+        r = subprocess.run(SOFT + [tool, "--help"], text=True, capture_output=True, timeout=60)
+        assert r.returncode == 0
+        for w in words:
+            assert w in r.stdout, (tool, w)
+
+
+# ---- cmatose and udaddy ---------------------------------------------------------------
+
+def test_cmatose_four_connections():
+    srv_ip, cli_ip = "127.0.9.41", "127.0.9.42"
+    cli, srv = _pair("cmatose", srv_ip, cli_ip, ["-b", srv_ip, "-c", "4", "-C", "10"],
+                     ["-s", srv_ip, "-b", cli_ip, "-c", "4", "-C", "10"])
+    assert cli.returncode == 0 and srv.returncode == 0, cli.stdout + srv.stdout + srv.stderr
+    assert srv.stdout.splitlines() == [
+        "cmatose: starting server", "initiating data transfers", "completing sends",
+        "receiving data transfers", "data transfers complete", "cmatose: disconnecting",
+        "disconnected", "test complete", "return status 0"]
+    assert cli.stdout.splitlines() == [
+        "cmatose: starting client", "cmatose: connecting", "receiving data transfers",
+        "sending replies", "data transfers complete", "test complete", "return status 0"]
+
+
+def test_cmatose_rejected_on_wrong_port():
+    srv_ip, cli_ip = "127.0.9.43", "127.0.9.44"
+    srv = subprocess.Popen(SOFT + ["cmatose", "-b", srv_ip, "-p", "7481"], env=_env(srv_ip),
+                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_bound(srv_ip)
+        cli = subprocess.run(SOFT + ["cmatose", "-s", srv_ip, "-b", cli_ip, "-p", "7482"],
+                             env=_env(cli_ip), text=True, capture_output=True, timeout=60)
+    finally:
+        srv.kill()
+        srv.wait()
+    assert cli.returncode == 8
+    assert cli.stdout.splitlines() == [
+        "cmatose: starting client", "cmatose: connecting",
+        "cmatose: event: RDMA_CM_EVENT_REJECTED, error: 8", "test complete",
+        "return status 8"]
+
+
+def test_udaddy_two_connections():
+    srv_ip, cli_ip = "127.0.9.51", "127.0.9.52"
+    cli, srv = _pair("udaddy", srv_ip, cli_ip, ["-b", srv_ip, "-c", "2"],
+                     ["-s", srv_ip, "-b", cli_ip, "-c", "2"])
+    assert cli.returncode == 0 and srv.returncode == 0, cli.stdout + srv.stdout + srv.stderr
+    assert srv.stdout.splitlines() == [
+        "udaddy: starting server", "receiving data transfers", "sending replies",
+        "data transfers complete", "test complete", "return status 0"]
+    assert cli.stdout.splitlines() == [
+        "udaddy: starting client", "udaddy: connecting", "initiating data transfers",
+        "receiving data transfers", "data transfers complete", "test complete",
+        "return status 0"]
+
+
+def test_udaddy_message_larger_than_mtu():
+    srv_ip, cli_ip = "127.0.9.53", "127.0.9.54"
+    srv = subprocess.Popen(SOFT + ["udaddy", "-b", srv_ip], env=_env(srv_ip), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_bound(srv_ip)
+        cli = subprocess.run(SOFT + ["udaddy", "-s", srv_ip, "-b", cli_ip, "-S", "5000"],
+                             env=_env(cli_ip), text=True, capture_output=True, timeout=60)
+    finally:
+        srv.kill()
+        srv.wait()
+    assert cli.returncode == 255
+    assert "udaddy: message_size 5000 is larger than active mtu 4096" in cli.stdout
+    assert cli.stdout.splitlines()[-1] == "return status -1"
+
+
+def test_reply_ah_from_a_roce_v2_ipv4_grh():
+    # what softrdma (and rxe) put in a UD receive's first 40 bytes for RoCEv2 over IPv4:
+    # 20 bytes of nothing, then the packet's IPv4 header
+    ip = bytes([0x45, 0x02, 0, 100, 0, 0, 0x40, 0, 64, 17, 0, 0]) + \
+        socket.inet_aton("127.0.9.62") + socket.inet_aton("127.0.9.61")
+    grh = bytes(20) + ip
+    dev = SimpleNamespace(gid_table=[bytes(16), b"\0" * 10 + b"\xff\xff" +
+                                     socket.inet_aton("127.0.9.61")])
+    attr = ah_attr_from_wc(SimpleNamespace(slid=0, sl=0), grh, dev)
+    assert attr.is_global == 1
+    assert attr.gr.dgid.raw == b"\0" * 10 + b"\xff\xff" + socket.inet_aton("127.0.9.62")
+    assert attr.gr.sgid_index == 1 and attr.gr.hop_limit == 0xFF
+    assert attr.gr.traffic_class == 2
