@@ -223,3 +223,53 @@ def test_reply_ah_from_a_roce_v2_ipv4_grh():
     assert attr.gr.dgid.raw == b"\0" * 10 + b"\xff\xff" + socket.inet_aton("127.0.9.62")
     assert attr.gr.sgid_index == 1 and attr.gr.hop_limit == 0xFF
     assert attr.gr.traffic_class == 2
+
+
+# ---- against the real ucmatose on the wire ------------------------------------------
+
+_CM_KEYS = ("cm_msg", "cm_ps", "cm_port", "cm_responder_resources", "cm_initiator_depth",
+            "cm_retry_count", "cm_rnr_retry_count", "cm_transport_type", "cm_flow_control",
+            "cm_srq", "cm_private_data_len", "cma_user_data_used")
+
+
+def _wire_summary(pcap, client_ip):
+    import json
+    from collections import Counter
+    out = subprocess.run(SOFT + ["dissect", str(pcap), "--json"], text=True,
+                         capture_output=True, timeout=60, check=True).stdout
+    frames = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+    cm = Counter((f["src"] == client_ip,) + tuple(f.get(k) for k in _CM_KEYS)
+                 for f in frames if "cm_msg" in f)
+    data = Counter((f["src"] == client_ip, f["opcode_name"], f["payload_len"])
+                   for f in frames if f["transport"] == "RC"
+                   and f["opcode_name"] != "RC_ACKNOWLEDGE")
+    return cm, data
+
+
+def test_cmatose_on_the_wire_is_ucmatoses(tmp_path):
+    """``ucmatose -c 2 -C 5`` between two Linux rxe hosts (pcaps/linux-rxe/ucmatose.pcap)
+    and ``softrdma cmatose -c 2 -C 5`` put the same CM messages (parameters, private data
+    sizes) and the same data messages on the wire."""
+    from .conftest import PCAPS
+    pcap = tmp_path / "cmatose.pcap"
+    srv_ip, cli_ip = "127.0.9.63", "127.0.9.64"
+    env = _env(cli_ip)
+    env["SOFTRDMA_PCAP"] = str(pcap)
+    srv = subprocess.Popen(SOFT + ["cmatose", "-b", srv_ip, "-c", "2", "-C", "5"],
+                           env=_env(srv_ip), text=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        _wait_bound(srv_ip)
+        cli = subprocess.run(SOFT + ["cmatose", "-s", srv_ip, "-b", cli_ip, "-c", "2", "-C",
+                                     "5"], env=env, text=True, capture_output=True,
+                             timeout=90)
+        assert srv.wait(timeout=90) == 0
+    finally:
+        srv.kill()
+        srv.wait()
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    ours = _wire_summary(pcap, cli_ip)
+    theirs = _wire_summary(PCAPS / "ucmatose.pcap", "10.77.0.12")
+    assert ours[0] == theirs[0]
+    assert ours[1] == theirs[1]
+    assert sum(ours[1].values()) == 20  # 2 connections x 5 messages x both ways
