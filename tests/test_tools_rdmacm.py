@@ -273,3 +273,37 @@ def test_cmatose_on_the_wire_is_ucmatoses(tmp_path):
     assert ours[0] == theirs[0]
     assert ours[1] == theirs[1]
     assert sum(ours[1].values()) == 20  # 2 connections x 5 messages x both ways
+
+
+def test_rping_persistent_server_serves_client_after_client():
+    srv_ip = "127.0.9.75"
+    with tempfile.TemporaryFile("w+") as out:
+        srv = subprocess.Popen(SOFT + ["rping", "-s", "-P", "-a", srv_ip, "-v"],
+                               env=_env(srv_ip), text=True, stdout=out,
+                               stderr=subprocess.DEVNULL)
+        try:
+            _wait_bound(srv_ip)
+            # two at once (the second waits its turn), then a third
+            first = [subprocess.Popen(SOFT + ["rping", "-c", "-a", srv_ip, "-C", str(n), "-V"],
+                                      env=_env(f"127.0.9.{76 + i}"), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                     for i, n in enumerate((20, 3))]
+            rcs = [p.wait(timeout=90) for p in first]
+            third = subprocess.run(SOFT + ["rping", "-c", "-a", srv_ip, "-C", "2", "-v"],
+                                   env=_env("127.0.9.78"), text=True, capture_output=True,
+                                   timeout=90)
+            time.sleep(0.5)
+            assert srv.poll() is None  # still serving
+        finally:
+            srv.kill()
+            srv.wait()
+            for p in first:
+                p.kill()
+                p.communicate()
+        out.seek(0)
+        lines = out.read().splitlines()
+    assert rcs == [0, 0] and third.returncode == 0, third.stderr
+    assert third.stdout.splitlines() == [f"ping data: {ping_data(i, 64)[:-1].decode()}"
+                                         for i in range(2)]
+    assert len(lines) == 25 and all(ln.startswith("server ping data: rdma-ping-")
+                                    for ln in lines)

@@ -12,8 +12,9 @@ data protocol, so either side can be the unmodified rping on a Linux rxe host:
 * the ping data is ``"rdma-ping-%d: "`` followed by a rotating run of the ASCII characters
   65..122 (``A``..``z``), starting one later on each ping, NUL-terminated at ``size - 1``;
 * ``-C N`` makes the client ping N times (0 or absent: for ever), then disconnect; the
-  server serves one client until it disconnects (``-P``, rping's persistent server, is not
-  implemented).
+  server serves one client until it disconnects, or with ``-P`` (persistent) one client
+  after another for ever (rping serves them at once, a thread each; softrdma in turn, the
+  others' requests waiting meanwhile, held by the CM's MRA).
 
 Output as rping prints it: ``-v`` gives ``ping data: rdma-ping-N: ...`` on the client,
 ``server ping data: ...`` on the server; ``-V`` compares what came back with what was sent
@@ -104,8 +105,8 @@ def add_parser(sub: Any) -> None:
                    help="validate ping data")
     p.add_argument("-d", dest="debug", action="count", default=0, help="debug printfs")
     p.add_argument("-P", dest="persistent", action="store_true",
-                   help="persistent server mode allowing multiple connections (not "
-                        "implemented in softrdma)")
+                   help="persistent server mode allowing multiple connections (served one "
+                        "after the other)")
     p.set_defaults(func=run)
 
 
@@ -139,8 +140,6 @@ def run(a: argparse.Namespace) -> int:
                          f"{RPING_BUFSIZE})")
     if a.count < 0:
         raise UsageError(f"Invalid count {a.count}")
-    if a.persistent:
-        raise UsageError("-P (persistent server) is not implemented in softrdma")
     if not a.server and a.addr is None:
         raise UsageError("the client needs the server's address (-a addr)")
     addr = _get_addr(a.addr) if a.addr is not None else None
@@ -148,7 +147,9 @@ def run(a: argparse.Namespace) -> int:
     cm_device_for(addr if a.server else src)
     cb = _Rping(a, addr, src)
     try:
-        return cb.run_server() if a.server else cb.run_client()
+        if a.server:
+            return cb.run_persistent_server() if a.persistent else cb.run_server()
+        return cb.run_client()
     finally:
         cb.close()
 
@@ -169,6 +170,7 @@ class _Rping:
         self.cm_id = CMID(self.channel, port_space=RDMA_PS_TCP)
         self.child: CMID | None = None
         self.req_event: CMEvent | None = None
+        self.queued: list[CMEvent] = []  # -P: requests waiting for their turn
         self.conn_id: CMID | None = None  # the id the QP is on
         self.pd = self.comp = self.cq = self.qp = None
         self.mrs: list[Any] = []
@@ -204,6 +206,9 @@ class _Rping:
     def _cma_event(self, ev: CMEvent) -> None:
         t = ev.event_type
         parent = ev.id is self.cm_id.id
+        if not parent and t != E.RDMA_CM_EVENT_CONNECT_REQUEST and (
+                self.child is None or ev.id is not self.child.id):
+            return  # -P: a connection already served and gone
         self.dbg(f"cma_event type {event_str(t)} cma_id {ev.id!r} "
                  f"({'parent' if parent else 'child'})")
         if t == E.RDMA_CM_EVENT_ADDR_RESOLVED:
@@ -219,6 +224,7 @@ class _Rping:
             self.sem += 1
         elif t == E.RDMA_CM_EVENT_CONNECT_REQUEST:
             if self.req_event is not None:  # rping blocks on its accept_ready semaphore
+                self.queued.append(ev)
                 return
             self.state = CONNECT_REQUEST
             self.req_event = ev
@@ -436,6 +442,54 @@ class _Rping:
             self.post_info(None)
             self.dbg("server posted go ahead")
         return 0 if self.state == DISCONNECTED else -1
+
+    def run_persistent_server(self) -> int:
+        """rping -P: accept connections for ever, each served until its client
+        disconnects; a failed one is reported and the server goes on."""
+        self.cm_id.bind_addr(AddrInfo(src=self.addr, src_service=self.a.port,
+                                      flags=RAI_PASSIVE))
+        self.cm_id.listen(3)
+        while True:
+            if self.req_event is None and self.queued:
+                ev = self.queued.pop(0)
+                self.state = CONNECT_REQUEST
+                self.req_event = ev
+                self.child = CMID(ev, listen_id=self.cm_id)
+                self.sem += 1
+            self.sem_wait()
+            if self.state != CONNECT_REQUEST:
+                print(f"wait for CONNECT_REQUEST state {self.state}", file=sys.stderr)
+                return 1
+            try:
+                self.setup_qp(self.child)
+                self.child.accept(None)
+                self.sem_wait()
+                if self.state == ERROR:
+                    print(f"wait for CONNECTED state {self.state}", file=sys.stderr)
+                else:
+                    self.test_server()
+                    try:
+                        self.child.disconnect()
+                    except PyverbsRDMAError:
+                        pass
+            except (PyverbsRDMAError, ToolError) as e:
+                print(f"connect error {e}", file=sys.stderr)
+            self._end_connection()
+
+    def _end_connection(self) -> None:
+        """Free what one connection used, as rping's persistent server thread does."""
+        if self.child is not None:
+            self.child.close()
+        for obj in reversed(self.mrs):
+            obj.close()
+        for obj in (self.cq, self.comp, self.pd):
+            if obj is not None:
+                obj.close()
+        self.child = self.req_event = self.conn_id = None
+        self.pd = self.comp = self.cq = self.qp = None
+        self.mrs = []
+        self.state = IDLE
+        self.sem = 0
 
     # ---- client -------------------------------------------------------------------------
 
