@@ -307,3 +307,43 @@ def test_rping_persistent_server_serves_client_after_client():
                                          for i in range(2)]
     assert len(lines) == 25 and all(ln.startswith("server ping data: rdma-ping-")
                                     for ln in lines)
+
+
+def test_udaddy_on_the_wire(tmp_path):
+    """udaddy's data as udaddy.c sends it: SIDR to UDP:7174, then SEND with immediate of
+    -S bytes, the immediate the sender's QPN in network order, Q_Key 0x01234567; the
+    server answers to the QPN the immediate named."""
+    import json
+    pcap = tmp_path / "udaddy.pcap"
+    srv_ip, cli_ip = "127.0.9.83", "127.0.9.84"
+    env = _env(cli_ip)
+    env["SOFTRDMA_PCAP"] = str(pcap)
+    srv = subprocess.Popen(SOFT + ["udaddy", "-b", srv_ip, "-C", "3", "-S", "200"],
+                           env=_env(srv_ip), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        _wait_bound(srv_ip)
+        cli = subprocess.run(SOFT + ["udaddy", "-s", srv_ip, "-b", cli_ip, "-C", "3", "-S",
+                                     "200"], env=env, text=True, capture_output=True,
+                             timeout=90)
+        assert srv.wait(timeout=90) == 0
+    finally:
+        srv.kill()
+        srv.wait()
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    out = subprocess.run(SOFT + ["dissect", str(pcap), "--json"], text=True,
+                         capture_output=True, timeout=60, check=True).stdout
+    frames = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+    assert [f.get("cm_msg") for f in frames[:2]] == ["SIDR_REQ", "SIDR_REP"]
+    assert frames[0]["cm_ps"] == "UDP" and frames[0]["cm_port"] == 7174
+    data = [f for f in frames if f["opcode_name"] == "UD_SEND_ONLY_WITH_IMMEDIATE"]
+    sent = [f for f in data if f["src"] == cli_ip]
+    back = [f for f in data if f["src"] == srv_ip]
+    assert len(sent) == 3 and len(back) == 3
+    for f in data:
+        assert f["payload_len"] == 200
+        assert f["deth_qkey"] == 0x01234567
+    client_qpn = sent[0]["deth_src_qp"]
+    assert all(f["imm"] == client_qpn for f in sent)
+    assert all(f["qpn"] == client_qpn for f in back)  # the reply goes to the immediate
+    assert all(f["imm"] == f["deth_src_qp"] for f in back)
