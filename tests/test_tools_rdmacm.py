@@ -347,3 +347,38 @@ def test_udaddy_on_the_wire(tmp_path):
     assert all(f["imm"] == client_qpn for f in sent)
     assert all(f["qpn"] == client_qpn for f in back)  # the reply goes to the immediate
     assert all(f["imm"] == f["deth_src_qp"] for f in back)
+
+
+_CORRUPTING_CLIENT = """
+import sys
+import softrdma.tools.rping as r
+orig = r._Rping.post_info
+def post_info(self, mr):
+    if mr is not None and mr is self.rdma_mr:  # the server has READ the start buffer
+        self.start_mr.write(b"X", 1, 20)       # so what comes back differs from it
+    orig(self, mr)
+r._Rping.post_info = post_info
+from softrdma.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_rping_validate_reports_a_mismatch():
+    srv_ip, cli_ip = "127.0.9.85", "127.0.9.86"
+    with tempfile.TemporaryFile("w+") as out:
+        srv = subprocess.Popen(SOFT + ["rping", "-s", "-a", srv_ip], env=_env(srv_ip),
+                               stdout=out, stderr=subprocess.DEVNULL)
+        try:
+            _wait_bound(srv_ip)
+            base = [sys.executable, "-c", _CORRUPTING_CLIENT, "rping", "-c", "-a", srv_ip,
+                    "-C", "3"]
+            cli = subprocess.run(base + ["-V"], env=_env(cli_ip), text=True,
+                                 capture_output=True, timeout=90)
+            assert srv.wait(timeout=60) == 0
+        finally:
+            srv.kill()
+            srv.wait()
+    assert cli.returncode == 1
+    assert cli.stderr.splitlines()[0] == "data mismatch!"
+    assert "rping client failed: -1" in cli.stderr
+    assert cli.stdout == ""  # stopped at the first ping
