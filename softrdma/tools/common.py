@@ -154,10 +154,9 @@ def cm_device_for(addr: str | None) -> None:
         raise ToolError(f"{addr!r} is not an IP address") from None
     if ip.is_unspecified:
         return
-    from ..verbs_api.device import _registry, soft_devices
-    if not _registry and os.environ.get("SOFTRDMA_IP") is None:
-        os.environ["SOFTRDMA_IP"] = str(ip)
-        return
+    from ..verbs_api.device import soft_devices
+    # pins the default device there unless it exists already (then the loop below adds one)
+    os.environ.setdefault("SOFTRDMA_IP", str(ip))
     for dev in soft_devices():
         if ipaddress.ip_address(dev.ip) == ip:
             return
