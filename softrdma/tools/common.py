@@ -138,3 +138,26 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
                             f"(is it the same tool and version?)")
         buf += chunk
     return bytes(buf)
+
+
+def cm_device_for(addr: str | None) -> None:
+    """The rdma_cm tools (rping, cmatose, udaddy): make sure a soft device holds the local
+    address ``addr`` the tool binds to, before rdma_cm looks for one. The default device
+    takes it when nothing pinned it yet (as ``SOFTRDMA_IP=addr`` would), else a device
+    ``softrdma-<addr>`` is added for it. None or the wildcard: nothing to do (the default
+    device, on its usual address)."""
+    if not addr:
+        return
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        raise ToolError(f"{addr!r} is not an IP address") from None
+    if ip.is_unspecified:
+        return
+    from ..verbs_api.device import soft_devices
+    # pins the default device there unless it exists already (then the loop below adds one)
+    os.environ.setdefault("SOFTRDMA_IP", str(ip))
+    for dev in soft_devices():
+        if ipaddress.ip_address(dev.ip) == ip:
+            return
+    add_device(str(ip), name=f"softrdma-{ip}")
