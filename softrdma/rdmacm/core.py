@@ -178,6 +178,17 @@ class EventChannel:
                     moved = True
         return moved
 
+    def wait(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds until an event may be waiting (no event is
+        taken); manual devices are moved meanwhile."""
+        if self._queue:
+            return
+        manual = [d for d in self._manual if d.udp is None or d.progress_thread is None]
+        if manual:
+            self._drive(manual)
+            return
+        self._queue.wait(time.monotonic() + max(0.0, timeout))
+
     def pending(self) -> int:
         return len(self._queue)
 

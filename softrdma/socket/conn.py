@@ -1,0 +1,507 @@
+"""One connection of the socket layer, and the hub that drives many on one CQ.
+
+A :class:`Connection` is one RC QP made by rdma_cm, with a pool of receive slots for
+records, a pool of send slots, and the protocol state of docs/socket.md: credits both
+ways, messages announced and not yet read, buffers lent to the peer until its ACK. It
+does no waiting itself: its :class:`Hub` polls the CQ shared by all its connections (and
+their CM event channel) and hands each completion and event to its connection; callers
+wait on the hub. One hub is one progress path, whatever the number of connections (the
+seed spent a thread per connection; its author wished for this).
+
+Everything runs on the thread that calls in (the live device moves packets on its own);
+the hub's lock makes a hub safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import PyverbsRDMAError
+from ..rdmacm import CMEvent, CMEventChannel, CMID, ConnParam
+from ..rdmacm import enums as ce
+from ..verbs_api import CQ, MR, PD, QPCap, QPInitAttr, SGE, CompChannel, RecvWR, SendWR
+from ..verbs_api.enums import (
+    ibv_access_flags as A, ibv_qp_type, ibv_send_flags as F, ibv_wc_status as WS, ibv_wr_opcode as O,
+)
+from .record import (
+    FEATURE_INLINE, MORE, RECORD_SIZE, Hello, ProtocolError, Record, RecordType as RT,
+)
+
+__all__ = ["Hub", "Connection", "Options", "Message"]
+
+E = ce.rdma_cm_event_type
+_RECV, _SEND, _READ = 1, 2, 3
+_KIND_SHIFT = 56
+
+
+@dataclass
+class Options:
+    """Per-connection settings (each side tells the other its slots and inline limit)."""
+
+    slots: int = 64  # receive slots posted for the peer's records: its credits
+    inline_max: int = 4096  # messages up to this size travel inside the record's SEND
+    mem_limit: int = 64 << 20  # bytes received and not yet read before credits stop
+    max_message: int = 1 << 30  # the largest NORMAL message this side will READ
+    ack_timeout: int = 16  # QP ACK timeout (4.096 us x 2^16 = 268 ms): with 7 retries a
+    retry: int = 7  #         vanished peer is noticed within ~2.2 s
+    keepalive: float = 1.0  # seconds of silence before a probe (a dead peer shows up)
+
+
+@dataclass
+class Message:
+    """A received message (the message queue adds who sent it)."""
+
+    data: bytes | bytearray
+    more: bool = False
+    seq: int = 0
+    conn: "Connection | None" = None
+
+
+class _Rx:
+    """A received record on its way to the application, in arrival order."""
+
+    __slots__ = ("rec", "data", "mr", "reading")
+
+    def __init__(self, rec: Record, data: bytes | bytearray | None) -> None:
+        self.rec = rec
+        self.data = data
+        self.mr: Any = None
+        self.reading = False
+
+
+class Hub:
+    """One CQ (with its completion channel) and one CM event channel for any number of
+    connections on one device. ``progress()`` handles what is there; ``wait()`` blocks
+    until something may be."""
+
+    def __init__(self, ctx: Any, channel: CMEventChannel | None,
+                 cq_depth: int = 16384) -> None:
+        self.ctx = ctx
+        self.channel = channel
+        self.pd = PD(ctx)
+        self.comp = CompChannel(ctx)
+        self.cq = CQ(ctx, cq_depth, None, self.comp)
+        self.cq.req_notify()
+        self.conns: dict[int, Connection] = {}  # by QPN: completions
+        self.by_id: dict[int, Connection] = {}  # by rdma_cm id: CM events
+        self.lock = threading.RLock()
+        self.on_cm_event: Callable[[CMEvent], None] | None = None  # listeners' hook
+        self.closed = False
+
+    def add(self, conn: "Connection") -> None:
+        self.conns[conn.qpn] = conn
+        self.by_id[id(conn.cmid.id)] = conn
+
+    def remove(self, conn: "Connection") -> None:
+        self.conns.pop(conn.qpn, None)
+        self.by_id.pop(id(conn.cmid.id), None)
+
+    def progress(self) -> int:
+        """Handle every completion and CM event waiting; return how many."""
+        n = 0
+        with self.lock:
+            if self.closed:
+                return 0
+            while True:
+                got, wcs = self.cq.poll(32)
+                if not got:
+                    break
+                n += got
+                for wc in wcs:
+                    conn = self.conns.get(wc.qp_num)
+                    if conn is not None:
+                        conn.on_wc(wc)
+            while self.channel is not None and self.channel.channel.pending():
+                ev = CMEvent(self.channel, 0)
+                n += 1
+                self._on_cm(ev)
+            for conn in list(self.conns.values()):
+                conn.pump()
+        return n
+
+    def dispatch_cm(self, ev: CMEvent) -> bool:
+        """Give a CM event to the connection of this hub it is about (False: none)."""
+        owner = self.by_id.get(id(ev.id))
+        if owner is None:
+            return False
+        owner.on_cm(ev)
+        return True
+
+    def _on_cm(self, ev: CMEvent) -> None:
+        owner = self.by_id.get(id(ev.id))
+        if ev.event_type == E.RDMA_CM_EVENT_CONNECT_REQUEST or owner is None:
+            if self.on_cm_event is not None:
+                self.on_cm_event(ev)
+            return
+        owner.on_cm(ev)
+
+    def wait(self, deadline: float | None) -> None:
+        """Block until a completion or CM event may be waiting, or ``deadline``
+        (time.monotonic) passes; at most 0.25 s, so keepalives and timeouts run."""
+        with self.lock:
+            self.cq.req_notify()
+            got, wcs = self.cq.poll(32)
+            if got:  # raced: handle them now
+                for wc in wcs:
+                    conn = self.conns.get(wc.qp_num)
+                    if conn is not None:
+                        conn.on_wc(wc)
+                return
+        left = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+        fds = [self.comp.fd] + ([self.channel.fd] if self.channel is not None else [])
+        r, _, _ = select.select(fds, [], [], left)
+        if self.comp.fd in r:
+            with self.lock:
+                try:
+                    self.comp.get_cq_event(self.cq, timeout=0)
+                    self.cq.ack_events(1)
+                except PyverbsRDMAError:
+                    pass
+
+    def fileno(self) -> int:
+        return self.comp.fd
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            for conn in list(self.conns.values()):
+                conn.release()
+            for obj in (self.cq, self.comp, self.pd):
+                try:
+                    obj.close()
+                except Exception:
+                    pass
+
+
+class Connection:
+    """The protocol state of one connected endpoint (docs/socket.md, "The protocol")."""
+
+    def __init__(self, hub: Hub, cmid: CMID, opts: Options) -> None:
+        self.hub = hub
+        self.cmid = cmid
+        self.opts = opts
+        self.peer: Hello | None = None
+        self.slot = RECORD_SIZE + opts.inline_max
+        pd = hub.pd
+        # receive slots for the peer's records; send slots for ours (credits bound how many
+        # can be in flight, so as many as the peer may announce is enough)
+        self.recv_mr = MR(pd, opts.slots * self.slot, A.IBV_ACCESS_LOCAL_WRITE)
+        self.send_slots = max(opts.slots, 16) + 8
+        self.send_mr = MR(pd, self.send_slots * self.slot, A.IBV_ACCESS_LOCAL_WRITE)
+        self.free_send = deque(range(self.send_slots))
+        attr = QPInitAttr(qp_type=ibv_qp_type.IBV_QPT_RC, scq=hub.cq, rcq=hub.cq,
+                          cap=QPCap(max_send_wr=self.send_slots + opts.slots + 8,
+                                    max_recv_wr=opts.slots, max_send_sge=1, max_recv_sge=1),
+                          sq_sig_all=1)
+        cmid.pd = pd  # the QP and the hub's MRs must share a PD
+        cmid.create_qp(attr)
+        self.qp = cmid.qp
+        self.qpn = self.qp.qp_num
+        for i in range(opts.slots):
+            self._post_recv(i)
+        hub.add(self)
+        # protocol state
+        self.credits = 0  # records we may still send (set from the peer's hello)
+        self.unreturned = 0  # slots reposted and not yet returned to the peer
+        self.granted = opts.slots  # credits the peer has had from us, in total
+        self.received = 0  # records received from the peer, in total
+        self.tx_seq = 0
+        self.rx_seq = 0
+        self.txq: deque[tuple[Record, bytes | None, Any]] = deque()
+        self.unacked: dict[int, Any] = {}  # seq -> MR lent to the peer for its READ
+        self.rxq: deque[_Rx] = deque()
+        self.held = 0  # bytes received (or being read) and not yet taken
+        self.reads = 0
+        self.established = False
+        self.peer_closed = False  # CLOSE received
+        self.local_closed = False  # CLOSE sent
+        self.disconnected = False  # the CM said DISCONNECTED
+        self.error: BaseException | None = None
+        self._acks_due: deque[int] = deque()  # messages read whose ACK awaits a credit
+        self.last_heard = time.monotonic()
+        self.released = False
+        self.paused = False  # set by a message queue over its memory limit
+        self.on_message: Callable[[Connection], None] | None = None
+
+    # ---- setup ----------------------------------------------------------------------
+
+    def hello(self) -> Hello:
+        return Hello(self.opts.slots, self.opts.inline_max)
+
+    def conn_param(self) -> ConnParam:
+        data = self.hello().pack()
+        cp = ConnParam(resources=ce.RDMA_MAX_RESP_RES, depth=ce.RDMA_MAX_INIT_DEPTH,
+                       retry=self.opts.retry, rnr_retry=7, data_len=len(data))
+        cp.set_private_data(data)
+        return cp
+
+    def set_peer(self, private_data: bytes) -> None:
+        self.peer = Hello.unpack(private_data)
+        self.credits = self.peer.slots
+
+    # ---- posting --------------------------------------------------------------------
+
+    def _post_recv(self, i: int) -> None:
+        self.qp.post_recv(RecvWR((_RECV << _KIND_SHIFT) | i, 1,
+                                 [SGE(self.recv_mr.buf + i * self.slot, self.slot,
+                                      self.recv_mr.lkey)]))
+
+    def _send_record(self, rec: Record, payload: bytes | None = None) -> None:
+        i = self.free_send.popleft()
+        give = min(self.unreturned, 0xFFFF)
+        rec.credit = give
+        self.unreturned -= give
+        self.granted += give
+        off = i * self.slot
+        buf = bytearray(rec.pack())
+        if payload:
+            buf += payload
+        self.send_mr.write(bytes(buf), len(buf), off)
+        self.qp.post_send(SendWR((_SEND << _KIND_SHIFT) | i, O.IBV_WR_SEND, 1,
+                                 sg=[SGE(self.send_mr.buf + off, len(buf),
+                                         self.send_mr.lkey)],
+                                 send_flags=F.IBV_SEND_SIGNALED))
+        self.credits -= 1
+
+    def _can_send(self, control: bool) -> bool:
+        # a record other than a pure credit return leaves the last credit for one, so
+        # the two sides can never both be unable to return credits (docs/socket.md)
+        return bool(self.free_send) and self.credits >= (1 if control else 2)
+
+    # ---- the application's side -----------------------------------------------------
+
+    def check_usable(self, sending: bool) -> None:
+        if self.error is not None:
+            raise ConnectionResetError(errno.ECONNRESET, f"connection broken: {self.error}")
+        if sending and (self.peer_closed or self.local_closed or self.disconnected):
+            raise BrokenPipeError(errno.EPIPE, "the connection is closed")
+
+    def queue_message(self, data: bytes | bytearray | memoryview, more: bool) -> None:
+        """Queue one message (a frame when ``more``); it leaves as credits allow."""
+        n = len(data)
+        if n <= (self.peer.inline_max if self.peer and self.peer.features & FEATURE_INLINE
+                 else -1):
+            rec = Record(RT.INLINE, MORE if more else 0, 0, 0, n)
+            self.txq.append((rec, bytes(data), None))
+        else:
+            if n > 0xFFFFFFFF:
+                raise ValueError("a message is at most 4 GiB - 1")
+            mr = MR(self.hub.pd, n, A.IBV_ACCESS_LOCAL_WRITE | A.IBV_ACCESS_REMOTE_READ,
+                    buffer=bytearray(data))
+            rec = Record(RT.NORMAL, MORE if more else 0, 0, 0, n, mr.rkey, mr.buf)
+            self.txq.append((rec, None, mr))
+        self.pump()
+
+    def tx_backlog(self) -> int:
+        return len(self.txq)
+
+    def take(self) -> Message | None:
+        """The next message if it is complete, else None."""
+        if self.rxq and self.rxq[0].data is not None:
+            rx = self.rxq.popleft()
+            self.held -= len(rx.data)
+            self.pump()  # memory freed: reads and credits may go on
+            return Message(rx.data, bool(rx.rec.flags & MORE), rx.rec.seq, self)
+        return None
+
+    def has_message(self) -> bool:
+        return bool(self.rxq) and self.rxq[0].data is not None
+
+    def at_eof(self) -> bool:
+        """The peer closed and everything it sent has been taken."""
+        return (self.peer_closed or self.disconnected) and not self.rxq
+
+    # ---- the engine -----------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Move what can move: READs of announced messages (within the memory limit),
+        queued sends (within credits), credit returns."""
+        if self.error is not None or self.released or self.peer is None:
+            return
+        try:
+            self._flush_acks()
+            self._start_reads()
+            while self.txq and not self.local_closed and self._can_send(False):
+                rec, payload, mr = self.txq.popleft()
+                rec.seq = self.tx_seq
+                self.tx_seq = (self.tx_seq + 1) & 0xFFFFFFFF
+                if mr is not None:
+                    self.unacked[rec.seq] = mr
+                self._send_record(rec, payload)
+            self._return_credits()
+        except PyverbsRDMAError as e:
+            self.fail(e)
+
+    def _start_reads(self) -> None:
+        for rx in self.rxq:
+            if rx.data is not None or rx.reading:
+                continue
+            n = rx.rec.length
+            if self.paused or self.held > 0 and self.held + n > self.opts.mem_limit:
+                return  # back-pressure: read later, credits wait too
+            mr = MR(self.hub.pd, n, A.IBV_ACCESS_LOCAL_WRITE)
+            rx.mr, rx.reading = mr, True
+            self.held += n
+            self.reads += 1
+            wr = SendWR((_READ << _KIND_SHIFT) | (rx.rec.seq & 0xFFFFFFFF), O.IBV_WR_RDMA_READ,
+                        1, sg=[SGE(mr.buf, n, mr.lkey)], send_flags=F.IBV_SEND_SIGNALED)
+            wr.set_wr_rdma(rx.rec.rkey, rx.rec.addr)
+            self.qp.post_send(wr)
+
+    def _return_credits(self) -> None:
+        if self.unreturned <= 0 or self.local_closed and self.peer_closed:
+            return
+        if self.paused or self.held > self.opts.mem_limit:
+            return  # withhold: the peer stops until the application reads
+        peer_credits = self.granted - self.received
+        if peer_credits <= self.opts.slots // 2 and self._can_send(True):
+            self._send_record(Record(RT.CREDIT))
+
+    def send_control(self, rec: Record) -> bool:
+        if self._can_send(True):
+            self._send_record(rec)
+            return True
+        return False
+
+    def on_wc(self, wc: Any) -> None:
+        kind, idx = wc.wr_id >> _KIND_SHIFT, wc.wr_id & ((1 << _KIND_SHIFT) - 1)
+        if wc.status != WS.IBV_WC_SUCCESS:
+            if not (self.released or (self.disconnected and
+                                      wc.status == WS.IBV_WC_WR_FLUSH_ERR)):
+                self.fail(ConnectionResetError(
+                    errno.ECONNRESET, f"work completion {WS(wc.status).name}"))
+            if kind == _SEND:
+                self.free_send.append(idx)
+            return
+        self.last_heard = time.monotonic()
+        try:
+            if kind == _RECV:
+                self._on_record(idx, wc.byte_len)
+            elif kind == _SEND:
+                self.free_send.append(idx)
+            elif kind == _READ:
+                self._on_read_done(idx)
+        except ProtocolError as e:
+            self.fail(e)
+
+    def _on_record(self, i: int, nbytes: int) -> None:
+        off = i * self.slot
+        raw = self.recv_mr.read(nbytes, off)
+        rec = Record.unpack(raw)
+        self.received += 1
+        self.credits += rec.credit
+        t = rec.type
+        if t in (RT.NORMAL, RT.INLINE):
+            if self.peer_closed:
+                raise ProtocolError("a message after CLOSE")
+            if rec.seq != self.rx_seq:
+                raise ProtocolError(f"message {rec.seq} where {self.rx_seq} was due")
+            self.rx_seq = (self.rx_seq + 1) & 0xFFFFFFFF
+            if t == RT.INLINE:
+                if rec.length > self.opts.inline_max or rec.length != nbytes - RECORD_SIZE:
+                    raise ProtocolError(f"INLINE of {rec.length} bytes in a "
+                                        f"{nbytes}-byte SEND")
+                data = raw[RECORD_SIZE:]
+                self.rxq.append(_Rx(rec, data))
+                self.held += len(data)
+            else:
+                if rec.length > self.opts.max_message:
+                    raise ProtocolError(f"a {rec.length}-byte message exceeds the "
+                                        f"{self.opts.max_message}-byte limit")
+                self.rxq.append(_Rx(rec, None))
+        elif t == RT.ACK:
+            mr = self.unacked.pop(rec.seq, None)
+            if mr is None:
+                raise ProtocolError(f"ACK of message {rec.seq}, which is not out")
+            mr.close()
+        elif t == RT.CLOSE:
+            self.peer_closed = True
+        self._post_recv(i)
+        self.unreturned += 1
+        if self.on_message is not None and self.has_message():
+            self.on_message(self)
+
+    def _on_read_done(self, seq: int) -> None:
+        rx = next((r for r in self.rxq if r.reading and r.rec.seq == seq), None)
+        if rx is None:
+            return
+        rx.data = rx.mr.read(rx.rec.length, 0)
+        rx.mr.close()
+        rx.mr, rx.reading = None, False
+        self.reads -= 1
+        # the buffer can go back to its owner: ACK (queued if no credit just now)
+        self._acks_due.append(seq)
+        self._flush_acks()
+        if self.on_message is not None and self.has_message():
+            self.on_message(self)
+
+    def _flush_acks(self) -> None:
+        due = self._acks_due
+        while due and self.send_control(Record(RT.ACK, seq=due[0])):
+            due.popleft()
+
+    def on_cm(self, ev: CMEvent) -> None:
+        t = ev.event_type
+        if t == E.RDMA_CM_EVENT_ESTABLISHED:
+            self.established = True
+        elif t == E.RDMA_CM_EVENT_DISCONNECTED:
+            self.disconnected = True
+            if not self.peer_closed and not self.local_closed and self.error is None:
+                self.fail(ConnectionResetError(errno.ECONNRESET,
+                                               "the peer disconnected without closing"))
+        elif t in (E.RDMA_CM_EVENT_REJECTED, E.RDMA_CM_EVENT_UNREACHABLE,
+                   E.RDMA_CM_EVENT_CONNECT_ERROR):
+            self.fail(ConnectionRefusedError(errno.ECONNREFUSED, f"{ev.event_str()} "
+                                             f"(status {ev.status})"))
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+
+    def tick(self) -> None:
+        """Periodic duties: ACKs waiting for credit, and a probe after silence (RC's own
+        retransmission then notices a peer that vanished)."""
+        if self.error is not None or not self.established or self.released:
+            return
+        self._flush_acks()
+        if time.monotonic() - self.last_heard > self.opts.keepalive and \
+                not self.local_closed and self.send_control(Record(RT.CREDIT)):
+            self.last_heard = time.monotonic()
+
+    def idle_tx(self) -> bool:
+        """Nothing of ours is still owed: all sent, all lent buffers acknowledged."""
+        return not self.txq and not self.unacked and \
+            len(self.free_send) == self.send_slots
+
+    # ---- the end --------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Free the QP, MRs and the rdma_cm id (idempotent)."""
+        if self.released:
+            return
+        self.released = True
+        self.hub.remove(self)
+        for mr in list(self.unacked.values()) + [r.mr for r in self.rxq if r.mr]:
+            try:
+                mr.close()
+            except Exception:
+                pass
+        self.unacked.clear()
+        self.rxq.clear()
+        try:
+            self.cmid.close()
+        except Exception:
+            pass
+        for mr in (self.recv_mr, self.send_mr):
+            try:
+                mr.close()
+            except Exception:
+                pass
