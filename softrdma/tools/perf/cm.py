@@ -35,8 +35,8 @@ disconnects every test QP's id and waits for DISCONNECTED; the server destroys i
 
 softrdma's server listens for the test's connections as soon as the control connection is
 accepted (perftest listens only after the first zero handshake, which a quick client can
-beat: its REQ then meets a REJ); and the client retries a connection refused or left
-unanswered for 5 s, as the TCP client does.
+beat: its REQ then meets a REJ); and the client retries a connection refused, or not
+established within 1.5 s, for 5 s, as the TCP client retries its connection.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ DEST_SIZE = struct.calcsize(DEST_FMT)  # 56
 SYNC_SPEC_ID = 5  # perftest's wr_id of the control messages
 RETRY_COUNT = 7  # DEF_RETRY_COUNT
 CONNECT_TRIES_S = 5.0
+ANSWER_S = 1.5  # what a connection attempt waits for ESTABLISHED before the next one
 
 _ERRORS = {E.RDMA_CM_EVENT_ADDR_ERROR, E.RDMA_CM_EVENT_ROUTE_ERROR,
            E.RDMA_CM_EVENT_CONNECT_ERROR, E.RDMA_CM_EVENT_UNREACHABLE,
@@ -216,9 +217,12 @@ class CmLink:
                 else:
                     make_qp(cid)
                 cid.connect(param)
-                left = max(0.5, deadline - time.monotonic())
+                # a REQ that meets no CM at all (the server not started yet) gets no
+                # answer, and the CM would send it again only after 6 s: a new one sooner
+                left = deadline - time.monotonic()
                 self._expect(ch, cid, E.RDMA_CM_EVENT_ESTABLISHED,
-                             f"rdma_connect to {self.peer} port {self.port}", timeout=left + 2,
+                             f"rdma_connect to {self.peer} port {self.port}",
+                             timeout=ANSWER_S if left > ANSWER_S else max(left, 0.5) + 2,
                              hint=" (is the server running, with -R, on this port?)")
                 return cid
             except ToolError:
