@@ -96,6 +96,13 @@ CM_CASES = [
      8192, 100),
     ("read_bw", "ib_read_bw -R -n 100 -s 8192 -F", "softrdma perf read -R -n 100 -s 8192",
      8192, 100),
+    ("atomic_fetch_add", "ib_atomic_bw -R -n 50 -F", "softrdma perf atomic -R -n 50", 8, 50),
+    ("send_lat_inline", "ib_send_lat -R -n 50 -s 64 -I 64 -F",
+     "softrdma perf send --lat -R -n 50 -s 64 -I 64", 64, 50),
+    ("write_lat", "ib_write_lat -R -n 50 -s 64 -F", "softrdma perf write --lat -R -n 50 -s 64",
+     64, 50),
+    ("read_lat", "ib_read_lat -R -n 50 -s 64 -F", "softrdma perf read --lat -R -n 50 -s 64",
+     64, 50),
 ]
 
 
