@@ -587,3 +587,56 @@ def test_rdma_cm_client_against_a_tcp_server_is_one_line():
     assert "rdma_connect" in err and "with -R" in err and "Traceback" not in err
     assert "\n" not in err
     assert took < 20
+
+
+def test_rdma_cm_wire_sequence_of_read_bw(tmp_path):
+    """What a -R ib_read_bw client puts on the wire (the client's capture): the control
+    connection's REQ (responder resources and initiator depth 0, retry and RNR retry 7,
+    service ID TCP/port), the exchange as SENDs of each record's size (version 16, page
+    size 4, cache line 4, MTU 2, a 56-byte zero record), the test QP's REQ (out_reads
+    both ways), then the 56-byte records, the five 8-byte reports and the closing record;
+    at the end the client disconnects the test QP."""
+    from softrdma.cm.messages import parse_cm
+    from softrdma.wire.frames import decode_frame
+    from softrdma.wire.packet import parse
+    from softrdma.wire.pcap import read_pcap
+    srv_ip, cli_ip, port = next(_cm_ips), next(_cm_ips), next(_ports)
+    args = ["perf", "read", "-R", "-n", "20", "-s", "4096", "-p", str(port)]
+    srv = subprocess.Popen(SOFT + args + ["--addr", srv_ip], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        # {name}: the capture of this device only (rdma_cm may open the default device too)
+        env = dict(__import__("os").environ, SOFTRDMA_PCAP=str(tmp_path / "{name}.pcap"))
+        cli = subprocess.run(SOFT + args + ["--addr", cli_ip, srv_ip], capture_output=True,
+                             text=True, timeout=60, env=env)
+        srv.communicate(timeout=30)
+    finally:
+        srv.kill()
+    assert cli.returncode == 0 and srv.returncode == 0, cli.stdout + cli.stderr
+    seq = []
+    for r in read_pcap(tmp_path / f"softrdma-{cli_ip}.pcap"):
+        f = decode_frame(r.data, r.linktype)
+        p = parse(f.payload)
+        if str(f.src) != cli_ip:
+            continue
+        if p.dest_qp == 1:
+            seq.append(parse_cm(bytes(p.payload)))
+        elif p.opcode == 4:  # RC SEND_ONLY: the control connection's records
+            seq.append(len(p.payload))
+    # the REQs that got connected (each followed by our RTU); an attempt made before the
+    # server was up goes unanswered and is given up with a REJ, then made again
+    seq = [x for i, x in enumerate(seq) if isinstance(x, int) or x.name != "REQ" or
+           next((y.name for y in seq[i + 1:] if not isinstance(y, int)), "") == "RTU"]
+    cm = [m for m in seq if not isinstance(m, int) and m.name != "REJ"]
+    assert [m.name for m in cm][:4] == ["REQ", "RTU", "REQ", "RTU"], [m.name for m in cm]
+    ctl, data = cm[0], cm[2]
+    assert ctl.service_id == data.service_id == (0x0106 << 16) | port
+    assert (ctl.responder_resources, ctl.initiator_depth) == (0, 0)
+    assert data.responder_resources == data.initiator_depth > 0
+    for m in (ctl, data):
+        assert (m.retry_count, m.rnr_retry_count) == (7, 7)
+    assert {"DREQ", "DREP"} & {m.name for m in cm[4:]}
+    sizes = [x if isinstance(x, int) else x.name for x in seq
+             if isinstance(x, int) or x.name == "REQ"]
+    assert sizes == ["REQ", 16, 4, 4, 2, 56, "REQ", 56, 56, 56, 56, 56,
+                     8, 8, 8, 8, 8, 56], sizes
