@@ -51,8 +51,9 @@ def _addr_line(side: str, rdma: bool, read: bool) -> re.Pattern[str]:
 
 # -- two softrdma processes --------------------------------------------------------------------
 
-def _pair(verb: str, args: list[str], sargs: tuple = (), cargs: tuple = ()):
-    srv_ip, cli_ip, port = next(_ips), next(_ips), str(next(_ports))
+def _pair(verb: str, args: list[str], sargs: tuple = (), cargs: tuple = (), ips=None):
+    ips = ips or _ips
+    srv_ip, cli_ip, port = next(ips), next(ips), str(next(_ports))
     srv = subprocess.Popen(SOFT + ["perf", verb, *args, *sargs, "--addr", srv_ip, "-p", port],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -493,7 +494,7 @@ def test_perf_client_against_a_server_speaking_another_format():
     assert "does not speak perftest's exchange" in err and "Traceback" not in err
 
 
-def test_old_perftest_and_rdma_cm_are_refused():
+def test_old_perftest_is_refused():
     ip, port = next(_ips), next(_ports)
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -508,6 +509,134 @@ def test_old_perftest_and_rdma_cm_are_refused():
     conn.close()
     ls.close()
     assert cli.returncode == 1 and "not compatible with versions older than 5.70" in err
-    r = subprocess.run(SOFT + ["perf", "write", "-R", "--addr", next(_ips)], capture_output=True,
-                       text=True, timeout=30)
-    assert r.returncode == 1 and "rdma_cm" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- -R: rdma_cm (softrdma.tools.perf.cm) -----------------------------------------------------
+
+_cm_ips = (f"127.0.10.{i}" for i in itertools.count(1))
+
+
+def test_rdma_cm_key_record_is_perftests_56_byte_struct():
+    from softrdma.tools.perf.cm import DEST_SIZE, decode_dest, encode_dest
+    d = Dest(lid=0, out_reads=16, qpn=0x123456, psn=0xABCDEF, rkey=0xDEADBEEF,
+             vaddr=0x7F0012345000, gid=bytes(10) + b"\xff\xff" + bytes([10, 77, 0, 1]), srqn=0)
+    raw = encode_dest(d, gid_index=1)
+    assert DEST_SIZE == len(raw) == 56
+    # lid, out_reads, qpn, psn, rkey as big-endian 32-bit, 4 bytes of padding, vaddr
+    # big-endian 64-bit, the GID, srqn, gid_index (rdma_write_keys with HAVE_ENDIAN)
+    assert raw[:20] == bytes.fromhex("00000000" "00000010" "00123456" "00abcdef" "deadbeef")
+    assert raw[24:32] == bytes.fromhex("00007f0012345000")
+    assert raw[32:48] == d.gid and raw[48:56] == bytes.fromhex("00000000" "00000001")
+    assert decode_dest(raw) == d
+
+
+@pytest.mark.parametrize("verb,extra", [
+    ("send", []), ("write", []), ("read", []), ("write", ["-q", "2", "-s", "3000"]),
+])
+def test_rdma_cm_bw_between_two_processes(verb, extra):
+    cli, srv, (cli_ip, srv_ip) = _pair(verb, ["-R", "-n", "200", "--check", *extra],
+                                       ips=_cm_ips)
+    nq = 2 if "-q" in extra else 1
+    for out in (cli, srv):
+        lines = out.splitlines()
+        assert " rdma_cm QPs\t : ON" in lines and " Data ex. method : rdma_cm" in lines
+        loc = _addr_line("local", verb in ("write", "read"), verb == "read")
+        rem = _addr_line("remote", verb in ("write", "read"), verb == "read")
+        assert sum(bool(loc.match(ln)) for ln in lines) == nq
+        assert sum(bool(rem.match(ln)) for ln in lines) == nq
+        reps = _report_lines(out, REPORT_RE)
+        assert len(reps) == 1, out
+        assert int(reps[0][1]) == (3000 if "-s" in extra else 65536)
+        assert int(reps[0][2]) == 200 * nq and float(reps[0][4]) > 0
+    assert " Waiting for client rdma_cm QP to connect" in srv.splitlines()
+    # the QPNs each side printed for the other are the ones rdma_cm connected
+    qpns = lambda out, side: re.findall(rf"^ {side} address: LID 0000 QPN (0x[0-9a-f]+)", out,
+                                        re.M)
+    assert qpns(cli, "local") == qpns(srv, "remote") and qpns(srv, "local") == qpns(cli, "remote")
+    checker = cli if verb == "read" else srv
+    assert " Data check      : OK" in checker, checker
+    if verb in ("write", "read"):
+        assert _report_lines(cli, REPORT_RE)[0].groups() == _report_lines(srv, REPORT_RE)[0].groups()
+
+
+def test_rdma_cm_write_lat_between_two_processes():
+    cli, srv, _ = _pair("write", ["-R", "-n", "50", "--lat", "--check"], ips=_cm_ips)
+    for out in (cli, srv):
+        m = _report_lines(out, LAT_RE)
+        assert len(m) == 1 and int(m[0][2]) == 50, out
+        assert " Data ex. method : rdma_cm" in out and " Data check      : OK" in out
+
+
+def test_rdma_cm_client_against_a_tcp_server_is_one_line():
+    """-R on one side only: nobody accepts the connection (no listener: a REJ, or no answer
+    at all); the client tries for 5 s and says so in one line."""
+    srv_ip, cli_ip, port = next(_cm_ips), next(_cm_ips), str(next(_ports))
+    srv = subprocess.Popen(SOFT + ["perf", "write", "--addr", srv_ip, "-p", port],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        cli = subprocess.run(SOFT + ["perf", "write", "-R", "--addr", cli_ip, "-p", port, srv_ip],
+                             capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        srv.kill()
+        srv.communicate()
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    err = cli.stderr.strip()
+    assert "rdma_connect" in err and "with -R" in err and "Traceback" not in err
+    assert "\n" not in err
+    assert took < 20
+
+
+def test_rdma_cm_wire_sequence_of_read_bw(tmp_path):
+    """What a -R ib_read_bw client puts on the wire (the client's capture): the control
+    connection's REQ (responder resources and initiator depth 0, retry and RNR retry 7,
+    service ID TCP/port), the exchange as SENDs of each record's size (version 16, page
+    size 4, cache line 4, MTU 2, a 56-byte zero record), the test QP's REQ (out_reads
+    both ways), then the 56-byte records, the five 8-byte reports and the closing record;
+    at the end the client disconnects the test QP."""
+    from softrdma.cm.messages import parse_cm
+    from softrdma.wire.frames import decode_frame
+    from softrdma.wire.packet import parse
+    from softrdma.wire.pcap import read_pcap
+    srv_ip, cli_ip, port = next(_cm_ips), next(_cm_ips), next(_ports)
+    args = ["perf", "read", "-R", "-n", "20", "-s", "4096", "-p", str(port)]
+    srv = subprocess.Popen(SOFT + args + ["--addr", srv_ip], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        # {name}: the capture of this device only (rdma_cm may open the default device too)
+        env = dict(__import__("os").environ, SOFTRDMA_PCAP=str(tmp_path / "{name}.pcap"))
+        cli = subprocess.run(SOFT + args + ["--addr", cli_ip, srv_ip], capture_output=True,
+                             text=True, timeout=60, env=env)
+        srv.communicate(timeout=30)
+    finally:
+        srv.kill()
+    assert cli.returncode == 0 and srv.returncode == 0, cli.stdout + cli.stderr
+    seq = []
+    for r in read_pcap(tmp_path / f"softrdma-{cli_ip}.pcap"):
+        f = decode_frame(r.data, r.linktype)
+        p = parse(f.payload)
+        if str(f.src) != cli_ip:
+            continue
+        if p.dest_qp == 1:
+            seq.append(parse_cm(bytes(p.payload)))
+        elif p.opcode == 4:  # RC SEND_ONLY: the control connection's records
+            seq.append(len(p.payload))
+    # the REQs that got connected (each followed by our RTU); an attempt made before the
+    # server was up goes unanswered and is given up with a REJ, then made again
+    seq = [x for i, x in enumerate(seq) if isinstance(x, int) or x.name != "REQ" or
+           next((y.name for y in seq[i + 1:] if not isinstance(y, int)), "") == "RTU"]
+    cm = [m for m in seq if not isinstance(m, int) and m.name != "REJ"]
+    assert [m.name for m in cm][:4] == ["REQ", "RTU", "REQ", "RTU"], [m.name for m in cm]
+    ctl, data = cm[0], cm[2]
+    assert ctl.service_id == data.service_id == (0x0106 << 16) | port
+    assert (ctl.responder_resources, ctl.initiator_depth) == (0, 0)
+    assert data.responder_resources == data.initiator_depth > 0
+    for m in (ctl, data):
+        assert (m.retry_count, m.rnr_retry_count) == (7, 7)
+    assert {"DREQ", "DREP"} & {m.name for m in cm[4:]}
+    sizes = [x if isinstance(x, int) else x.name for x in seq
+             if isinstance(x, int) or x.name == "REQ"]
+    assert sizes == ["REQ", 16, 4, 4, 2, 56, "REQ", 56, 56, 56, 56, 56,
+                     8, 8, 8, 8, 8, 56], sizes

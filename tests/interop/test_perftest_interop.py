@@ -85,3 +85,31 @@ def test_perftest_with_loss(scenario, name, rxe, soft, size, iters, role):
     soft_res, rxe_res = run_case(scenario, rxe, soft, role == "softrdma-server",
                                  env={"SOFTRDMA_TX_LOSS": "0.05"})
     check(soft_res, rxe_res, size, iters, name, role == "softrdma-server")
+
+
+# -R: the exchange over an rdma_cm connection and the test's QPs connected by rdma_cm
+# (no GID index: rdma_cm picks the GID from the IP address)
+CM_CASES = [
+    ("send_bw", "ib_send_bw -R -n 100 -s 3000 -F", "softrdma perf send -R -n 100 -s 3000",
+     3000, 100),
+    ("write_bw", "ib_write_bw -R -n 100 -s 8192 -F", "softrdma perf write -R -n 100 -s 8192",
+     8192, 100),
+    ("read_bw", "ib_read_bw -R -n 100 -s 8192 -F", "softrdma perf read -R -n 100 -s 8192",
+     8192, 100),
+    ("atomic_fetch_add", "ib_atomic_bw -R -n 50 -F", "softrdma perf atomic -R -n 50", 8, 50),
+    ("send_lat_inline", "ib_send_lat -R -n 50 -s 64 -I 64 -F",
+     "softrdma perf send --lat -R -n 50 -s 64 -I 64", 64, 50),
+    ("write_lat", "ib_write_lat -R -n 50 -s 64 -F", "softrdma perf write --lat -R -n 50 -s 64",
+     64, 50),
+    ("read_lat", "ib_read_lat -R -n 50 -s 64 -F", "softrdma perf read --lat -R -n 50 -s 64",
+     64, 50),
+]
+
+
+@pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
+@pytest.mark.parametrize("name,rxe,soft,size,iters", CM_CASES, ids=[c[0] for c in CM_CASES])
+def test_perftest_rdma_cm(scenario, name, rxe, soft, size, iters, role):
+    soft_res, rxe_res = run_case(scenario, rxe, soft, role == "softrdma-server")
+    check(soft_res, rxe_res, size, iters, name, role == "softrdma-server")
+    for out in (soft_res[1], rxe_res[1]):
+        assert "rdma_cm QPs\t : ON" in out and "Data ex. method : rdma_cm" in out, out

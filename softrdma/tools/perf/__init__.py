@@ -11,14 +11,15 @@ Differences from perftest, all deliberate:
 - ``-x`` (GID index) defaults to 1, the IPv4/IPv6 address of the soft device (perftest
   picks one itself on RoCE); the local address is ``--addr`` (perftest's ``-a`` is "all
   sizes" and keeps that meaning here), or ``-d softrdma-<IP>``.
-- ``-R`` (rdma_cm) is refused: softrdma has no RDMA CM yet.
+- ``-R`` (rdma_cm, :mod:`.cm`): as perftest, the exchange runs over an rdma_cm connection and
+  the QPs are connected by rdma_cm; the client retries a refused connection for 5 s.
 - ``-q`` (several QPs) is for the BW tests, as in perftest; ``-D`` too.
 - ``-F`` is accepted and ignored (there is no CPU frequency to check).
 - The client retries the TCP connection for 5 s (perftest tries once), so both sides can be
   started together.
 
 The package follows perftest's split: :mod:`.parameters` (options, defaults, their checks),
-:mod:`.communication` (the out-of-band exchange on TCP), :mod:`.resources` (the verbs
+:mod:`.communication` (the out-of-band exchange on TCP), :mod:`.cm` (``-R``), :mod:`.resources` (the verbs
 objects of a test and waiting on the device), :mod:`.loops` (the test loops),
 :mod:`.report` (the result tables), :mod:`.check` (``--check``) and :mod:`.main` (each
 test's order of handshakes, loops and reports).

@@ -8,6 +8,7 @@ import argparse
 from ...verbs_api import SGE, RecvWR
 from ..common import open_device, resolve, tcp_connect, tcp_listen
 from . import check, loops, report
+from .cm import CmLink
 from .communication import BwReport, Dest, PerftestComm
 from .parameters import check_device, force_dependencies, set_mtu
 from .report import RESULT_LINE
@@ -24,6 +25,13 @@ def run(a: argparse.Namespace) -> int:
     perf: Perf | None = None
     try:
         check_device(a, dev)
+        if a.rdma_cm:
+            perf = Perf(a, dev, server)
+            run_rdma_cm(a, perf, server, peer)
+            if a.counters:
+                for k, v in dev.counters.as_dict().items():
+                    print(f"{k}: {v}")
+            return 0
         if server:
             print("\n************************************\n* Waiting for client to connect... *\n"
                   "************************************", flush=True)
@@ -52,7 +60,25 @@ def run(a: argparse.Namespace) -> int:
         dev.detach()
 
 
-def run_test(a: argparse.Namespace, perf: Perf, comm: PerftestComm, server: bool) -> None:
+def run_rdma_cm(a: argparse.Namespace, perf: Perf, server: bool, peer: str | None) -> None:
+    """-R: the exchange on an rdma_cm connection, the test's QPs connected by rdma_cm."""
+    link = CmLink(perf, server, peer, a.port)
+    perf.link = link
+    try:
+        if server:
+            print("\n************************************\n* Waiting for client to connect... *\n"
+                  "************************************", flush=True)
+            comm = link.control_accept()
+        else:
+            comm = link.control_connect()
+        perf.comm = comm
+        run_test(a, perf, comm, server, link)
+    finally:
+        link.close()
+
+
+def run_test(a: argparse.Namespace, perf: Perf, comm: PerftestComm, server: bool,
+             link: CmLink | None = None) -> None:
     comm.exchange_versions()
     cycle_buffer, cache_line = comm.check_sys_data(page_size(), cache_line_size())
     curr_mtu = comm.check_mtu(set_mtu(perf.dev, a.mtu))
@@ -61,7 +87,11 @@ def run_test(a: argparse.Namespace, perf: Perf, comm: PerftestComm, server: bool
         mx = perf.dev.limits.max_qp_rd_atom
         out_reads = mx if not a.outs or a.outs <= 0 or a.outs > mx else a.outs
     buff = max(a.size, cycle_buffer)
-    my = perf.setup(a.size, buff, cycle_buffer, cache_line, curr_mtu, out_reads)
+    my = perf.setup(a.size, buff, cycle_buffer, cache_line, curr_mtu, out_reads,
+                    make_qps=link is None)
+    if link is not None:
+        link.connect_data(comm)  # create_rdma_cm_connection
+        my = perf.make_dests()
     report.print_test_info(perf)
     if a.duration and not server:
         print(" WARNING: BW peak won't be measured in this run.")
@@ -81,7 +111,10 @@ def keys_connect_print(perf: Perf, comm: PerftestComm, my: list[Dest], single_be
     if single_before:
         comm.hand_shake(my[0])  # "shaking hands and gather the other side info" (lat tests)
     rem = [comm.hand_shake(d) for d in my]
-    perf.connect(rem)
+    if perf.a.rdma_cm:
+        perf.rem = rem  # rdma_cm connected the QPs; no ctx_connect, no GID type check
+    else:
+        perf.connect(rem)
     if single_after_connect:
         comm.hand_shake(my[0])  # send_bw's handshake after ctx_connect
     for d in my:

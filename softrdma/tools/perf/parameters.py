@@ -99,7 +99,8 @@ def add_arguments(sub: Any) -> argparse.ArgumentParser:
                    help="service level (0)")
     p.add_argument("-N", "--noPeak", action="store_true", help="BW tests: no peak BW")
     p.add_argument("--report_gbits", action="store_true", help="BW in Gb/s, not MB/s")
-    p.add_argument("-R", "--rdma_cm", action="store_true", help="rdma_cm: not supported yet")
+    p.add_argument("-R", "--rdma_cm", action="store_true", help="connect the QPs with rdma_cm and exchange over rdma_cm "
+                        "(perftest -R; both sides)")
     p.add_argument("--check", action="store_true",
                    help="verify the data (softrdma on both sides, both with --check)")
     p.add_argument("--counters", action="store_true", help="print the device's counters")
@@ -128,9 +129,6 @@ def set_mtu(dev: Any, user_mtu: int) -> int:
 
 def force_dependencies(a: argparse.Namespace) -> None:
     """init_perftest_params and force_dependecies."""
-    if a.rdma_cm:
-        raise ToolError("-R (rdma_cm) is not supported yet: softrdma has no RDMA CM; run both "
-                        "sides without -R (the Ethernet exchange)")
     if a.lat and (a.qp != 1):
         raise ToolError("-q is for the BW tests (latency tests use one QP)")
     if a.lat and a.duration:

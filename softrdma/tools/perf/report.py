@@ -79,7 +79,14 @@ def print_test_info(perf: Perf) -> None:
         lines.append(f" Outstand reads  : {perf.out_reads}")
     else:
         lines.append(f" Max inline data : {a.inline_size}[B]")
-    lines += [" rdma_cm QPs\t : OFF", " Data ex. method : Ethernet", RESULT_LINE]
+    if a.rdma_cm:
+        lines += [" rdma_cm QPs\t : ON", " Data ex. method : rdma_cm"]
+        if perf.server:
+            lines += [RESULT_LINE.rstrip("\n"), " Waiting for client rdma_cm QP to connect",
+                      " Please run the same command with the IB/RoCE interface IP"]
+    else:
+        lines += [" rdma_cm QPs\t : OFF", " Data ex. method : Ethernet"]
+    lines.append(RESULT_LINE)
     print("\n".join(lines))
 
 

@@ -73,6 +73,7 @@ class Perf:
         self.verb = a.verb
         self.lat = a.lat
         self.tcp: Any = None
+        self.link: Any = None  # -R: the CmLink
         self.comm: PerftestComm | None = None
         self.watch_tcp = True
         self.eof_ok = a.lat and a.verb == "write"  # write_lat.c ends without a handshake
@@ -131,13 +132,18 @@ class Perf:
             if data == b"":
                 self.peer_gone = time.monotonic()  # write_lat: the peer may finish first
             self.watch_tcp = False  # the peer is ahead of us (its next handshake): fine
+        if self.link is not None and self.link.peer_disconnected():
+            if not self.eof_ok:
+                raise ToolError("the peer disconnected during the test")
+            if not self.peer_gone:
+                self.peer_gone = time.monotonic()
         if self.peer_gone and time.monotonic() - self.peer_gone > 5:
             raise ToolError("the peer closed the connection and the test did not complete")
         self.service()
 
     # -- setup -----------------------------------------------------------------------------------
     def setup(self, size: int, buff: int, cycle_buffer: int, cache_line: int, curr_mtu: int,
-              out_reads: int) -> list[Dest]:
+              out_reads: int, make_qps: bool = True) -> list[Dest]:
         a = self.a
         self.size = size
         self.buff = buff
@@ -166,24 +172,33 @@ class Perf:
                 mem[(nq + i) * buff:(nq + i + 1) * buff] = remote_fill
         self.scq = CQ(self.ctx, max(a.tx_depth * nq, 1) + 16, None, None, 0)
         self.rcq = CQ(self.ctx, max(a.rx_depth * nq, 1) + 16, None, None, 0)
+        self.gid = self.ctx.query_gid(a.ib_port, a.gid_index).raw
+        if not make_qps:  # -R: rdma_cm makes them (CmLink.connect_data), then make_dests
+            return []
+        qp_access = int(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE |
+                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
+        for i in range(nq):
+            qp = QP(self.pd, self.qp_init_attr())
+            qp.to_init(QPAttr(pkey_index=0, port_num=a.ib_port, qp_access_flags=qp_access))
+            self.qps.append(qp)
+        return self.make_dests()
+
+    def qp_init_attr(self) -> QPInitAttr:
+        a = self.a
         cap = QPCap(max_send_wr=max(a.tx_depth, 1), max_recv_wr=max(a.rx_depth, 1),
                     max_send_sge=1, max_recv_sge=1,
                     max_inline_data=max(0, min(a.inline_size, self.dev.limits.max_inline_data)))
-        qp_access = int(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE |
-                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
-        gid = self.ctx.query_gid(a.ib_port, a.gid_index).raw
-        self.gid = gid
-        dests = []
-        for i in range(nq):
-            qp = QP(self.pd, QPInitAttr(qp_type=IBV_QPT_RC, scq=self.scq, rcq=self.rcq,
-                                        cap=QPCap(**cap.__dict__), sq_sig_all=0))
-            qp.to_init(QPAttr(pkey_index=0, port_num=a.ib_port, qp_access_flags=qp_access))
-            self.qps.append(qp)
-            dests.append(Dest(lid=0, out_reads=out_reads, qpn=qp.qp_num,
-                              psn=self.rng.getrandbits(24), rkey=self.mr.rkey,
-                              vaddr=self.mr.buf + (nq + i) * buff, gid=gid, srqn=0))
-        self.my = dests
-        return dests
+        return QPInitAttr(qp_type=IBV_QPT_RC, scq=self.scq, rcq=self.rcq, cap=cap, sq_sig_all=0)
+
+    def make_dests(self) -> list[Dest]:
+        """set_up_connection: each QP's record (its PSN is random; with -R it is only
+        printed, rdma_cm chose the real ones)."""
+        nq = len(self.qps)
+        self.my = [Dest(lid=0, out_reads=self.out_reads, qpn=qp.qp_num,
+                        psn=self.rng.getrandbits(24), rkey=self.mr.rkey,
+                        vaddr=self.mr.buf + (nq + i) * self.buff, gid=self.gid, srqn=0)
+                   for i, qp in enumerate(self.qps)]
+        return self.my
 
     def connect(self, rem: list[Dest]) -> None:
         a = self.a
