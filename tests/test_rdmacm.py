@@ -514,3 +514,25 @@ def test_lost_rtu_is_recovered_by_the_rep_retransmission(devices):
         dev.transmit = real
     finally:
         p.close()
+
+
+def test_a_reject_from_the_same_device_reaches_the_connecting_id(devices):
+    """Loopback on one device: the REJ comes back while connect() is still running (the
+    device answers its own REQ at once); the REJECTED event must not be lost."""
+    lid = CMID(AddrInfo(src=S_IP, src_service="7484", flags=RAI_PASSIVE))
+    lid.listen()
+    ch = CMEventChannel()
+    c = CMID(ch)
+    try:
+        c.resolve_addr(AddrInfo(dst=S_IP, dst_service="7485"))
+        expect(ch, E.RDMA_CM_EVENT_ADDR_RESOLVED)
+        c.resolve_route()
+        expect(ch, E.RDMA_CM_EVENT_ROUTE_RESOLVED)
+        assert c.dev_name == "rcm-s"  # the listener's own device
+        c.create_qp(rc_attr())
+        c.connect(ConnParam())
+        assert expect(ch, E.RDMA_CM_EVENT_REJECTED).status == 8
+    finally:
+        c.close()
+        lid.close()
+        ch.close()

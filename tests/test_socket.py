@@ -25,7 +25,7 @@ from .conftest import ROOT
 PROGS = ROOT / "tests" / "programs"
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 #: how long a vanished peer may take to show: a keepalive after this much silence, then
-#: RC's (retry + 1) transmissions, 4.096 us x 2^ack_timeout apart
+#: RC's (retry + 1) transmissions, 4.096 us x 2^ack_timeout apart (~2.9 s)
 OPTS = Options()
 RESET_BOUND = OPTS.keepalive + (OPTS.retry + 1) * 4.096e-6 * (1 << OPTS.ack_timeout)
 
@@ -69,9 +69,12 @@ def test_echo_across_processes_from_0_bytes_to_16_mib(dev):
         d = dev("127.0.12.2", "sock-cli")
         rnd = random.Random(7)
         sizes = [0, 1, 31, 32, 4095, 4096, 4097, 65536, 1 << 20, 16 << 20]
-        with rsock.create_connection(("127.0.12.1", 9000), timeout=60) as s:
-            s.bind  # noqa: B018 (a connected socket keeps the socket API)
+        with rsock.socket() as s:
+            s.settimeout(60)
+            s.bind(("127.0.12.2", 0))  # this process's device
+            s.connect(("127.0.12.1", 9000))
             assert s.getpeername() == ("127.0.12.1", 9000)
+            assert s.getsockname()[0] == "127.0.12.2"
             for size in sizes:
                 data = rnd.randbytes(size)
                 assert s.send(data) == size
@@ -136,7 +139,10 @@ def test_a_server_that_vanishes_resets_the_client_within_the_bound(dev):
     try:
         wait_ready(srv)
         d = dev("127.0.12.32", "sock-cli2")
-        s = rsock.create_connection(("127.0.12.31", 9200), timeout=30)
+        s = rsock.socket()
+        s.settimeout(30)
+        s.bind(("127.0.12.32", 0))
+        s.connect(("127.0.12.31", 9200))
         for i in range(3):
             s.send(b"x" * 100)
             assert s.recv() == b"x" * 100
@@ -184,9 +190,16 @@ def test_errors_a_user_can_rely_on(dev):
     with rsock.create_server(("127.0.12.51", 9400)) as srv:
         with pytest.raises(ConnectionRefusedError):
             rsock.create_connection(("127.0.12.51", 9401), timeout=10)  # nobody there
-        c = rsock.create_connection(("127.0.12.51", 9400), timeout=10)
+        # rdma_cm needs the server's accept() to answer, unlike TCP's backlog: the
+        # client connects from a thread
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault(
+            "c", rsock.create_connection(("127.0.12.51", 9400), timeout=10)))
+        t.start()
         srv.settimeout(10)
         s, peer = srv.accept()
+        t.join(10)
+        c = box["c"]
         assert peer[0] == "127.0.12.51"
         s.settimeout(0.2)
         with pytest.raises(TimeoutError):

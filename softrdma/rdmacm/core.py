@@ -292,8 +292,11 @@ class CmaDevice:
             listener._on_request(ev, self)
             return
         owner = ev.cm_id.context
-        if isinstance(owner, CmaId) and owner.cm is ev.cm_id:
-            owner._on_cm(ev)
+        if isinstance(owner, CmaId):
+            if owner.cm is None:  # the answer came before connect() returned (loopback)
+                owner.cm = ev.cm_id
+            if owner.cm is ev.cm_id:
+                owner._on_cm(ev)
 
     def _sidr_answer(self, cm_id: CmId, status: int) -> None:
         self.service.sidr_reply(cm_id, status=int(status))

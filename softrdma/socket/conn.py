@@ -48,8 +48,10 @@ class Options:
     inline_max: int = 4096  # messages up to this size travel inside the record's SEND
     mem_limit: int = 64 << 20  # bytes received and not yet read before credits stop
     max_message: int = 1 << 30  # the largest NORMAL message this side will READ
-    ack_timeout: int = 16  # QP ACK timeout (4.096 us x 2^16 = 268 ms): with 7 retries a
-    retry: int = 7  #         vanished peer is noticed within ~2.2 s
+    # a vanished peer is noticed after (retry + 1) ACK timeouts: 7 x 268 ms here. Not
+    # 7 retries: rxe (and softrdma with it) treats a retry count of 7 as "for ever"
+    ack_timeout: int = 16  # QP ACK timeout: 4.096 us x 2^16 = 268 ms
+    retry: int = 6
     keepalive: float = 1.0  # seconds of silence before a probe (a dead peer shows up)
 
 

@@ -102,6 +102,8 @@ class Receiver:
         child = CMID(ev, listen_id=self.listener)
         hub = self._hub(child)
         try:
+            child.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT,
+                             self.options.ack_timeout)
             conn = Connection(hub, child, self.options)
             conn.set_peer(ev.private_data)
             child.accept(conn.conn_param())

@@ -32,8 +32,9 @@ from .conn import Connection, Hub, Message, Options
 __all__ = ["socket", "create_connection", "create_server", "CLOSE_TIMEOUT"]
 
 E = ce.rdma_cm_event_type
-#: how long ``close()`` waits for the peer to acknowledge what was sent
-CLOSE_TIMEOUT = 10.0
+#: how long ``close()`` waits for a live peer to take what was sent (SO_LINGER's role);
+#: a peer that vanished is noticed sooner (docs/socket.md, "Failures")
+CLOSE_TIMEOUT = 60.0
 _UNSET: Any = object()
 
 
@@ -182,6 +183,9 @@ class socket:
         channel.channel.adopt(child.id)
         hub = self._hub_for(child, channel)
         try:
+            # the passive QP's ACK timeout is the REQ's (19: 2 s) unless set, as on Linux
+            child.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT,
+                             self.options.ack_timeout)
             conn = Connection(hub, child, self.options)
             conn.set_peer(ev.private_data)
             child.accept(conn.conn_param())
