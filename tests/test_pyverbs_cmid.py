@@ -33,7 +33,7 @@ def test_without_softrdma_netdev_the_device_has_no_net_interface_as_rxe():
 
 def test_netdev_lookups_answer_only_for_soft_devices():
     from softrdma.verbs_api import add_device, remove_device
-    dev = add_device("127.0.0.9", name="softrdma-nd-test", live=False)
+    add_device("127.0.0.9", name="softrdma-nd-test", live=False)
     _netdev.install()
     try:
         base = "/sys/class/infiniband/softrdma-nd-test/device/net/"

@@ -117,11 +117,25 @@ def test_a_live_device_sends_a_mad_to_itself(live_pair):
     assert all(s.src_ip == s.dst_ip == "127.0.43.1" and s.sport == 55410 for _, s in got)
 
 
-def test_a_live_device_without_a_handler_counts_and_drops(live_pair):
+def test_a_live_device_without_a_handler_counts_and_answers_as_linux_cm(live_pair):
+    """No consumer of the CM on b: its REQ is counted and, as Linux's ib_cm (which runs on
+    every port) does with no listener, answered with REJ 8 echoing the TID; a (no
+    consumer either) counts that REJ and answers nothing."""
     a, b = live_pair
-    a.send_mad(req_mad(), b.ip)
-    assert wait(lambda: b.counters.drops)
+    req = req_mad()
+    a.send_mad(req, b.ip)
+    assert wait(lambda: a.counters.drops)
     assert b.counters.drops == {"gsi_no_handler": 1} and b.counters.gsi_mads_rcvd == 0
+    assert b.counters.gsi_mads_sent == 1 and a.counters.drops == {"gsi_no_handler": 1}
+    got = Collect()
+    a.set_mad_handler(got)
+    a.send_mad(req, b.ip)
+    assert wait(lambda: got)
+    rej = parse_cm(got[0][0])
+    sent = parse_cm(req)
+    assert (rej.name, rej.reason, rej.tid, rej.remote_comm_id) == (
+        "REJ", 8, sent.tid, sent.local_comm_id)
+    a.set_mad_handler(None)
 
 
 # ------------------------------------------------------------------ the capture
@@ -280,16 +294,20 @@ def test_every_gsi_drop_reason_is_exercised():
         Drop.GSI_NO_HANDLER} == {d for d in Drop if d.value.startswith("gsi_")}
 
 
-def test_a_cm_mad_without_a_handler_is_counted_and_dropped():
+def test_a_cm_mad_without_a_handler_is_counted_and_answered():
+    """No handler: the MAD is counted as such and the REQ answered (REJ 8) as Linux's CM
+    does; this manual device has no transport, so the answer is counted there."""
     dev = SoftDevice("m", DST)
     deliver(dev, build_qp1(req_mad()))
-    assert dev.counters.drops == {"gsi_no_handler": 1} and dev.counters.gsi_mads_rcvd == 0
+    assert dev.counters.drops == {"gsi_no_handler": 1, "no_transport": 1}
+    assert dev.counters.gsi_mads_rcvd == 0 and dev.counters.gsi_mads_sent == 1
     got = Collect()
     dev.set_mad_handler(got)
     deliver(dev, build_qp1(req_mad()))
     dev.set_mad_handler(None)
     deliver(dev, build_qp1(req_mad()))
-    assert len(got) == 1 and dev.counters.drops == {"gsi_no_handler": 2}
+    assert len(got) == 1 and dev.counters.drops["gsi_no_handler"] == 2
+    assert dev.counters.gsi_mads_sent == 2
 
 
 def test_qpn_0_and_the_reserved_qpns_are_still_dropped():

@@ -51,7 +51,7 @@ def test_loopback_listeners_publish_lookup_withdraw(tmp_path, monkeypatch):
     path.write_text(f"{dead} 127.0.0.9\n")
     assert lo.lookup(RDMA_PS_TCP, a, 7471) is None and not path.exists()
     # another process's entry is not ours to withdraw
-    path.write_text(f"1 127.0.0.9\n")
+    path.write_text("1 127.0.0.9\n")
     lo.withdraw(RDMA_PS_TCP, a, 7471)
     assert path.exists()
 

@@ -64,7 +64,7 @@ from .messages import (
 __all__ = [
     "CmState", "CmEventType", "CmEvent", "CmId", "CmAgent", "CmTransmit", "CmEventSink",
     "CmStateError", "USER_CALLS", "ON_RECEIVE", "ON_SEND_ERROR", "cm_convert_to_ms",
-    "cm_ack_timeout", "MRA_FLAG_DELAY", "DEFAULT_SIDR_TIMEOUT_MS",
+    "cm_ack_timeout", "MRA_FLAG_DELAY", "reply_without_consumer", "DEFAULT_SIDR_TIMEOUT_MS",
 ]
 
 #: rdma_cm's defaults (drivers/infiniband/core/cma.c): CMA_CM_RESPONSE_TIMEOUT,
@@ -913,6 +913,31 @@ class CmAgent:
         self._move(cm_id, nxt, now)
         self._emit(CmEvent(CmEventType.SIDR_REP_RECEIVED, cm_id, msg, msg.private_data,
                            status=msg.status))
+
+
+def reply_without_consumer(mad: bytes | bytearray | memoryview) -> bytes | None:
+    """What Linux's CM answers when a MAD finds no consumer on the port (the CM runs on
+    every port, whether or not anyone listens): a REQ gets REJ 8 (invalid service ID,
+    ``cm_issue_rej``), a SIDR_REQ a SIDR_REP with status 1 (unsupported), a DREQ a DREP
+    (``cm_issue_drep``), each echoing the TID; anything else no answer (None)."""
+    try:
+        msg = parse_cm(mad)
+    except MadError:
+        return None
+    raw = msg.pack()
+    their_local = int.from_bytes(raw[24:28], "big")
+    their_remote = int.from_bytes(raw[28:32], "big")
+    if msg.name == "REQ":
+        return build_cm(REJ, tid=msg.tid, local_comm_id=their_remote,
+                        remote_comm_id=their_local, message_rejected=MsgResponse.REQ,
+                        reason=RejectReason.INVALID_SERVICE_ID)
+    if msg.name == "SIDR_REQ":
+        return build_cm(SIDR_REP, tid=msg.tid, request_id=msg.request_id,
+                        status=SidrStatus.UNSUPPORTED, service_id=msg.service_id)
+    if msg.name == "DREQ":
+        return build_cm(DREP, tid=msg.tid, local_comm_id=their_remote,
+                        remote_comm_id=their_local)
+    return None
 
 
 def _name_of(mad: bytes) -> str:

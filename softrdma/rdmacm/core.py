@@ -445,10 +445,19 @@ def _open_default_ip(keep: list[CmaDevice]) -> None:
 
 
 def device_for_ip(ip: IPAddress, keep: list[CmaDevice]) -> Any | None:
-    """The soft device whose address is ``ip`` (IPv4-mapped IPv6 counts as IPv4)."""
-    _open_default_ip(keep)
+    """The soft device whose address is ``ip`` (IPv4-mapped IPv6 counts as IPv4). The
+    default device, whose loopback address is only settled when it goes live, is opened
+    for the comparison only when ``ip`` is a loopback address no other device holds (so
+    a lookup never starts it, and its capture file, for nothing)."""
     if isinstance(ip, IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
+    for dev in _soft_devices():
+        if ip_address(dev.ip) == ip and not (getattr(dev, "auto_address", False)
+                                            and dev.udp is None):
+            return dev
+    if not ip.is_loopback:
+        return None
+    _open_default_ip(keep)
     for dev in _soft_devices():
         if ip_address(dev.ip) == ip:
             return dev

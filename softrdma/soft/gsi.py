@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 from ..cm.mad import MadHeader, cm_mad_drop_reason
 from ..cm.qp1 import GSI_QKEY, QP1_PKEY, QP1_QPN, QP1_UDP_SPORT, build_qp1, qp1_drop_reason
+from ..cm.state import reply_without_consumer
 from ..counters import Drop
 from ..wire.headers import PSN_MASK
 from ..wire.packet import RocePacket
@@ -118,7 +119,16 @@ class GsiEndpoint:
             return
         handler = self.handler
         if handler is None:
+            # nobody uses the CM here, but Linux's CM runs on every port: a REQ still
+            # gets REJ 8, a SIDR_REQ status 1, a DREQ its DREP (so a peer learns at once)
             c.drop(Drop.GSI_NO_HANDLER)
+            reply = reply_without_consumer(mad)
+            if reply is not None:
+                self._dispatching = True  # no loopback delivery from inside the receive
+                try:
+                    self.send(reply, dst_ip=src_ip, dst_qpn=pkt.src_qp)
+                finally:
+                    self._dispatching = False
             return
         c.gsi_mads_rcvd += 1
         source = MadSource(str(ipaddress.ip_address(src_ip)), pkt.src_qp,
