@@ -450,7 +450,7 @@ class Responder:
                                     qp=qp) if n else b""
             except AccessError:
                 # the MR or window went away while the read was in progress
-                self._error(None, "rkey", True, psn=res.cur_psn)
+                self._error(None, RespErr.RKEY_VIOLATION, True, psn=res.cur_psn)
                 self.goto_error = False
                 qp.to_error()
                 return

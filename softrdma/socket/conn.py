@@ -30,12 +30,17 @@ from ..verbs_api.enums import (
     ibv_access_flags as A, ibv_qp_type, ibv_send_flags as F, ibv_wc_status as WS, ibv_wr_opcode as O,
 )
 from .record import (
-    FEATURE_INLINE, MORE, RECORD_SIZE, Hello, ProtocolError, Record, RecordType as RT,
+    CTRL_SLOTS, FEATURE_INLINE, MORE, RECORD_SIZE, Hello, ProtocolError, Record,
+    RecordType as RT,
 )
 
 __all__ = ["Hub", "Connection", "Options", "Message"]
 
 E = ce.rdma_cm_event_type
+#: a buffer the peer has read stays registered this long (device seconds) before it is
+#: freed: a duplicated READ request the network delivers late then still finds its MR
+#: (rxe would otherwise answer it with a remote access error and break the connection)
+RETIRE_HOLD = 0.5
 _RECV, _SEND, _READ = 1, 2, 3
 _KIND_SHIFT = 56
 
@@ -195,30 +200,35 @@ class Connection:
         pd = hub.pd
         # receive slots for the peer's records; send slots for ours (credits bound how many
         # can be in flight, so as many as the peer may announce is enough)
-        self.recv_mr = MR(pd, opts.slots * self.slot, A.IBV_ACCESS_LOCAL_WRITE)
+        self.nrecv = opts.slots + CTRL_SLOTS
+        self.recv_mr = MR(pd, self.nrecv * self.slot, A.IBV_ACCESS_LOCAL_WRITE)
         self.send_slots = max(opts.slots, 16) + 8
         self.send_mr = MR(pd, self.send_slots * self.slot, A.IBV_ACCESS_LOCAL_WRITE)
         self.free_send = deque(range(self.send_slots))
         attr = QPInitAttr(qp_type=ibv_qp_type.IBV_QPT_RC, scq=hub.cq, rcq=hub.cq,
                           cap=QPCap(max_send_wr=self.send_slots + opts.slots + 8,
-                                    max_recv_wr=opts.slots, max_send_sge=1, max_recv_sge=1),
+                                    max_recv_wr=self.nrecv, max_send_sge=1,
+                                    max_recv_sge=1),
                           sq_sig_all=1)
         cmid.pd = pd  # the QP and the hub's MRs must share a PD
         cmid.create_qp(attr)
         self.qp = cmid.qp
         self.qpn = self.qp.qp_num
-        for i in range(opts.slots):
+        for i in range(self.nrecv):
             self._post_recv(i)
         hub.add(self)
         # protocol state
-        self.credits = 0  # records we may still send (set from the peer's hello)
-        self.unreturned = 0  # slots reposted and not yet returned to the peer
-        self.granted = opts.slots  # credits the peer has had from us, in total
-        self.received = 0  # records received from the peer, in total
+        self.credits = 0  # records other than CREDIT we may still send (peer's hello)
+        self.ctrl_credits = CTRL_SLOTS  # CREDIT records we may still send
+        self.unreturned = 0  # data slots reposted and not yet returned to the peer
+        self.unreturned_ctrl = 0  # control slots likewise
+        self.granted = opts.slots  # data credits the peer has had from us, in total
+        self.received = 0  # records other than CREDIT received from the peer, in total
         self.tx_seq = 0
         self.rx_seq = 0
         self.txq: deque[tuple[Record, bytes | None, Any]] = deque()
         self.unacked: dict[int, Any] = {}  # seq -> MR lent to the peer for its READ
+        self.retired: deque[tuple[float, Any]] = deque()  # (when, MR) read and ACKed
         self.rxq: deque[_Rx] = deque()
         self.held = 0  # bytes received (or being read) and not yet taken
         self.reads = 0
@@ -258,10 +268,14 @@ class Connection:
 
     def _send_record(self, rec: Record, payload: bytes | None = None) -> None:
         i = self.free_send.popleft()
-        give = min(self.unreturned, 0xFFFF)
+        # over the memory limit, data credits stay here (back-pressure) whatever goes out
+        withhold = self.paused or self.held > self.opts.mem_limit
+        give = 0 if withhold else min(self.unreturned, 0xFFFF)
         rec.credit = give
         self.unreturned -= give
         self.granted += give
+        rec.ctrl_credit = self.unreturned_ctrl
+        self.unreturned_ctrl = 0
         off = i * self.slot
         buf = bytearray(rec.pack())
         if payload:
@@ -271,12 +285,18 @@ class Connection:
                                  sg=[SGE(self.send_mr.buf + off, len(buf),
                                          self.send_mr.lkey)],
                                  send_flags=F.IBV_SEND_SIGNALED))
-        self.credits -= 1
+        if rec.type == RT.CREDIT:
+            self.ctrl_credits -= 1
+        else:
+            self.credits -= 1
 
-    def _can_send(self, control: bool) -> bool:
-        # a record other than a pure credit return leaves the last credit for one, so
-        # the two sides can never both be unable to return credits (docs/socket.md)
-        return bool(self.free_send) and self.credits >= (1 if control else 2)
+    def _can_send(self, credit_only: bool) -> bool:
+        # CREDIT records have slots of their own (CTRL_SLOTS): returning credits never
+        # waits for credits, and since the peer never answers a CREDIT with a CREDIT,
+        # the control credits always come back with its next other record
+        if not self.free_send:
+            return False
+        return self.ctrl_credits >= 1 if credit_only else self.credits >= 1
 
     # ---- the application's side -----------------------------------------------------
 
@@ -329,6 +349,7 @@ class Connection:
         if self.error is not None or self.released or self.peer is None:
             return
         try:
+            self._free_retired()
             self._flush_acks()
             self._start_reads()
             while self.txq and not self.local_closed and self._can_send(False):
@@ -342,13 +363,28 @@ class Connection:
         except PyverbsRDMAError as e:
             self.fail(e)
 
+    def _now(self) -> float:
+        return self.hub.ctx.device.now
+
+    def _free_retired(self, everything: bool = False) -> None:
+        if not self.retired:
+            return
+        limit = self._now() - RETIRE_HOLD
+        while self.retired and (everything or self.retired[0][0] <= limit):
+            self.retired.popleft()[1].close()
+
     def _start_reads(self) -> None:
+        blocked = False  # an earlier message is still incomplete
         for rx in self.rxq:
             if rx.data is not None or rx.reading:
+                blocked = blocked or rx.reading
                 continue
             n = rx.rec.length
-            if self.paused or self.held > 0 and self.held + n > self.opts.mem_limit:
-                return  # back-pressure: read later, credits wait too
+            # back-pressure: read later (credits wait too) -- but never the first
+            # incomplete message, which everything behind it waits for
+            if blocked and (self.paused or self.held + n > self.opts.mem_limit):
+                return
+            blocked = True
             mr = MR(self.hub.pd, n, A.IBV_ACCESS_LOCAL_WRITE)
             rx.mr, rx.reading = mr, True
             self.held += n
@@ -359,16 +395,22 @@ class Connection:
             self.qp.post_send(wr)
 
     def _return_credits(self) -> None:
-        if self.unreturned <= 0 or self.local_closed and self.peer_closed:
+        """A CREDIT record when the peer runs low on data credits we could return, or
+        when half our control slots wait to be returned (the peer's keepalives): never in
+        answer to a lone CREDIT, so CREDITs cannot bounce back and forth."""
+        if self.local_closed and self.peer_closed or not self._can_send(True):
             return
-        if self.paused or self.held > self.opts.mem_limit:
-            return  # withhold: the peer stops until the application reads
-        peer_credits = self.granted - self.received
-        if peer_credits <= self.opts.slots // 2 and self._can_send(True):
+        if self.unreturned > 0 and not (self.paused or self.held > self.opts.mem_limit):
+            # (withheld while over the memory limit: the peer stops until we read)
+            if self.granted - self.received <= self.opts.slots // 2:
+                self._send_record(Record(RT.CREDIT))
+                return
+        if self.unreturned_ctrl >= CTRL_SLOTS // 2:
             self._send_record(Record(RT.CREDIT))
 
     def send_control(self, rec: Record) -> bool:
-        if self._can_send(True):
+        """ACK, CLOSE or CREDIT now, if a credit of the right kind is there."""
+        if self._can_send(rec.type == RT.CREDIT):
             self._send_record(rec)
             return True
         return False
@@ -398,8 +440,10 @@ class Connection:
         off = i * self.slot
         raw = self.recv_mr.read(nbytes, off)
         rec = Record.unpack(raw)
-        self.received += 1
         self.credits += rec.credit
+        self.ctrl_credits += rec.ctrl_credit
+        if rec.type != RT.CREDIT:
+            self.received += 1
         t = rec.type
         if t in (RT.NORMAL, RT.INLINE):
             if self.peer_closed:
@@ -423,11 +467,14 @@ class Connection:
             mr = self.unacked.pop(rec.seq, None)
             if mr is None:
                 raise ProtocolError(f"ACK of message {rec.seq}, which is not out")
-            mr.close()
+            self.retired.append((self._now(), mr))
         elif t == RT.CLOSE:
             self.peer_closed = True
         self._post_recv(i)
-        self.unreturned += 1
+        if t == RT.CREDIT:
+            self.unreturned_ctrl += 1
+        else:
+            self.unreturned += 1
         if self.on_message is not None and self.has_message():
             self.on_message(self)
 
@@ -491,6 +538,7 @@ class Connection:
             return
         self.released = True
         self.hub.remove(self)
+        self._free_retired(everything=True)
         for mr in list(self.unacked.values()) + [r.mr for r in self.rxq if r.mr]:
             try:
                 mr.close()

@@ -15,10 +15,11 @@ What it promises (docs/socket.md, "The message queue"):
 * **per-sender order**: messages from one sender come out in the order it sent them;
 * **contiguity**: a run of frames sent with ``more=True`` and closed by a frame without
   it comes out as one run, never interleaved with another sender's frames;
-* **bounded memory**: at most ``mem_limit`` bytes received and not yet taken (plus what
-  senders may already have in flight inline: ``slots * inline_max`` each); above it the
-  receiver stops reading announced messages and stops returning credits, so senders
-  block -- back-pressure, never drops;
+* **bounded memory**: at most ``mem_limit`` bytes of complete runs waiting to be taken,
+  plus, per sender, the run it is in the middle of and what it may already have in
+  flight inline (``slots * inline_max``); above the limit the receiver stops reading
+  announced messages and stops returning credits, so senders block -- back-pressure,
+  never drops;
 * **no thread per connection**: every connection's QP completes into one CQ per
   device; ``recv`` (on the caller's thread) drives them all, accepts new senders and
   notices departed ones.
@@ -71,6 +72,7 @@ class Receiver:
         self.partial: dict[int, list[ReceivedMessage]] = {}  # frames of unfinished runs
         self.ready: deque[ReceivedMessage] = deque()  # complete runs, frame by frame
         self.held = 0  # bytes in self.ready and self.partial
+        self._ready_bytes = 0  # bytes in self.ready
         self.closed = False
         self._timeout: float | None = None
 
@@ -131,10 +133,12 @@ class Receiver:
                         break
         for hub in self.hubs.values():
             n += hub.progress()
-        over = self.held >= self.mem_limit
+        # the limit is on complete runs waiting for the application: a run in progress
+        # is never held back (its next frame may be what completes it)
+        over = self._ready_bytes >= self.mem_limit
         for key, (conn, peer) in list(self.conns.items()):
-            conn.paused = over
-            while not over and conn.has_message():
+            conn.paused = over and key not in self.partial
+            while (not over or key in self.partial) and conn.has_message():
                 msg = conn.take()
                 frame = ReceivedMessage(bytes(msg.data), peer, msg.more)
                 run = self.partial.setdefault(key, [])
@@ -142,8 +146,9 @@ class Receiver:
                 self.held += len(frame.data)
                 if not frame.more:  # the run is complete: out in one piece
                     self.ready.extend(run)
+                    self._ready_bytes += sum(len(f.data) for f in run)
                     del self.partial[key]
-                over = self.held >= self.mem_limit
+                over = self._ready_bytes >= self.mem_limit
             if conn.error is not None or conn.at_eof():
                 self._drop(key, conn)
             else:
@@ -195,7 +200,8 @@ class Receiver:
             if self.ready:
                 msg = self.ready.popleft()
                 self.held -= len(msg.data)
-                if self.held < self.mem_limit:
+                self._ready_bytes -= len(msg.data)
+                if self._ready_bytes < self.mem_limit:
                     self.progress()  # below the limit again: let readers and credits go
                 return msg
             self.progress()
