@@ -51,3 +51,13 @@ def test_bench_udp_runs_both_sides_and_prints_the_ratios():
                 "bare UDP ping-pong RTT", "softrdma perf send --lat, 64 B: t_typical",
                 "RC WRITE BW / bare UDP throughput", "SEND latency / bare UDP RTT"):
         assert row in p.stdout, row
+
+
+def test_bench_socket_prints_both_kinds_for_every_size():
+    r = _bench("socket", "--seconds", "0.3", "--port", "20710")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(row[0]) for row in rows] == [64, 4096, 1 << 20]
+    for size, rmsgs, rmb, tmsgs, tmb, ratio in rows:
+        assert float(rmsgs) > 0 and float(tmsgs) > 0  # both sides moved messages
+        assert abs(float(ratio) - float(rmsgs) / float(tmsgs)) < 0.01

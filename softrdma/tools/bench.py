@@ -1,4 +1,4 @@
-"""``softrdma bench wire|engines|qps|udp``: the benchmarks of :mod:`softrdma.bench`, each
+"""``softrdma bench wire|engines|qps|udp|socket``: the benchmarks of :mod:`softrdma.bench`, each
 printing its numbers beside a baseline measured in the same run."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from ..bench.engines import run_engine_bench
+from ..bench.socket import run_socket_bench
 from ..bench.qps import QP_TARGET_BYTES, QP_TARGET_COUNT, QP_TARGET_SECONDS, run_qp_bench
 from ..bench.udp import run_udp_bench
 from ..bench.wire import MAX_PAYLOAD, run_wire_bench
@@ -15,9 +16,10 @@ from .argtypes import int_range, positive_float
 __all__ = ["add_parser"]
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmarks beside their baselines: wire, engines, qps, udp",
-                       description=__doc__)
-    b = p.add_subparsers(dest="bench_cmd", metavar="{wire,engines,qps,udp}", required=True)
+    p = sub.add_parser("bench", help="benchmarks beside their baselines: wire, engines, qps, "
+                                     "udp, socket", description=__doc__)
+    b = p.add_subparsers(dest="bench_cmd", metavar="{wire,engines,qps,udp,socket}",
+                         required=True)
 
     w = b.add_parser("wire", help="parse/build + ICRC beside bare zlib.crc32",
                      description="parse + ICRC check and build + ICRC of an RC_RDMA_WRITE_ONLY "
@@ -61,6 +63,22 @@ def add_parser(sub: Any) -> None:
     u.add_argument("--port", type=int_range(1, 65535 - 40), default=20600,
                    help="first TCP/UDP port used (default 20600)")
     u.set_defaults(func=_udp)
+
+    k = b.add_parser("socket", help="softrdma.socket beside Python TCP sockets",
+                     description="Messages of 64 B, 4 KiB and 1 MiB streamed through "
+                                 "softrdma.socket and through a Python TCP socket with a "
+                                 "4-byte length prefix, each to a server process: messages/s "
+                                 "and MB/s side by side.")
+    k.add_argument("--seconds", type=positive_float, default=2.0,
+                   help="per size and kind (> 0, default 2)")
+    k.add_argument("--port", type=int_range(1, 65534), default=20700,
+                   help="TCP port, and the rdma_cm port + 1 (default 20700)")
+    k.set_defaults(func=_socket)
+
+
+def _socket(a: argparse.Namespace) -> int:
+    run_socket_bench(seconds=a.seconds, port=a.port)
+    return 0
 
 
 def _wire(a: argparse.Namespace) -> int:
