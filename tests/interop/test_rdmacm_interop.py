@@ -125,7 +125,7 @@ def _pings(size: int, count: int) -> list[str]:
 ROLES = ["softrdma-server", "softrdma-client"]
 
 
-# ---- rping ----------------------------------------------------------------------------
+# ---- loss (rping and ucmatose) --------------------------------------------------------
 
 # 5 % loss, both ways, of every RoCE packet but the CM's DREQ and DREP, all set up in guest
 # 0 (the host's kernel has no netem): netem on its NIC's egress (what rxe sends) and on
@@ -175,6 +175,8 @@ def lossy(scenario):
         lab.guest(0, f"tc qdisc del dev {nic} ingress 2>/dev/null; "
                      "ip link del ifb0 2>/dev/null; true")
 
+
+# ---- rping ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("size,loss", [(64, None), (1000, None), (8000, None), (1000, LOSS)],
