@@ -10,9 +10,10 @@ guests at once.
 
 softrdma runs in the lab's namespace on 10.77.0.1; guest 0 (10.77.0.11) is the rxe peer,
 guest 1 (10.77.0.12) the second client of the last scenarios. "Loss" is 5 % both ways of
-everything but DREQ and DREP (netem in the guest; see _PRIO_LOSS for why). A lost CM MAD costs one CM retry (~4.3 s with the kernel's
-response timeout 20), so the bounds below allow for a few of those. Every tool's output
-goes to files, not pipes: rping -v -S 8000 prints 80 KB.
+everything but DREQ and DREP (netem in the guest; see _PRIO_LOSS for why). A lost CM MAD
+costs one CM retry (~4.3 s with the kernel's response timeout 20), so the bounds below
+allow for a few of those. Every tool's output goes to files, not pipes: rping -v -S 8000
+prints 80 KB.
 """
 
 from __future__ import annotations
