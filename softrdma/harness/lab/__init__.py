@@ -374,9 +374,13 @@ class Lab:
                           (e.stdout or ""), "TIMEOUT")
         return Result(p.returncode, p.stdout, p.stderr)
 
-    def host_start(self, cmd: str | list[str],
-                   env: dict[str, str] | None = None) -> subprocess.Popen:
-        p = subprocess.Popen(self._host_argv(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    def host_start(self, cmd: str | list[str], env: dict[str, str] | None = None,
+                   stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE
+                   ) -> subprocess.Popen:
+        """Start ``cmd`` on the softrdma side. Its output goes to pipes nobody reads until
+        ``communicate``: a command printing more than a pipe holds (64 KB) blocks, so give
+        such a one files as ``stdout``/``stderr``."""
+        p = subprocess.Popen(self._host_argv(cmd), stdout=stdout, stderr=stderr,
                              text=True, env=self.env(env))
         self.host_procs.append(p)
         return p
