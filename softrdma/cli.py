@@ -19,7 +19,7 @@ from typing import NoReturn, Sequence
 from . import __version__
 from .errors import PyverbsRDMAError
 from .tools import (
-    bench, cmatose, demo, devinfo, dissect, fuzz, labcmd, perf, pingpong, rping, udaddy,
+    bench, cmatose, demo, devinfo, dissect, fuzz, labcmd, mq, perf, pingpong, rping, udaddy,
 )
 from .tools.common import ToolError, UsageError
 
@@ -36,7 +36,8 @@ class _Parser(argparse.ArgumentParser):
 
 #: the subcommands, in the order of ``softrdma --help``: each module's ``add_parser(sub)``
 #: adds its subcommand(s) and sets ``func`` to what runs it
-TOOLS = (dissect, devinfo, pingpong, perf, rping, cmatose, udaddy, demo, labcmd, fuzz, bench)
+TOOLS = (dissect, devinfo, pingpong, perf, rping, cmatose, udaddy, mq, demo, labcmd, fuzz,
+         bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
