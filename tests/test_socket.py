@@ -89,12 +89,12 @@ def test_echo_across_processes_from_0_bytes_to_16_mib(dev):
 
 
 def test_a_receiver_and_eight_sender_processes_under_loss(dev):
-    """8 processes x 150 runs of 1-4 frames (16 B .. 70 KB), 2 % of their packets lost
+    """8 processes x 250 runs of 1-4 frames (16 B .. 70 KB), 2 % of their packets lost
     once connected (seeded), the receiver's own sends lossy too: every message arrives
     once, in its sender's order, each run of frames unbroken; memory stays bounded."""
     d = dev("127.0.12.11", "mq-rx")
     limit = 1 << 20
-    senders, count = 8, 150
+    senders, count = 8, 250
     with Receiver(("127.0.12.11", 9100), mem_limit=limit) as rx:
         procs = [spawn(str(PROGS / "mq_sender.py"), f"127.0.12.{21 + k}", "127.0.12.11",
                        "9100", str(k), str(count), "0.02") for k in range(senders)]

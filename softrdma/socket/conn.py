@@ -364,7 +364,11 @@ class Connection:
             self.fail(e)
 
     def _now(self) -> float:
-        return self.hub.ctx.device.now
+        # the device's clock where it has one (virtual time in the simulated network),
+        # else the monotonic clock: nothing here depends on the soft backend
+        dev = getattr(self.hub.ctx, "device", None)
+        now = getattr(dev, "now", None)
+        return now if isinstance(now, float) else time.monotonic()
 
     def _free_retired(self, everything: bool = False) -> None:
         if not self.retired:
