@@ -767,28 +767,31 @@ class RSocket:
         if conn.iomap_queue:
             self._send_iomaps(conn, deadline)
         left, pos, olen = len(view), 0, RS_OLAP_START_SIZE
+        lock = self._hub.lock
         self._hub.progress()
         while left:
-            if not conn.can_send():
-                try:
-                    self._wait_for(conn, conn.conn_can_send, deadline, "send")
-                except (BlockingIOError, TimeoutError):
-                    if pos:
-                        break
-                    raise
-                if not conn.state & _WRITABLE:
-                    if pos:
-                        break
-                    self._raise_error(conn)
-                    raise ConnectionResetError(errno.ECONNRESET, "send: the peer closed")
-            size, olen = conn.xfer_size(left, olen)
+            with lock:  # a receiving thread may be polling the same CQ
+                if conn.can_send():
+                    size, olen = conn.xfer_size(left, olen)
+                    try:
+                        conn.write_data(view[pos:pos + size])
+                    except PyverbsRDMAError as e:
+                        conn.fail(e)
+                        self._raise_error(conn)
+                    pos += size
+                    left -= size
+                    continue
             try:
-                conn.write_data(view[pos:pos + size])
-            except PyverbsRDMAError as e:
-                conn.fail(e)
+                self._wait_for(conn, conn.conn_can_send, deadline, "send")
+            except (BlockingIOError, TimeoutError):
+                if pos:
+                    break
+                raise
+            if not conn.state & _WRITABLE:
+                if pos:
+                    break
                 self._raise_error(conn)
-            pos += size
-            left -= size
+                raise ConnectionResetError(errno.ECONNRESET, "send: the peer closed")
         self._hub.progress()
         return pos
 
@@ -815,8 +818,9 @@ class RSocket:
         if not conn.have_rdata():
             self._wait_for(conn, lambda: conn.have_rdata() or not conn.state & _READABLE,
                            deadline, "recv")
-        n = conn.read(view)
-        conn.update_credits()
+        with self._hub.lock:
+            n = conn.read(view)
+            conn.update_credits()
         if n == 0:
             self._raise_error(conn)
         return n
@@ -843,12 +847,13 @@ class RSocket:
                     conn.err is None and time.monotonic() < deadline:
                 hub.progress()
                 hub.wait(deadline)
-            if conn.state & _CONNECTED and conn.ctrl_avail():
-                conn.ctrl_seqno += 1
-                try:
-                    conn._post_msg(msg_set(RS_OP_CTRL, ctrl))
-                except PyverbsRDMAError as e:
-                    conn.fail(e)
+            with hub.lock:
+                if conn.state & _CONNECTED and conn.ctrl_avail():
+                    conn.ctrl_seqno += 1
+                    try:
+                        conn._post_msg(msg_set(RS_OP_CTRL, ctrl))
+                    except PyverbsRDMAError as e:
+                        conn.fail(e)
         if conn.state & _CONNECTED:
             deadline = time.monotonic() + CLOSE_TIMEOUT
             while conn.err is None and time.monotonic() < deadline:
@@ -907,7 +912,8 @@ class RSocket:
                 self._wait_for(conn, conn.conn_can_send, deadline, "riomap")
                 if not conn.state & _WRITABLE:
                     raise ConnectionResetError(errno.ECONNRESET, "riomap: the peer closed")
-            conn.write_iomap(conn.iomap_queue.popleft())
+            with self._hub.lock:
+                conn.write_iomap(conn.iomap_queue.popleft())
 
     def riowrite(self, data: Any, offset: int) -> int:
         """riowrite: RDMA WRITE ``data`` at ``offset`` of what the peer riomapped; the
@@ -940,8 +946,9 @@ class RSocket:
                     olen <<= 1
             else:
                 size = left
-            size = min(size, conn.sbuf_bytes_avail, iom[0] + iom[3] - offset)
-            conn.write_direct(iom, offset, view[pos:pos + size])
+            with self._hub.lock:
+                size = min(size, conn.sbuf_bytes_avail, iom[0] + iom[3] - offset)
+                conn.write_direct(iom, offset, view[pos:pos + size])
             pos += size
             left -= size
             offset += size
