@@ -70,8 +70,9 @@ _CONNECTED, _WRITABLE, _READABLE = 0x100, 0x200, 0x400
 _CONNECT_RDWR = _CONNECTED | _WRITABLE | _READABLE
 _DISCONNECTED, _ERROR = 0x1000, 0x2000
 
-#: how long close() waits for outstanding sends (rsocket waits for ever)
-CLOSE_TIMEOUT = 10.0
+#: how long close() waits for outstanding sends to be acknowledged (rsocket waits for
+#: ever; under loss against rxe's 2 s retransmission timer, tens of seconds may pass)
+CLOSE_TIMEOUT = 60.0
 
 
 def msg_set(op: int, data: int) -> int:
@@ -97,7 +98,8 @@ class RSOptions:
 
     def __init__(self, sbuf_size: int = 1 << 17, rbuf_size: int = 1 << 17,
                  sq_size: int = 384, rq_size: int = 384, sq_inline: int = 64,
-                 iomap_size: int = 0, keepalive: float | None = None) -> None:
+                 iomap_size: int = 0, keepalive: float | None = None,
+                 ack_timeout: int | None = 16) -> None:
         self.sbuf_size = sbuf_size
         self.rbuf_size = rbuf_size
         self.sq_size = sq_size
@@ -106,6 +108,10 @@ class RSOptions:
         # rsetsockopt(RDMA_IOMAPSIZE) rounds through the 8-bit scale
         self.iomap_size = scale_to_value(value_to_scale(iomap_size))
         self.keepalive = keepalive  # seconds between keepalives (SO_KEEPALIVE), or None
+        # the local QP's ACK timeout (4.096 us x 2^n; 16: 268 ms), a local setting only:
+        # None keeps rdma_cm's (the path's on the active side, the REQ's on the passive
+        # side: 19, 2 s, from Linux), which makes every lost tail packet cost 2 s
+        self.ack_timeout = ack_timeout
 
     def copy(self) -> "RSOptions":
         o = RSOptions.__new__(RSOptions)
@@ -636,6 +642,9 @@ class RSocket:
         hub = Hub(child.context, channel, cq_depth=4 * (self.options.sq_size +
                                                         self.options.rq_size) + 64)
         try:
+            if self.options.ack_timeout is not None:
+                child.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT,
+                                 self.options.ack_timeout)
             conn = RSConn(hub, child, self.options.copy())
             conn.save_conn_data(ev.private_data)
             p = ev.param
@@ -681,6 +690,9 @@ class RSocket:
         try:
             cid.resolve_addr(AddrInfo(dst=host, dst_service=str(port)))
             self._expect(E.RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "connect")
+            if self.options.ack_timeout is not None:
+                cid.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT,
+                               self.options.ack_timeout)
             cid.resolve_route()
             self._expect(E.RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "connect")
         except PyverbsRDMAError as e:

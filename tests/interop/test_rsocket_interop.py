@@ -39,13 +39,15 @@ def _wait_listening(p, timeout: float = 30) -> None:
     raise AssertionError(f"softrdma server never listened: {p.stderr.read() if p.poll() is not None else ''}")
 
 
-def _run(lab, tool, size, count, topt, softrdma_is_server, loss=False, extra=""):
+def _run(lab, tool, size, count, topt, softrdma_is_server, loss=False, extra="",
+         soft_extra=()):
     port = next(PORTS)
     env = LOSS_ENV if loss else ENV
     if loss:
         assert lab.netem(0, "loss 5%").ok
     soft = ["python3", PROG, "", "", str(port), "-S", str(size), "-C", str(count),
-            "--verify", "--timeout", "150"] + (["--rio"] if tool == "riostream" else [])
+            "--verify", "--timeout", "150", *soft_extra] + \
+        (["--rio"] if tool == "riostream" else [])
     tflags = " ".join(f"-T {c}" for c in topt)  # one letter per -T: "-T bv" is a usage error
     rxe = f"timeout 170 {tool} -p {port} -S {size} -C {count} {tflags} {extra}"
     if softrdma_is_server:
@@ -96,15 +98,15 @@ def test_rstream_test_options(scenario, topt, role):
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
 def test_rstream_keepalive(scenario, role):
     """rstream -k 1: SO_KEEPALIVE (the rsocket service thread's 0-byte RDMA WRITEs) while
-    softrdma also sends its keepalives; 60 x 64 KiB both ways."""
+    softrdma sends its own every 50 ms; 60 x 64 KiB both ways."""
     size, count = 65536, 60
     _check("rstream", size, count,
            _run(scenario, "rstream", size, count, "v", role == "softrdma-server",
-                extra="-k 1"))
+                extra="-k 1", soft_extra=("--keepalive", "0.05")))
 
 
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
-@pytest.mark.parametrize("size,count", [(1000, 200), (65536, 20), (1 << 20, 4)],
+@pytest.mark.parametrize("size,count", [(1000, 200), (65536, 10), (1 << 20, 2)],
                          ids=["1000B", "64KiB", "1MiB"])
 def test_rstream_loss(scenario, size, count, role):
     _check("rstream", size, count,
