@@ -45,17 +45,19 @@ def _run(lab, tool, size, count, topt, softrdma_is_server, loss=False, extra="",
     env = LOSS_ENV if loss else ENV
     if loss:
         assert lab.netem(0, "loss 5%").ok
+    # under loss, rxe -> softrdma crawls (see test_rstream_loss): longer limits
+    limit = 320 if loss else 170
     soft = ["python3", PROG, "", "", str(port), "-S", str(size), "-C", str(count),
-            "--verify", "--timeout", "150", *soft_extra] + \
+            "--verify", "--timeout", str(limit - 20), *soft_extra] + \
         (["--rio"] if tool == "riostream" else [])
     tflags = " ".join(f"-T {c}" for c in topt)  # one letter per -T: "-T bv" is a usage error
-    rxe = f"timeout 170 {tool} -p {port} -S {size} -C {count} {tflags} {extra}"
+    rxe = f"timeout {limit} {tool} -p {port} -S {size} -C {count} {tflags} {extra}"
     if softrdma_is_server:
         soft[2:4] = ["server", HOST_IP]
         srv = lab.host_start(soft, env=env)
         try:
             _wait_listening(srv)
-            cli = lab.guest(0, f"{rxe} -s {HOST_IP}", timeout=180)
+            cli = lab.guest(0, f"{rxe} -s {HOST_IP}", timeout=limit + 10)
             out, err = srv.communicate(timeout=60)
         finally:
             if srv.poll() is None:
@@ -65,7 +67,7 @@ def _run(lab, tool, size, count, topt, softrdma_is_server, loss=False, extra="",
     soft[2:4] = ["client", guest_ip(0)]
     job = lab.guest_start(0, rxe)
     assert lab.wait_cm_listen(0, port), f"{tool} never listened"
-    cli = lab.host(soft, timeout=180, env=env)
+    cli = lab.host(soft, timeout=limit + 10, env=env)
     srv = job.wait(timeout=60)
     return (cli.rc, cli.stdout, cli.stderr), (srv.rc, srv.stdout, srv.stderr)
 
@@ -106,9 +108,12 @@ def test_rstream_keepalive(scenario, role):
 
 
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
-@pytest.mark.parametrize("size,count", [(1000, 200), (65536, 10), (1 << 20, 2)],
+@pytest.mark.parametrize("size,count", [(1000, 200), (65536, 10), (1 << 20, 1)],
                          ids=["1000B", "64KiB", "1MiB"])
 def test_rstream_loss(scenario, size, count, role):
+    """5 % loss both ways. Data from rxe to softrdma then moves at ~25 KB/s in this
+    lab (a 1 MiB rstream transfer each way, softrdma serving, took 173 s for C=2): rsocket
+    grants the ring in halves, so each stalled 64 KiB write holds the stream."""
     _check("rstream", size, count,
            _run(scenario, "rstream", size, count, "v", role == "softrdma-server", loss=True))
 

@@ -67,7 +67,15 @@ def recv_xfer(s, size: int, rx: Counter | None) -> None:
     view = memoryview(buf)
     got = 0
     while got < size:
-        n = s.recv_into(view[got:])
+        try:
+            n = s.recv_into(view[got:])
+        except TimeoutError:  # --trace: say where a slow transfer stands
+            c = s._conn
+            print(f"{time.monotonic():.1f} recv {got}/{size} state {c.state:#x} rseq "
+                  f"{c.rseq_no} rmsg {len(c.rmsg)} rbuf_avail {c.rbuf_bytes_avail} "
+                  f"ctrl {c.ctrl_seqno}/{c.ctrl_max_seqno} sqe {c.sqe_avail}",
+                  file=sys.stderr, flush=True)
+            continue
         if n == 0:
             raise SystemExit(f"EOF after {got} of {size} bytes")
         got += n
@@ -162,6 +170,7 @@ def main() -> int:
     ap.add_argument("--verify", action="store_true", help="rstream/riostream -T v")
     ap.add_argument("--keepalive", type=float, default=None)
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--trace", action="store_true", help="report a stalled recv every 5 s")
     args = ap.parse_args()
     faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang shows where
     opts = RSOptions(sbuf_size=args.buffer, rbuf_size=args.buffer,
@@ -175,6 +184,8 @@ def main() -> int:
         print("listening", flush=True)
         s, peer = srv.accept()
         srv.close()
+    if args.trace:
+        s.settimeout(5.0)
     try:
         t1 = time.monotonic()
         nbytes = (riostream if args.rio else rstream)(s, args, client)
