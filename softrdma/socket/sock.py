@@ -57,9 +57,20 @@ def _os_error(e: PyverbsRDMAError, what: str) -> OSError:
 class socket:
     """An RDMA message socket (RC, rdma_cm's TCP port space). Unconnected, it can
     ``bind``/``listen``/``accept`` or ``connect``; connected, ``send`` and ``recv`` move
-    whole messages. ``options`` tunes the protocol (:class:`Options`)."""
+    whole messages. ``options`` tunes the protocol (:class:`Options`).
+    ``protocol="rsocket"`` makes instead a byte stream speaking librdmacm's rsocket
+    protocol (:class:`softrdma.socket.rsocket.RSocket`, docs/rsocket.md)."""
 
-    def __init__(self, *, options: Options | None = None, _conn: Connection | None = None,
+    def __new__(cls, *args: Any, protocol: str = "softrdma", **kw: Any) -> Any:
+        if protocol == "rsocket":
+            from .rsocket import RSocket
+            return RSocket(*args, **kw)
+        if protocol != "softrdma":
+            raise ValueError(f"protocol must be 'softrdma' or 'rsocket', not {protocol!r}")
+        return super().__new__(cls)
+
+    def __init__(self, *, options: Options | None = None, protocol: str = "softrdma",
+                 _conn: Connection | None = None,
                  _hub: Hub | None = None, _peer: tuple[str, int] | None = None) -> None:
         self.options = options or Options()
         self._timeout: float | None = None
@@ -469,9 +480,10 @@ class socket:
 
 
 def create_connection(address: tuple[str, int], timeout: float | None = _UNSET, *,
-                      options: Options | None = None) -> socket:
-    """Connect to ``address`` and return the connected socket (socket.create_connection)."""
-    s = socket(options=options)
+                      options: Any = None, protocol: str = "softrdma") -> Any:
+    """Connect to ``address`` and return the connected socket (socket.create_connection).
+    ``protocol="rsocket"``: librdmacm's rsocket stream (options: RSOptions)."""
+    s = socket(options=options, protocol=protocol)
     if timeout is not _UNSET:
         s.settimeout(timeout)
     try:
@@ -483,9 +495,10 @@ def create_connection(address: tuple[str, int], timeout: float | None = _UNSET, 
 
 
 def create_server(address: tuple[str, int], *, backlog: int = 128,
-                  options: Options | None = None) -> socket:
-    """A socket bound to ``address`` and listening (socket.create_server)."""
-    s = socket(options=options)
+                  options: Any = None, protocol: str = "softrdma") -> Any:
+    """A socket bound to ``address`` and listening (socket.create_server).
+    ``protocol="rsocket"``: librdmacm's rsocket stream (options: RSOptions)."""
+    s = socket(options=options, protocol=protocol)
     try:
         s.bind(address)
         s.listen(backlog)
