@@ -11,7 +11,6 @@ Prints "OK <scenario> ..." and exits 0 when every check held."""
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 import threading
