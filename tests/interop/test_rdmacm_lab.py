@@ -44,7 +44,10 @@ def test_rping_between_two_rxe_guests(scenario, loss, tmp_path, request):
     lab = scenario
     count, port, server = 3, next(PORTS), guest_ip(0)
     if loss:
-        assert lab.netem(0, loss).ok and lab.netem(1, loss).ok  # both ways
+        # 5 % both ways but for DREQ/DREP (conftest's ``lossy``): rping's client exits
+        # right after its DREQ and destroying the id cancels its retries, so one lost DREQ
+        # hangs the server -- kernel rxe to kernel rxe too (~5 % of runs with plain netem)
+        request.getfixturevalue("lossy")
     cap = lab.guest_capture(1, f"{request.node.name}.pcap")
     srv = lab.guest_start(0, f"timeout 60 rping -s -a {server} -p {port} -v -C {count}")
     try:
