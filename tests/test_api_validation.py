@@ -595,7 +595,9 @@ TARGETS = [
       for f in ("qp_access_flags", "pkey_index", "port_num", "qkey", "path_mtu", "dest_qp_num",
                 "rq_psn", "sq_psn", "max_dest_rd_atomic", "max_rd_atomic", "min_rnr_timer",
                 "timeout", "retry_cnt", "rnr_retry", "ah_attr")],
-    ("modify(attr)", lambda o, v: o.net.qp().modify(v, 1), ("attr",)),
+    # a well-formed QPAttr drawn here can still be refused for the mask (a RESET QP needs
+    # more than IBV_QP_STATE to reach INIT): that error names the mask's bits
+    ("modify(attr)", lambda o, v: o.net.qp().modify(v, 1), ("attr", "IBV_QP_")),
     ("modify(mask)", lambda o, v: o.net.qp().modify(
         QPAttr(qp_state=E.IBV_QPS_INIT, port_num=1), v), ("mask", "IBV_QP_", "transition")),
     *[(f"AHAttr.{f}", (lambda f: lambda o, v: _ah(o, f, v))(f), (f"attr.{f}",))
