@@ -34,13 +34,14 @@ from collections import deque
 from typing import Any
 
 from ..errors import PyverbsRDMAError
-from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam, RAI_PASSIVE
+from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam
 from ..rdmacm import enums as ce
 from ..verbs_api import MR, QPCap, QPInitAttr, RecvWR, SendWR, SGE
 from ..verbs_api.enums import (
     ibv_access_flags as A, ibv_qp_type, ibv_wc_flags as WCF, ibv_wc_status as WS,
     ibv_wr_opcode as O,
 )
+from .base import SocketBase, check_address, os_error
 from .conn import Hub
 
 __all__ = ["RSocket", "RSOptions", "CONN_DATA", "RS_OP_DATA", "RS_OP_SGL", "RS_OP_CTRL"]
@@ -511,22 +512,7 @@ class RSConn:
                 pass
 
 
-def _addr(address: Any, what: str) -> tuple[str, int]:
-    if not (isinstance(address, tuple) and len(address) >= 2 and isinstance(address[1], int)):
-        raise TypeError(f"{what}: address must be a (host, port) tuple, not {address!r:.60}")
-    if not 0 <= address[1] <= 0xFFFF:
-        raise OverflowError(f"{what}: port must be 0-65535, not {address[1]}")
-    return (address[0] or "0.0.0.0"), address[1]
-
-
-def _os_error(e: PyverbsRDMAError, what: str) -> OSError:
-    code = e.error_code or errno.EIO
-    cls = {errno.ECONNREFUSED: ConnectionRefusedError,
-           errno.ETIMEDOUT: TimeoutError}.get(code, OSError)
-    return cls(code, f"{what}: {e}")
-
-
-class RSocket:
+class RSocket(SocketBase):
     """A SOCK_STREAM socket speaking librdmacm's rsocket protocol (module docstring).
 
     Python-socket manners: ``bind``/``listen``/``accept``/``connect``, ``send`` (bytes
@@ -538,71 +524,8 @@ class RSocket:
 
     def __init__(self, *, options: RSOptions | None = None, _conn: RSConn | None = None,
                  _hub: Hub | None = None, _peer: tuple[str, int] | None = None) -> None:
+        super().__init__(_conn, _hub, _peer)
         self.options = options or RSOptions()
-        self._timeout: float | None = None
-        self._conn, self._hub, self._peer = _conn, _hub, _peer
-        self._channel: CMEventChannel | None = None
-        self._id: CMID | None = None
-        self._pending: deque[CMEvent] = deque()
-        self._listening = False
-        self._closed = False
-        self._backlog = 0
-
-    # ---- timeouts -------------------------------------------------------------------
-
-    def settimeout(self, value: float | None) -> None:
-        if value is not None and value < 0:
-            raise ValueError("Timeout value out of range")
-        self._timeout = value
-
-    def gettimeout(self) -> float | None:
-        return self._timeout
-
-    def setblocking(self, flag: bool) -> None:
-        self._timeout = None if flag else 0.0
-
-    def _deadline(self) -> float | None:
-        return None if self._timeout is None else time.monotonic() + self._timeout
-
-    def _expired(self, deadline: float | None, what: str) -> None:
-        if deadline is not None and time.monotonic() >= deadline:
-            if self._timeout == 0:
-                raise BlockingIOError(errno.EAGAIN, f"{what}: would block")
-            raise TimeoutError(errno.ETIMEDOUT, f"{what}: timed out")
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise OSError(errno.EBADF, "Bad file descriptor: the socket is closed")
-
-    # ---- addresses ------------------------------------------------------------------
-
-    def _cm(self) -> tuple[CMEventChannel, CMID]:
-        if self._id is None:
-            self._channel = CMEventChannel()
-            self._id = CMID(self._channel)
-        return self._channel, self._id
-
-    def bind(self, address: tuple[str, int]) -> None:
-        self._check_open()
-        host, port = _addr(address, "bind")
-        _, cid = self._cm()
-        try:
-            cid.bind_addr(AddrInfo(src=host, src_service=str(port), flags=RAI_PASSIVE))
-        except PyverbsRDMAError as e:
-            raise _os_error(e, "bind") from None
-
-    def getsockname(self) -> tuple[str, int]:
-        i = self._conn.cmid.id if self._conn is not None else \
-            self._id.id if self._id is not None else None
-        if i is None:
-            return ("0.0.0.0", 0)
-        ip = i.local_ip
-        return (str(ip) if ip is not None else "0.0.0.0", i.src_port)
-
-    def getpeername(self) -> tuple[str, int]:
-        if self._peer is None:
-            raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
-        return self._peer
 
     # ---- server ---------------------------------------------------------------------
 
@@ -612,7 +535,7 @@ class RSocket:
         try:
             cid.listen(backlog)
         except PyverbsRDMAError as e:
-            raise _os_error(e, "listen") from None
+            raise os_error(e, "listen") from None
         self._listening = True
         self._backlog = backlog
 
@@ -684,7 +607,7 @@ class RSocket:
     def connect(self, address: tuple[str, int]) -> None:
         """rs_do_connect: resolve, create the endpoint, REQ with our conn data."""
         self._check_open()
-        host, port = _addr(address, "connect")
+        host, port = check_address(address, "connect")
         ch, cid = self._cm()
         deadline = self._deadline()
         try:
@@ -696,7 +619,7 @@ class RSocket:
             cid.resolve_route()
             self._expect(E.RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "connect")
         except PyverbsRDMAError as e:
-            raise _os_error(e, "connect") from None
+            raise os_error(e, "connect") from None
         o = self.options
         hub = Hub(cid.context, ch, cq_depth=4 * (o.sq_size + o.rq_size) + 64)
         conn = RSConn(hub, cid, o.copy())
@@ -708,7 +631,7 @@ class RSocket:
         try:
             cid.connect(cp)
         except PyverbsRDMAError as e:
-            raise _os_error(e, "connect") from None
+            raise os_error(e, "connect") from None
         while True:
             if ch.channel.pending():
                 ev = CMEvent(ch, 0)
@@ -1013,19 +936,6 @@ class RSocket:
             self._id.close()
         if self._channel is not None:
             self._channel.close()
-
-    def __enter__(self) -> "RSocket":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not self._closed:
-                self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "listening" if self._listening else \

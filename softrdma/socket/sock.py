@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections import deque
 from typing import Any
 
 from ..errors import PyverbsRDMAError
-from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, RAI_PASSIVE
+from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID
 from ..rdmacm import enums as ce
+from .base import SocketBase, check_address, os_error
 from .conn import Connection, Hub, Message, Options
 
 __all__ = ["socket", "create_connection", "create_server", "CLOSE_TIMEOUT"]
@@ -38,23 +38,7 @@ CLOSE_TIMEOUT = 60.0
 _UNSET: Any = object()
 
 
-def _addr(address: Any, what: str) -> tuple[str, int]:
-    if not (isinstance(address, tuple) and len(address) >= 2 and isinstance(address[1], int)):
-        raise TypeError(f"{what}: address must be a (host, port) tuple, not {address!r:.60}")
-    host, port = address[0], address[1]
-    if not 0 <= port <= 0xFFFF:
-        raise OverflowError(f"{what}: port must be 0-65535, not {port}")
-    return (host or "0.0.0.0"), port
-
-
-def _os_error(e: PyverbsRDMAError, what: str) -> OSError:
-    code = e.error_code or errno.EIO
-    cls = {errno.ECONNREFUSED: ConnectionRefusedError, errno.ETIMEDOUT: TimeoutError,
-           errno.EADDRINUSE: OSError, errno.ENODEV: OSError}.get(code, OSError)
-    return cls(code, f"{what}: {e}")
-
-
-class socket:
+class socket(SocketBase):
     """An RDMA message socket (RC, rdma_cm's TCP port space). Unconnected, it can
     ``bind``/``listen``/``accept`` or ``connect``; connected, ``send`` and ``recv`` move
     whole messages. ``options`` tunes the protocol (:class:`Options`).
@@ -72,76 +56,8 @@ class socket:
     def __init__(self, *, options: Options | None = None, protocol: str = "softrdma",
                  _conn: Connection | None = None,
                  _hub: Hub | None = None, _peer: tuple[str, int] | None = None) -> None:
+        super().__init__(_conn, _hub, _peer)
         self.options = options or Options()
-        self._timeout: float | None = None
-        self._conn = _conn
-        self._hub = _hub
-        self._peer = _peer
-        self._channel: CMEventChannel | None = None
-        self._id: CMID | None = None
-        self._pending: deque[CMEvent] = deque()  # connection requests not accepted yet
-        self._listening = False
-        self._closed = False
-        self._own_hub = _hub is None
-        self._backlog = 0
-
-    # ---- timeouts ---------------------------------------------------------------------
-
-    def settimeout(self, value: float | None) -> None:
-        if value is not None and value < 0:
-            raise ValueError("Timeout value out of range")
-        self._timeout = value
-
-    def gettimeout(self) -> float | None:
-        return self._timeout
-
-    def setblocking(self, flag: bool) -> None:
-        self._timeout = None if flag else 0.0
-
-    def _deadline(self) -> float | None:
-        return None if self._timeout is None else time.monotonic() + self._timeout
-
-    def _expired(self, deadline: float | None, what: str) -> None:
-        if deadline is not None and time.monotonic() >= deadline:
-            if self._timeout == 0:
-                raise BlockingIOError(errno.EAGAIN, f"{what}: would block")
-            raise TimeoutError(errno.ETIMEDOUT, f"{what}: timed out")
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise OSError(errno.EBADF, "Bad file descriptor: the socket is closed")
-
-    # ---- addresses ----------------------------------------------------------------------
-
-    def _cm(self) -> tuple[CMEventChannel, CMID]:
-        if self._id is None:
-            self._channel = CMEventChannel()
-            self._id = CMID(self._channel)
-        return self._channel, self._id
-
-    def bind(self, address: tuple[str, int]) -> None:
-        self._check_open()
-        host, port = _addr(address, "bind")
-        _, cid = self._cm()
-        try:
-            cid.bind_addr(AddrInfo(src=host, src_service=str(port), flags=RAI_PASSIVE))
-        except PyverbsRDMAError as e:
-            raise _os_error(e, "bind") from None
-
-    def getsockname(self) -> tuple[str, int]:
-        if self._conn is not None:
-            i = self._conn.cmid.id
-        elif self._id is not None:
-            i = self._id.id
-        else:
-            return ("0.0.0.0", 0)
-        ip = i.local_ip
-        return (str(ip) if ip is not None else "0.0.0.0", i.src_port)
-
-    def getpeername(self) -> tuple[str, int]:
-        if self._peer is None:
-            raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
-        return self._peer
 
     # ---- server -------------------------------------------------------------------------
 
@@ -151,7 +67,7 @@ class socket:
         try:
             cid.listen(backlog)
         except PyverbsRDMAError as e:
-            raise _os_error(e, "listen") from None
+            raise os_error(e, "listen") from None
         self._listening = True
         self._backlog = backlog
 
@@ -229,7 +145,7 @@ class socket:
     def connect(self, address: tuple[str, int]) -> None:
         """Resolve, connect, and return once the connection is ESTABLISHED."""
         self._check_open()
-        host, port = _addr(address, "connect")
+        host, port = check_address(address, "connect")
         ch, cid = self._cm()
         deadline = self._deadline()
         try:
@@ -240,14 +156,14 @@ class socket:
             cid.resolve_route()
             self._expect(E.RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "connect")
         except PyverbsRDMAError as e:
-            raise _os_error(e, "connect") from None
+            raise os_error(e, "connect") from None
         hub = Hub(cid.context, ch)
         conn = Connection(hub, cid, self.options)
         self._hub, self._conn = hub, conn
         try:
             cid.connect(conn.conn_param())
         except PyverbsRDMAError as e:
-            raise _os_error(e, "connect") from None
+            raise os_error(e, "connect") from None
         while True:
             ch_ = ch.channel
             if ch_.pending():
@@ -459,19 +375,6 @@ class socket:
             if conn.local_closed and conn.idle_tx():
                 return
             hub.wait(deadline)
-
-    def __enter__(self) -> "socket":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not self._closed:
-                self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "listening" if self._listening else \
