@@ -382,3 +382,18 @@ def test_rping_validate_reports_a_mismatch():
     assert cli.stderr.splitlines()[0] == "data mismatch!"
     assert "rping client failed: -1" in cli.stderr
     assert cli.stdout == ""  # stopped at the first ping
+
+
+def test_reply_ah_from_an_ipv6_grh_keeps_tclass_and_flow_label_and_refuses_a_stranger():
+    from softrdma.errors import PyverbsRDMAError
+    from softrdma.verbs_api.ah import ah_attr_from_wc as from_wc
+    src, dst = socket.inet_pton(socket.AF_INET6, "fd00::2"), \
+        socket.inet_pton(socket.AF_INET6, "fd00::1")
+    word = (6 << 28) | (0x2A << 20) | 0xBEEF5
+    grh = word.to_bytes(4, "big") + bytes(4) + src + dst
+    attr = from_wc(SimpleNamespace(slid=0, sl=0), grh, [bytes(16), dst])
+    assert attr.gr.dgid.raw == src and attr.gr.sgid_index == 1
+    assert (attr.gr.traffic_class, attr.gr.flow_label) == (0x2A, 0xBEEF5)
+    with pytest.raises(PyverbsRDMAError) as ei:
+        from_wc(SimpleNamespace(slid=0, sl=0), grh, [bytes(16)])
+    assert ei.value.error_code == 22 and "GID table" in str(ei.value)

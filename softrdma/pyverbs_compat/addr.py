@@ -80,23 +80,8 @@ def _ah_attr_from_wc(pd: Any, wc: Any, port_num: int, grh: Any) -> AHAttr:
             break
     if raw is None or not wc.wc_flags & 1:  # IBV_WC_GRH
         raise PyverbsRDMAError(what, errno.EINVAL)
-    ip4 = raw[20:]
-    if ip4[0] >> 4 == 4:
-        sgid = bytes(10) + b"\xff\xff" + ip4[12:16]
-        dgid = bytes(10) + b"\xff\xff" + ip4[16:20]
-        tclass, flow = ip4[1], 0
-    else:
-        sgid, dgid = raw[8:24], raw[24:40]
-        tclass = (int.from_bytes(raw[0:4], "big") >> 20) & 0xFF
-        flow = int.from_bytes(raw[0:4], "big") & 0xFFFFF
-    table = ctx.device.gid_table
-    if dgid not in table:
-        raise PyverbsRDMAError(what, errno.EINVAL)
-    gr = GlobalRoute(dgid=GID(":".join(sgid.hex()[i:i + 4] for i in range(0, 32, 4))),
-                     flow_label=flow, sgid_index=table.index(dgid), hop_limit=0xFF,
-                     traffic_class=tclass)
-    return AHAttr(port_num=port_num, sl=getattr(wc, "sl", 0), is_global=1, gr=gr,
-                  dlid=getattr(wc, "slid", 0))
+    from ..verbs_api.ah import ah_attr_from_wc
+    return ah_attr_from_wc(wc, raw, ctx.device.gid_table, port_num)
 
 
 def gid_str(subnet_prefix: int, interface_id: int) -> str:

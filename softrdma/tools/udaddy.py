@@ -23,7 +23,6 @@ changes it here (a softrdma addition). Output lines and status as udaddy's.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from typing import Any
 
 from ..enums import IBV_ACCESS_LOCAL_WRITE, IBV_QPT_UD, IBV_SEND_SIGNALED, IBV_WR_SEND_WITH_IMM
@@ -61,29 +60,13 @@ def add_parser(sub: Any) -> None:
 
 
 def ah_attr_from_wc(wc: Any, grh: bytes, device: Any, port_num: int = 1) -> Any:
-    """``ibv_init_ah_from_wc`` on RoCE: the address to answer a UD receive, from the 40
-    bytes of GRH area at the start of its buffer (IPv4: the IP header in the last 20)."""
-    from ..verbs_api import AHAttr, GlobalRoute
-    if len(grh) < GRH_SIZE:
-        raise ToolError("the receive buffer holds no GRH")
-    if grh[20] >> 4 == 4:  # RoCEv2 over IPv4
-        tclass = grh[21]
-        src = ipaddress.IPv4Address(grh[32:36])
-        dst = ipaddress.IPv4Address(grh[36:40])
-        dgid = b"\0" * 10 + b"\xff\xff" + src.packed
-        sgid = b"\0" * 10 + b"\xff\xff" + dst.packed
-    else:  # an IPv6 header (RoCEv2) or an IB GRH (RoCEv1): same layout
-        tclass = ((grh[0] & 0x0F) << 4) | (grh[1] >> 4)
-        sgid, dgid = bytes(grh[24:40]), bytes(grh[8:24])
-    table = [bytes(g) for g in device.gid_table]
-    # the RoCEv2 entry of the address (librdmacm picks the gid type of the packet)
-    idx = max((i for i, g in enumerate(table) if g == sgid), default=None)
-    if idx is None:
-        raise ToolError("udaddy: failed to create reply AH (no GID for the packet's "
-                        "destination)")
-    return AHAttr(dlid=wc.slid, sl=wc.sl, is_global=1, port_num=port_num,
-                  gr=GlobalRoute(dgid=dgid, sgid_index=idx, hop_limit=0xFF,
-                                 traffic_class=tclass))
+    """The reply AH's attributes from a UD receive (``ibv_create_ah_from_wc``, as udaddy
+    calls it): :func:`softrdma.verbs_api.ah.ah_attr_from_wc` with the tool's errors."""
+    from ..verbs_api.ah import ah_attr_from_wc as from_wc
+    try:
+        return from_wc(wc, grh, device.gid_table, port_num)
+    except PyverbsRDMAError as e:
+        raise ToolError(f"udaddy: failed to create reply AH ({e})") from None
 
 
 class Test(cmatose.Test):

@@ -17,7 +17,7 @@ from ._check import U8, U16, as_flag, as_int, require
 from .base import Resource
 from .pd import PD
 
-__all__ = ["AH", "AddressVector", "resolve_av"]
+__all__ = ["AH", "AddressVector", "resolve_av", "ah_attr_from_wc"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +91,32 @@ class AH(Resource):
         if not self.closed:
             self._release(self.pd)
         super()._destroy()
+
+
+def ah_attr_from_wc(wc: Any, grh: bytes, gid_table: list[bytes], port_num: int = 1) -> AHAttr:
+    """``ibv_init_ah_from_wc`` on RoCE: the address that answers a UD receive, from the 40
+    bytes at the start of its buffer -- a GRH (IPv6, or RoCEv1), or for RoCEv2 over IPv4 20
+    unused bytes and the packet's IPv4 header. The reply goes to the packet's source, from
+    the GID table entry holding its destination. EINVAL if there is no such entry."""
+    what = "Failed to create AH from WC"
+    grh = bytes(grh)
+    if len(grh) < 40:
+        raise PyverbsRDMAError(f"{what}: the receive buffer holds no GRH", errno.EINVAL)
+    if grh[20] >> 4 == 4:  # RoCEv2 over IPv4
+        mapped = bytes(10) + b"\xff\xff"
+        src, dst = mapped + grh[32:36], mapped + grh[36:40]
+        tclass, flow = grh[21], 0
+    else:  # an IPv6 header (RoCEv2) or an IB GRH (RoCEv1): one layout
+        word = int.from_bytes(grh[0:4], "big")
+        src, dst = grh[8:24], grh[24:40]
+        tclass, flow = (word >> 20) & 0xFF, word & 0xFFFFF
+    table = [bytes(g) for g in gid_table]
+    if dst not in table:
+        raise PyverbsRDMAError(f"{what}: no GID table entry holds the packet's destination",
+                               errno.EINVAL)
+    # the last entry holding it: the RoCEv2 one (librdmacm picks the packet's GID type)
+    idx = max(i for i, g in enumerate(table) if g == dst)
+    return AHAttr(dlid=getattr(wc, "slid", 0), sl=getattr(wc, "sl", 0), is_global=1,
+                  port_num=port_num, gr=GlobalRoute(dgid=GID(src), flow_label=flow,
+                                                    sgid_index=idx, hop_limit=0xFF,
+                                                    traffic_class=tclass))
