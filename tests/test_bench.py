@@ -61,3 +61,30 @@ def test_bench_socket_prints_both_kinds_for_every_size():
     for size, rmsgs, rmb, tmsgs, tmb, ratio in rows:
         assert float(rmsgs) > 0 and float(tmsgs) > 0  # both sides moved messages
         assert abs(float(ratio) - float(rmsgs) / float(tmsgs)) < 0.01
+
+
+def test_bench_verbs_on_the_soft_device_runs_the_pyverbs_loop_and_says_why_others_did_not():
+    # on a machine without RDMA devices only the softrdma row has numbers; the real-device
+    # rows (pyverbs, ib_write_bw) are the lab's (tests/interop/test_backend_bench.py)
+    r = _bench("verbs", "--small-iters", "300", "--big-iters", "30")
+    assert r.returncode == 0, r.stderr
+    rows = {line[:34].strip(): line[34:].split() for line in r.stdout.splitlines()
+            if line.startswith(("ib_write_bw", "pyverbs", "softrdma"))}
+    assert rows["softrdma (soft device)"][0] != "n/a"
+    assert float(rows["softrdma (soft device)"][0].replace(",", "")) > 0
+    assert float(rows["softrdma (soft device)"][1].replace(",", "")) > 0
+    assert rows["ib_write_bw (perftest, C)"] == ["n/a", "n/a"]
+    assert "ib_write_bw: not a real device" in r.stdout
+
+
+def test_the_write_loop_refuses_to_report_when_the_data_did_not_land(tmp_path):
+    # the loop checks the target MR; a loop whose writes went nowhere must fail, not print a
+    # rate (here: the written pattern is changed after the loop, in a copy of the program)
+    from softrdma.bench.verbs import LOOP
+    prog = tmp_path / "loop.py"
+    src = open(LOOP).read()
+    assert "got = dst.read(size, 0)" in src
+    prog.write_text(src.replace("got = dst.read(size, 0)", "got = bytes(size)"))
+    r = subprocess.run([sys.executable, "-m", "softrdma.run", str(prog), "softrdma0", "0",
+                        "64", "10"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "does not hold what was written" in r.stderr

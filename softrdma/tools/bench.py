@@ -1,4 +1,4 @@
-"""``softrdma bench wire|engines|qps|udp|socket``: the benchmarks of :mod:`softrdma.bench`, each
+"""``softrdma bench wire|engines|qps|udp|socket|verbs``: the benchmarks of :mod:`softrdma.bench`, each
 printing its numbers beside a baseline measured in the same run."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from ..bench.engines import run_engine_bench
 from ..bench.socket import run_socket_bench
 from ..bench.qps import QP_TARGET_BYTES, QP_TARGET_COUNT, QP_TARGET_SECONDS, run_qp_bench
 from ..bench.udp import run_udp_bench
+from ..bench.verbs import run_verbs_bench
 from ..bench.wire import MAX_PAYLOAD, run_wire_bench
 from .argtypes import int_range, positive_float
 
@@ -17,8 +18,8 @@ __all__ = ["add_parser"]
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks beside their baselines: wire, engines, qps, "
-                                     "udp, socket", description=__doc__)
-    b = p.add_subparsers(dest="bench_cmd", metavar="{wire,engines,qps,udp,socket}",
+                                     "udp, socket, verbs", description=__doc__)
+    b = p.add_subparsers(dest="bench_cmd", metavar="{wire,engines,qps,udp,socket,verbs}",
                          required=True)
 
     w = b.add_parser("wire", help="parse/build + ICRC beside bare zlib.crc32",
@@ -74,6 +75,26 @@ def add_parser(sub: Any) -> None:
     k.add_argument("--port", type=int_range(1, 65534), default=20700,
                    help="TCP port, and the rdma_cm port + 1 (default 20700)")
     k.set_defaults(func=_socket)
+
+    v = b.add_parser("verbs", help="one RDMA WRITE loop: softrdma, pyverbs, ib_write_bw",
+                     description="The same pyverbs RDMA WRITE loop (two RC QPs in loopback, "
+                                 "64 B and 64 KiB) through softrdma (on the backend the device "
+                                 "selects), through Debian's pyverbs and beside perftest's "
+                                 "ib_write_bw, on one device, in one run.")
+    v.add_argument("-d", "--device", default="softrdma0",
+                   help="device name (default softrdma0; rxe0 in a lab guest)")
+    v.add_argument("-g", "--gid-index", type=int_range(0, 255), default=None,
+                   help="GID index (default 1 on a real device, 0 on a soft one)")
+    v.add_argument("--small-iters", type=int_range(1, None), default=5000,
+                   help="64-byte writes (default 5000)")
+    v.add_argument("--big-iters", type=int_range(1, None), default=1000,
+                   help="64 KiB writes (default 1000)")
+    v.set_defaults(func=_verbs)
+
+
+def _verbs(a: argparse.Namespace) -> int:
+    r = run_verbs_bench(a.device, a.gid_index, a.small_iters, a.big_iters)
+    return 1 if any("error" in x for x in r["softrdma"].values()) else 0
 
 
 def _socket(a: argparse.Namespace) -> int:
