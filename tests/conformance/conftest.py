@@ -72,10 +72,32 @@ DIFFERENCES: dict[str, dict[str, object]] = {
         "soft": "EINVAL",
         "rxe": "accepted",
     },
+    "recv_too_small": {
+        "rule": "A SEND longer than the receive WQE, as (requester status, responder "
+                "status). softrdma treats it as the IBTA length error (NAK invalid request: "
+                "REM_INV_REQ_ERR on both sides, docs/datapath.md). rxe (6.1, the lab's "
+                "kernel): copy_data returns -EINVAL for data beyond the WQE, send_data_in "
+                "maps anything but -ENOSPC to RESPST_ERR_MALFORMED_WQE: NAK remote "
+                "operational error, REM_OP_ERR at the requester, LOC_QP_OP_ERR at the "
+                "responder (tests/test_datapath_errors.py notes the same). Decided by the "
+                "device kind.",
+        "soft": ("IBV_WC_REM_INV_REQ_ERR", "IBV_WC_REM_INV_REQ_ERR"),
+        "rxe": ("IBV_WC_REM_OP_ERR", "IBV_WC_LOC_QP_OP_ERR"),
+    },
+    "non_ipv4_gid_network": {
+        "rule": "Only with SOFTRDMA_CONFORMANCE_GID naming a GID that is not IPv4-mapped (index "
+                "0, the link-local fe80:: GID): the network header a UD receive reports in its "
+                "GRH area. rxe sends such a GID over IPv6 (its netdev has the link-local "
+                "address): an IPv6 header. softrdma's devices live on an IPv4 address and "
+                "carry every GID of their table over it (docs/pyverbs.md, GID index 0): "
+                "20 zero bytes and an IPv4 header. Decided by the device kind.",
+        "soft": "ipv4",
+        "rxe": "ipv6",
+    },
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kind(ctx) -> str:
     return device_kind(ctx.name if isinstance(ctx.name, str) else ctx.name.decode())
 
@@ -92,7 +114,7 @@ def differs(kind):
 
 # -- session objects -------------------------------------------------------------------------
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ctx():
     name = os.environ.get(DEVICE_ENV) or None
     c = Context(name=name) if name else Context()
@@ -100,23 +122,23 @@ def ctx():
     c.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gid_index(ctx) -> int:
     return int(os.environ.get(GID_ENV, DEFAULT_GID_INDEX))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def port(ctx):
     return ctx.query_port(1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def mtu(port) -> int:
     """The path MTU for connected QPs: the port's active MTU (an IBV_MTU_* value)."""
     return int(port.active_mtu)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def mtu_bytes(mtu) -> int:
     return 128 << mtu  # IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5
 
