@@ -394,3 +394,108 @@ def test_send_with_invalidate(res):
     wr.set_wr_rdma(rkey, target.buf)
     a.post_send(wr)
     one(res.cq, 3, status=E.IBV_WC_REM_ACCESS_ERR)  # the window is gone
+
+
+def test_sq_sig_all_completes_unsignaled_wrs(res):
+    a, b = res.qp(RC, sq_sig_all=1), res.qp(RC)
+    res.connect(a, b.qp_num, rq_psn=1, sq_psn=2)
+    res.connect(b, a.qp_num, rq_psn=2, sq_psn=1)
+    mr = res.mr()
+    b.post_recv(recv_wr(mr, 1024, 64, wr_id=10))
+    a.post_send(send_wr(mr, 0, 8, wr_id=1, flags=0))
+    wcs = poll(res.cq, 2)
+    assert sorted((w.wr_id, w.status) for w in wcs) == [(1, OK), (10, OK)]
+
+
+@CONNECTED
+def test_zero_length_send_and_write(res, qpt):
+    a, b = res.pair(qpt)
+    mr = res.mr()
+    b.post_recv(recv_wr(mr, 0, 64, wr_id=1))
+    a.post_send(SendWR(wr_id=2))  # no SGE: a zero-length message
+    wcs = poll(res.cq, 2)
+    r = next(w for w in wcs if w.qp_num == b.qp_num)
+    assert all(w.status == OK for w in wcs) and r.byte_len == 0
+    # a zero-length WRITE checks no rkey (C9-88)
+    wr = SendWR(wr_id=3, opcode=E.IBV_WR_RDMA_WRITE)
+    wr.set_wr_rdma(0, 0)
+    a.post_send(wr)
+    one(res.cq, 3, opcode=E.IBV_WC_RDMA_WRITE)
+
+
+def test_reads_and_atomics_queue_behind_max_rd_atomic(res):
+    """max_rd_atomic 1: one READ/atomic in flight at a time; many posted complete, in order,
+    each with its own data."""
+    a, b = res.pair(RC, QPCap(max_send_wr=8, max_recv_wr=1), rd_atomic=1)
+    local, remote = res.mr(8192), res.mr(8192)
+    for i in range(4):
+        remote.write(bytes([0x40 + i]) * 100, 100, 1000 * i)
+    for i in range(4):
+        wr = send_wr(local, 1000 * i, 100, wr_id=i, opcode=E.IBV_WR_RDMA_READ)
+        wr.set_wr_rdma(remote.rkey, remote.buf + 1000 * i)
+        a.post_send(wr)
+    wr = send_wr(local, 7000, 8, wr_id=4, opcode=E.IBV_WR_ATOMIC_FETCH_AND_ADD)
+    wr.set_wr_atomic(remote.rkey, remote.buf + 6000, 1)
+    a.post_send(wr)
+    wcs = poll(res.cq, 5)
+    assert [(w.wr_id, w.status) for w in wcs] == [(i, OK) for i in range(5)]
+    for i in range(4):
+        assert local.read(100, 1000 * i) == bytes([0x40 + i]) * 100
+    assert U64.unpack(remote.read(8, 6000))[0] == 1
+
+
+@CONNECTED
+def test_psn_wraps_at_2_24(res, qpt, mtu_bytes):
+    """Start two PSNs before the 24-bit wrap: a 4-packet message and the next one cross it."""
+    a, b = res.qp(qpt), res.qp(qpt)
+    res.connect(a, b.qp_num, rq_psn=0xFFFFFE, sq_psn=0xFFFFFE)
+    res.connect(b, a.qp_num, rq_psn=0xFFFFFE, sq_psn=0xFFFFFE)
+    n = 3 * mtu_bytes + 1
+    src, dst = res.mr(n), res.mr(2 * n)
+    data = pattern(n, 13)
+    src.write(data, n, 0)
+    for i in range(2):
+        b.post_recv(recv_wr(dst, i * n, n, wr_id=10 + i))
+        a.post_send(send_wr(src, 0, n, wr_id=i))
+    wcs = poll(res.cq, 4)
+    assert sorted((w.wr_id, w.status) for w in wcs) == [(0, OK), (1, OK), (10, OK), (11, OK)]
+    assert dst.read(n, 0) == data and dst.read(n, n) == data
+    assert a.query(E.IBV_QP_STATE)[0].qp_state == E.IBV_QPS_RTS
+
+
+def test_ud_message_over_the_mtu_is_not_delivered(res, port):
+    """rxe (C10-93.1.1): a UD message larger than the port MTU is not sent, yet its send
+    completes successfully; the receiver gets nothing and the next message arrives."""
+    a, b = res.pair(UD)
+    mtu = 128 << int(port.active_mtu)
+    mr = res.mr(2 * mtu + 4096)
+    b.post_recv(recv_wr(mr, mtu + 1024, mtu + GRH_LEN, wr_id=1))
+    ah = res.ah()
+    wr = send_wr(mr, 0, mtu + 1, wr_id=2)
+    wr.set_wr_ud(ah, b.qp_num, QKEY)
+    a.post_send(wr)
+    assert [(w.wr_id, w.status) for w in poll(res.cq, 1)] == [(2, OK)]
+    poll_none(res.cq, 0.1)
+    wr = send_wr(mr, 0, mtu, wr_id=3)
+    wr.set_wr_ud(ah, b.qp_num, QKEY)
+    a.post_send(wr)
+    wcs = poll(res.cq, 2)
+    r = next(w for w in wcs if w.qp_num == b.qp_num)
+    assert (r.wr_id, r.status, r.byte_len) == (1, OK, mtu + GRH_LEN)
+
+
+def test_ud_wrong_qkey_is_dropped(res):
+    a, b = res.pair(UD)
+    mr = res.mr()
+    b.post_recv(recv_wr(mr, 1024, 512, wr_id=1))
+    ah = res.ah()
+    wr = send_wr(mr, 0, 8, wr_id=2)
+    wr.set_wr_ud(ah, b.qp_num, QKEY ^ 0x1)
+    a.post_send(wr)
+    assert [(w.wr_id, w.status) for w in poll(res.cq, 1)] == [(2, OK)]
+    poll_none(res.cq, 0.1)  # the receiver's Q_Key check drops it
+    wr.set_wr_ud(ah, b.qp_num, QKEY)
+    wr.wr_id = 3
+    a.post_send(wr)
+    wcs = poll(res.cq, 2)
+    assert sorted((w.wr_id, w.status) for w in wcs) == [(1, OK), (3, OK)]
