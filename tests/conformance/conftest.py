@@ -99,7 +99,8 @@ DIFFERENCES: dict[str, dict[str, object]] = {
 
 @pytest.fixture(scope="package")
 def kind(ctx) -> str:
-    return device_kind(ctx.name if isinstance(ctx.name, str) else ctx.name.decode())
+    name = os.environ.get(DEVICE_ENV) or getattr(ctx, "name", "")
+    return device_kind(name.decode() if isinstance(name, bytes) else name)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import errno
 
 import pytest
 
-from softrdma.verbs_api import SGE, QPAttr, QPCap, RecvWR, SendWR
+from softrdma.verbs_api import MW, SGE, MWBind, MWBindInfo, QPAttr, QPCap, RecvWR, SendWR
 from softrdma.verbs_api import enums as E
 
 from .conftest import (
@@ -289,3 +289,62 @@ def test_uc_and_ud_drop_a_message_without_a_receive(res):
         wcs = poll(res.cq, 2)
         assert sorted((w.wr_id, w.status) for w in wcs) == [(2, OK), (3, OK)]
         assert qp_state(b) == E.IBV_QPS_RTS
+
+
+# -- opcodes the transport cannot carry, memory windows -------------------------------------
+
+def test_uc_send_with_invalidate_fails_at_the_requester(res):
+    """rxe's WR table lets UC post SEND_WITH_INV, but its UC requester has no opcode for it:
+    IBV_WC_LOC_QP_OP_ERR, and the QP goes to ERR."""
+    a, b = res.pair(UC)
+    mr = res.mr()
+    b.post_recv(recv_wr(mr, 1024, 64, wr_id=1))
+    wr = send_wr(mr, 0, 8, wr_id=2, opcode=E.IBV_WR_SEND_WITH_INV)
+    wr.invalidate_rkey = mr.rkey
+    a.post_send(wr)
+    (wc,) = poll(res.cq, 1)
+    assert (wc.wr_id, wc.status, wc.qp_num) == (2, E.IBV_WC_LOC_QP_OP_ERR, a.qp_num)
+    assert qp_state(a) == E.IBV_QPS_ERR
+    assert qp_state(b) == E.IBV_QPS_RTS
+
+
+def test_mw_bind_to_an_mr_without_mw_bind_access(res):
+    a, _ = res.pair(RC)
+    mr = res.mr(4096, LW | RR)  # no IBV_ACCESS_MW_BIND
+    mw = res.keep(MW(res.pd, E.IBV_MW_TYPE_2))
+    bind = SendWR(wr_id=1, opcode=E.IBV_WR_BIND_MW, send_flags=E.IBV_SEND_SIGNALED)
+    bind.set_bind_wr(mw, MWBindInfo(mr, mr.buf, 64, RR))
+    a.post_send(bind)
+    (wc,) = poll(res.cq, 1)
+    assert (wc.wr_id, wc.status) == (1, E.IBV_WC_MW_BIND_ERR)
+    assert qp_state(a) == E.IBV_QPS_ERR
+
+
+def test_type2_window_works_only_through_its_qp(res):
+    """A type 2 window is bound to the QP that bound it: the same rkey through another
+    connection is a remote access error."""
+    a, b = res.pair(RC)
+    a2, b2 = res.pair(RC)
+    local = res.mr()
+    target = res.mr(4096, LW | RR | E.IBV_ACCESS_MW_BIND)
+    mw = res.keep(MW(res.pd, E.IBV_MW_TYPE_2))
+    bind = SendWR(wr_id=1, opcode=E.IBV_WR_BIND_MW, send_flags=E.IBV_SEND_SIGNALED)
+    bind.set_bind_wr(mw, MWBindInfo(target, target.buf, 4096, RR))
+    b.post_send(bind)
+    assert [(w.wr_id, w.status) for w in poll(res.cq, 1)] == [(1, OK)]
+    for qp, wr_id, status in ((a, 2, OK), (a2, 3, E.IBV_WC_REM_ACCESS_ERR)):
+        wr = send_wr(local, 0, 8, wr_id=wr_id, opcode=E.IBV_WR_RDMA_READ)
+        wr.set_wr_rdma(bind.bind_rkey, target.buf)
+        qp.post_send(wr)
+        assert [(w.wr_id, w.status) for w in poll(res.cq, 1)] == [(wr_id, status)]
+
+
+def test_mr_with_a_bound_window_cannot_be_deregistered(res):
+    a, _ = res.pair(RC)
+    mr = res.mr(4096, LW | RR | E.IBV_ACCESS_MW_BIND)
+    mw = MW(res.pd, E.IBV_MW_TYPE_1)
+    a.bind_mw(mw, MWBind(MWBindInfo(mr, mr.buf, 64, RR), E.IBV_SEND_SIGNALED, 9))
+    assert [(w.wr_id, w.status) for w in poll(res.cq, 1)] == [(9, OK)]
+    raises_errno(errno.EINVAL, mr.close)  # rxe_dereg_mr: windows still bound
+    mw.close()
+    mr.close()

@@ -16,12 +16,12 @@ import mmap
 import pytest
 
 from softrdma.verbs_api import (
-    AH, CQ, MR, MW, PD, QP, SRQ, AHAttr, GlobalRoute, QPCap, QPInitAttr, RecvWR,
+    AH, CQ, MR, MW, PD, QP, SRQ, AHAttr, GlobalRoute, QPAttr, QPCap, QPInitAttr, RecvWR,
     SrqAttr, SrqInitAttr,
 )
 from softrdma.verbs_api import enums as E
 
-from .conftest import LW, RA, RR, RW, raises_errno
+from .conftest import DIFFERENCES, LW, RA, RR, RW, M, device_kind, poll, raises_errno
 
 
 def ring(n: int) -> int:
@@ -234,3 +234,25 @@ def test_cq_in_use_by_a_qp_is_busy(res):
     res.qp(E.IBV_QPT_RC, scq=cq, rcq=cq)
     raises_errno(errno.EBUSY, cq.close)
 
+
+
+def test_cq_resize_below_the_completions_held_is_einval(res):
+    cq = res.cq_(16)
+    qp = res.qp(E.IBV_QPT_RC, QPCap(max_send_wr=1, max_recv_wr=8), rcq=cq)
+    res.to_init(qp)
+    for i in range(5):
+        qp.post_recv(RecvWR(wr_id=i))
+    qp.modify(QPAttr(qp_state=E.IBV_QPS_ERR), M.IBV_QP_STATE)  # five flushed receives
+    (first,) = poll(cq, 1)
+    assert first.wr_id == 0
+    raises_errno(errno.EINVAL, cq.resize, 3)  # four still held
+    cq.resize(4)
+    assert cq.cqe == 7
+    assert [w.wr_id for w in poll(cq, 4)] == [1, 2, 3, 4]
+
+
+def test_recorded_differences_are_complete():
+    for name, entry in DIFFERENCES.items():
+        assert {"rule", "soft", "rxe"} <= set(entry), name
+        assert len(entry["rule"]) > 40, name
+    assert device_kind("no-such-kernel-device") == "soft"
