@@ -20,6 +20,7 @@ reads its expectation from there through the ``differs`` fixture, so nothing is 
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import time
@@ -93,6 +94,31 @@ DIFFERENCES: dict[str, dict[str, object]] = {
                 "20 zero bytes and an IPv4 header. Decided by the device kind.",
         "soft": "ipv4",
         "rxe": "ipv6",
+    },
+    "empty_sgid_index": {
+        "rule": "An address vector (AH, or a QP's AV at INIT->RTR) naming an empty GID table "
+                "entry. softrdma: EINVAL (docs/verbs.md: a populated sgid_index is required). "
+                "rxe: the kernel resolves the sgid through ib_core's rdma_get_gid_attr, which "
+                "answers -ENODATA for an entry that is not valid (EINVAL only for an index "
+                "beyond the table, which a u8 sgid_index cannot reach on rxe's 1024-entry "
+                "table). The rxe value is read from the kernel source, not yet observed: the "
+                "first rxe0 run confirms or corrects it. Decided by the device kind.",
+        "soft": errno.EINVAL,
+        "rxe": errno.ENODATA,
+    },
+    "opcode_not_for_qp_type": {
+        "rule": "A WR opcode the QP type cannot carry (RDMA READ on UC, RDMA WRITE on UD). "
+                "softrdma refuses it at post_send with EINVAL (docs/verbs.md, after rxe's "
+                "rxe_wr_opcode_info table). With a user QP on rxe that table is never "
+                "consulted at post time: librxe's validate_send_wr (rdma-core providers/rxe/"
+                "rxe.c) checks only num_sge, atomic length/alignment, inline length and "
+                "BIND_MW, the doorbell carries no WR, and the kernel requester's next_opcode "
+                "finds no packet opcode: the WR completes with IBV_WC_LOC_QP_OP_ERR and the "
+                "QP goes to ERR, as softrdma already does for UC SEND_WITH_INV. Read from the "
+                "sources, not yet observed: the first rxe0 run confirms or corrects it. "
+                "Decided by the device kind.",
+        "soft": "EINVAL",
+        "rxe": "IBV_WC_LOC_QP_OP_ERR",
     },
 }
 

@@ -80,16 +80,26 @@ def test_inline_over_the_limit_is_einval(res):
                  send_wr(mr, 0, limit + 1, flags=E.IBV_SEND_SIGNALED | E.IBV_SEND_INLINE))
 
 
-def test_opcode_not_supported_by_the_qp_type_is_einval(res):
-    uc, _ = res.pair(UC)
-    ud, _ = res.pair(UD)
+@pytest.mark.parametrize("qpt,opcode", [(UC, E.IBV_WR_RDMA_READ), (UD, E.IBV_WR_RDMA_WRITE)],
+                         ids=["UC-READ", "UD-WRITE"])
+def test_opcode_the_qp_type_cannot_carry(res, differs, qpt, opcode):
+    a, b = res.pair(qpt)
     mr = res.mr()
-    wr = send_wr(mr, 0, 8, opcode=E.IBV_WR_RDMA_READ)
-    wr.set_wr_rdma(mr.rkey, mr.buf)
-    raises_errno(errno.EINVAL, uc.post_send, wr)  # UC has no READ
-    wr = send_wr(mr, 0, 8, opcode=E.IBV_WR_RDMA_WRITE)
-    wr.set_wr_rdma(mr.rkey, mr.buf)
-    raises_errno(errno.EINVAL, ud.post_send, wr)  # UD only sends
+    wr = send_wr(mr, 0, 8, wr_id=1, opcode=opcode)
+    wr.set_wr_rdma(mr.rkey, mr.buf + 1024)
+    if qpt == UD:
+        wr.set_wr_ud(res.ah(), b.qp_num, QKEY)
+    want = differs("opcode_not_for_qp_type")
+    if want == "EINVAL":
+        raises_errno(errno.EINVAL, a.post_send, wr)
+        poll_none(res.cq, 0.05)
+        assert qp_state(a) == E.IBV_QPS_RTS
+    else:
+        a.post_send(wr)
+        (wc,) = poll(res.cq, 1)
+        assert (wc.wr_id, wc.status) == (1, getattr(E, want))
+        assert qp_state(a) == E.IBV_QPS_ERR
+    assert mr.read(8, 1024) == bytes(8)
 
 
 # -- local errors ---------------------------------------------------------------------------
