@@ -120,6 +120,19 @@ DIFFERENCES: dict[str, dict[str, object]] = {
         "soft": "EINVAL",
         "rxe": "IBV_WC_LOC_QP_OP_ERR",
     },
+    "grh_ttl_tos": {
+        "rule": "The hop limit and traffic class of an AH, as the receiver's GRH area shows "
+                "them (IPv4 TTL and TOS). rxe puts them on the wire (prepare_ipv4_hdr: ttl = "
+                "grh.hop_limit, tos = grh.traffic_class) and copies the received IP header "
+                "into the GRH area. softrdma's transmit path carries neither (its packets "
+                "leave with the socket's default TTL 64 and TOS 0) and it synthesizes the "
+                "GRH's IPv4 header with TTL 64, TOS 0. This is a softrdma gap, not a design "
+                "choice: recorded so the lead can decide (fixing it means passing TTL/TOS "
+                "from the address vector to the UDP transport, IP_TTL/IP_TOS per send, and "
+                "IP_RECVTTL/IP_RECVTOS on receive). Decided by the device kind.",
+        "soft": (64, 0),
+        "rxe": "from the AH",
+    },
 }
 
 

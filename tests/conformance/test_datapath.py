@@ -12,7 +12,7 @@ import struct
 import pytest
 
 from softrdma.verbs_api import (
-    MW, SGE, SRQ, MWBind, MWBindInfo, QPCap, RecvWR, SendWR, SrqAttr, SrqInitAttr,
+    AH, MW, SGE, AHAttr, GlobalRoute, SRQ, MWBind, MWBindInfo, QPCap, RecvWR, SendWR, SrqAttr, SrqInitAttr,
 )
 from softrdma.verbs_api import enums as E
 
@@ -114,6 +114,27 @@ def test_ud_send_with_immediate_and_the_grh(res, differs):
     else:
         assert grh[0] >> 4 == 6 and grh[6] == 17  # IPv6, next header UDP
         assert grh[8:24] == grh[24:40] == gid
+
+
+def test_ud_grh_carries_the_ah_hop_limit_and_traffic_class(res, differs):
+    a, b = res.pair(UD)
+    mr = res.mr()
+    hop_limit, tclass = 7, 0x20
+    ah = res.keep(AH(res.pd, attr=AHAttr(is_global=1, port_num=1, gr=GlobalRoute(
+        dgid=res.gid, sgid_index=res.gid_index, hop_limit=hop_limit, traffic_class=tclass))))
+    b.post_recv(recv_wr(mr, 1024, GRH_LEN + 64, wr_id=1))
+    wr = send_wr(mr, 0, 16, wr_id=2)
+    wr.set_wr_ud(ah, b.qp_num, QKEY)
+    a.post_send(wr)
+    wcs = poll(res.cq, 2)
+    assert all(w.status == OK for w in wcs)
+    grh = mr.read(GRH_LEN, 1024)
+    if grh[20] == 0x45:  # IPv4 in the last 20 bytes
+        got = (grh[20 + 8], grh[20 + 1])
+    else:  # IPv6: hop limit, traffic class across the first two bytes
+        got = (grh[7], ((grh[0] & 0xF) << 4) | (grh[1] >> 4))
+    want = differs("grh_ttl_tos")
+    assert got == ((hop_limit, tclass) if want == "from the AH" else tuple(want))
 
 
 @CONNECTED
