@@ -12,7 +12,8 @@ import struct
 import pytest
 
 from softrdma.verbs_api import (
-    AH, MW, SGE, AHAttr, GlobalRoute, SRQ, MWBind, MWBindInfo, QPCap, RecvWR, SendWR, SrqAttr, SrqInitAttr,
+    AH, MW, SGE, SRQ, AHAttr, GlobalRoute, MWBind, MWBindInfo, QPCap, RecvWR, SendWR, SrqAttr,
+    SrqInitAttr,
 )
 from softrdma.verbs_api import enums as E
 
