@@ -1,0 +1,136 @@
+"""Rules about the responder's answers: AETH syndromes, ACK PSNs, the MSN, coalesced ACKs,
+and what a NAK obliges the requester to do.
+
+Every response with an AETH acknowledges the requests up to a PSN ("upto"): the response's
+own PSN for an ACK, a READ response or an atomic ACK (9.7.5.1.2: a response implicitly
+acknowledges everything before it), the PSN before it for a NAK (the NAK'd request itself
+is not done). A response whose upto is older than what was already acknowledged is a
+duplicate answer (rxe re-ACKs duplicate requests, replays READ responses and atomic ACKs)
+and moves nothing.
+
+The MSN counts the messages the responder has completed: a SEND or WRITE at its LAST or
+ONLY packet, a READ or atomic when it is accepted (C9-148). So between two responses the
+MSN must grow by exactly the number of messages that end in between.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from ..qp.params import RNR_NAK_USEC
+from ..qp.psn import psn_add, psn_diff
+from ..wire.headers import AETH_ACK_UNLIMITED, AethType, aeth_syndrome_name
+from ..wire.opcodes import Opcode
+from .decode import Packet
+from .rules import Sink
+from .sequence import RETRY
+from .state import FlowState, Nak
+
+__all__ = ["on_request", "on_response", "at_end"]
+
+_ACK = int(Opcode.RC_ACKNOWLEDGE)
+_ATOMIC_ACK = int(Opcode.RC_ATOMIC_ACKNOWLEDGE)
+_MSN_MASK = 0xFFFFFF
+_SLACK = 2e-6  # pcap timestamps are microseconds: forgive their rounding
+
+
+def on_request(st: FlowState, p: Packet, kind: str, sink: Sink) -> None:
+    """Follow a pending NAK: the next resend must start at the NAK'd PSN, not too early."""
+    nak = st.nak
+    if nak is None:
+        return
+    if kind != RETRY and p.psn != nak.psn:
+        nak.new_after += 1  # sent before the NAK reached the requester
+        return
+    st.nak = None
+    if p.psn != nak.psn:
+        sink.add("NAK-RETRY", p.frame, f"resend starts at PSN {p.psn} after the NAK of frame "
+                                       f"{nak.frame}, expected PSN {nak.psn}", st.flow.label)
+        return
+    if nak.rnr_timer is not None:
+        wait = RNR_NAK_USEC[nak.rnr_timer] * 1e-6
+        waited = p.ts - nak.ts
+        if waited + _SLACK < wait:
+            sink.add("RNR-WAIT", p.frame, f"resent PSN {p.psn} {waited * 1e6:.0f} us after the "
+                                          f"RNR NAK of frame {nak.frame}, expected at least "
+                                          f"{wait * 1e6:.0f} us (timer {nak.rnr_timer})",
+                     st.flow.label)
+
+
+def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
+    """Judge one response. ``valid`` is False when the READ or atomic rules found it answers
+    nothing, so it must not move the acknowledged PSN or the MSN."""
+    b, label = p.bth, st.flow.label
+    syn = b.syndrome
+    kind = None
+    if syn is not None:
+        kind = syn & 0x60
+        code = syn & 0x1F
+        if kind == AethType.RESERVED or (kind == AethType.NAK and code > 4):
+            sink.add("AETH-SYNDROME", p.frame, f"syndrome 0x{syn:02x} "
+                                               f"({aeth_syndrome_name(syn)}) is reserved; "
+                                               "expected ACK, RNR NAK or NAK codes 0-4", label)
+            return
+        if b.opcode != _ACK and kind != AethType.ACK:
+            sink.add("AETH-SYNDROME", p.frame, f"{p.info.name} carries "
+                                               f"{aeth_syndrome_name(syn)}, expected an ACK "
+                                               "syndrome", label)
+            return
+        if kind == AethType.ACK and code != AETH_ACK_UNLIMITED:
+            sink.add("ACK-CREDIT", p.frame, f"credit {code}, rxe always advertises "
+                                            f"{AETH_ACK_UNLIMITED} (unlimited)", label)
+    if st.first_psn is None or syn is None or not valid:
+        return  # nothing captured to judge it against, a READ MIDDLE, or already reported
+    if b.opcode in (_ACK, _ATOMIC_ACK):
+        if psn_diff(p.psn, st.first_psn) < 0:
+            return  # answers a request from before the capture
+        if psn_diff(p.psn, st.max_psn) > 0:
+            sink.add("ACK-PSN", p.frame, f"{aeth_syndrome_name(syn).split()[0]} for PSN "
+                                         f"{p.psn}, but the requester has sent PSNs up to "
+                                         f"{st.max_psn} only", label)
+            return
+    upto = p.psn if kind == AethType.ACK else psn_add(p.psn, -1)
+    if st.acked is not None and psn_diff(upto, st.acked) < 0:
+        return  # a duplicate answer
+    _msn(st, p, upto, sink)
+    st.acked, st.acked_frame = upto, p.frame
+    for psn in [q for q in st.need_ack if psn_diff(q, upto) <= 0]:
+        del st.need_ack[psn]
+    if kind == AethType.RNR_NAK or (kind == AethType.NAK and syn & 0x1F == 0):
+        st.nak = Nak(p.frame, p.ts, p.psn, syn & 0x1F if kind == AethType.RNR_NAK else None)
+
+
+def _msn(st: FlowState, p: Packet, upto: int, sink: Sink) -> None:
+    ends = st.msg_ends
+    i = st.msn_idx
+    done = 0
+    while i < len(ends) and psn_diff(ends[i], upto) <= 0:
+        i += 1
+        done += 1
+    st.msn_idx = i
+    seen = p.bth.msn
+    if st.msn is None:
+        st.msn, st.msn_upto = seen, upto  # the first response sets the baseline
+        return
+    want = (st.msn + done) & _MSN_MASK
+    if seen != want:
+        sink.add("MSN", p.frame, f"MSN {seen}, expected {want} ({done} message(s) completed "
+                                 f"since MSN {st.msn} at PSN {st.msn_upto})", st.flow.label)
+    # go on from the expected value: one bad MSN is one violation, not one per response
+    st.msn, st.msn_upto = want, upto
+
+
+def at_end(st: FlowState, responder_frames: list[int], sink: Sink) -> None:
+    """What the capture should have shown by its end."""
+    for psn, frame in st.need_ack.items():
+        # the capture may simply end before the ACK; only a responder that went on
+        # talking and never acknowledged is at fault
+        if bisect.bisect_right(responder_frames, frame) < len(responder_frames):
+            sink.add("ACK-COVER", frame, f"AckReq request at PSN {psn} never acknowledged "
+                                         f"(acknowledged up to {st.acked}), though the "
+                                         "responder sent later frames", st.flow.label)
+    nak = st.nak
+    if nak is not None and nak.new_after:
+        sink.add("NAK-RETRY", nak.frame, f"the requester sent {nak.new_after} new request(s) "
+                                         f"after this NAK but never resent PSN {nak.psn}",
+                 st.flow.label)

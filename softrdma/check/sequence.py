@@ -1,0 +1,187 @@
+"""Rules about the requester's packets: PSN order, opcode sequences, sizes, retransmissions.
+
+Every request is classified against the PSN the next new request must carry:
+
+* equal: a **new** packet. It must continue the opcode sequence (9.4: FIRST, MIDDLE...,
+  LAST or ONLY; nothing else starts before LAST), have the right size for the path MTU,
+  and it moves the expected PSN on by one (a READ by one per response packet it asks for).
+* ahead: packets are missing. Reported (PSN-SEQ), then taken as new, so one gap is one
+  violation rather than one per following packet.
+* behind, on RC: a **retransmission** (go-back-N). A go-back must start at a PSN that is
+  not yet acknowledged, and resend what was sent at each PSN. Once started, a burst may
+  run on past an ACK that arrives meanwhile: rxe's requester sends the whole go-back
+  before its completer handles the ACK (pcaps/linux-rxe/rc_pingpong.pcap, frames 35-40
+  and 58-64, shows it twice). UC never retransmits, so there it is a PSN-SEQ violation.
+
+The first request of a flow in the capture sets the baseline; a capture that starts in the
+middle of a message may begin with MIDDLE or LAST.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..qp.psn import psn_add, psn_diff
+from .decode import Packet
+from .rules import Sink
+from .state import FlowState, Read, read_packets
+
+__all__ = ["on_request", "check_size", "NEW", "RETRY"]
+
+NEW = "new"
+RETRY = "retry"
+_IGNORED_ON_RETRY = ("ackreq", "psn", "fecn", "becn")  # may differ on a resend
+
+
+def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
+    """Judge one request packet; return NEW or RETRY."""
+    psn = p.psn
+    if st.next_psn is not None:
+        d = psn_diff(psn, st.next_psn)
+        if d < 0 and st.rc:
+            _retry(st, p, sink)
+            return RETRY
+        if d:
+            what = (f"{d} PSN(s) skipped" if d > 0 else
+                    f"went back {-d} (UC never retransmits)")
+            sink.add("PSN-SEQ", p.frame, f"PSN {psn}, expected {st.next_psn}: {what}",
+                     st.flow.label)
+    _new(st, p, sink)
+    return NEW
+
+
+def check_size(p: Packet, mtu: int | None, sink: Sink, label: str, rule: str = "MTU-SIZE"
+               ) -> None:
+    """FIRST/MIDDLE carry exactly one MTU; LAST 1..MTU; ONLY at most one MTU."""
+    if mtu is None:
+        return
+    info, n = p.info, p.bth.payload_len
+    if info.only:
+        ok, want = n <= mtu, f"at most {mtu}"
+    elif info.last:
+        ok, want = 0 < n <= mtu, f"1..{mtu}"
+    else:
+        ok, want = n == mtu, f"{mtu} (the path MTU)"
+    if not ok:
+        sink.add(rule, p.frame, f"{info.name} carries {n} bytes, expected {want}", label)
+
+
+def _kind(info: Any) -> str | None:
+    """The multi-packet operation an opcode belongs to."""
+    if info.send:
+        return "send"
+    if info.write:
+        return "write"
+    return None
+
+
+def _new(st: FlowState, p: Packet, sink: Sink) -> None:
+    info, b, label = p.info, p.bth, st.flow.label
+    psn = p.psn
+    kind = _kind(info)
+    # opcode sequence (9.4)
+    if info.first or (kind is None):
+        if st.in_msg in ("send", "write"):
+            sink.add("OPSEQ", p.frame, f"{info.name} starts a new request while a "
+                                       f"{st.in_msg.upper()} message is unfinished (expected "
+                                       f"{st.in_msg.upper()} MIDDLE or LAST)", label)
+        st.in_msg = None if info.last else kind
+        st.msg_bytes = 0
+        st.msg_len = b.dma_len if kind == "write" else None
+    else:  # MIDDLE or LAST
+        if st.in_msg not in ("?", kind):
+            expected = ("FIRST or ONLY" if st.in_msg is None else
+                        f"{st.in_msg.upper()} MIDDLE or LAST")
+            sink.add("OPSEQ", p.frame, f"{info.name} but expected {expected}", label)
+        st.in_msg = None if info.last else kind
+    if kind is not None:
+        check_size(p, st.mtu_req, sink, label)
+    # an RDMA WRITE's bytes must add up to its RETH length
+    if kind == "write":
+        st.msg_bytes += b.payload_len
+        if info.last and st.msg_len is not None and st.msg_bytes != st.msg_len:
+            sink.add("WRITE-LEN", p.frame, f"RDMA WRITE of {st.msg_bytes} bytes, its RETH "
+                                           f"says {st.msg_len}", label)
+    if st.rc and info.last and not b.ackreq:
+        sink.add("ACKREQ-LAST", p.frame, f"{info.name} ends a message without AckReq", label)
+    # PSN accounting
+    n: int | None = 1
+    if info.read:
+        mtu = st.mtu
+        if mtu is None:
+            # no FIRST/MIDDLE anywhere: the responses are ONLY, unless none were captured
+            n = 1 if (b.dma_len <= 256 or st.flow.responses) else None
+        else:
+            n = read_packets(b.dma_len, mtu)
+        st.reads.append(Read(psn, n, b.va, b.rkey, b.dma_len, p.frame))
+    if st.first_psn is None:
+        st.first_psn = psn
+    st.retry_next = None
+    st.sent.setdefault(psn, p)
+    if info.last:
+        st.msg_ends.append(psn)  # a READ or atomic completes when accepted (C9-148)
+        if st.rc and b.ackreq and not info.read and not info.atomic:
+            st.need_ack[psn] = p.frame
+    if n is None:
+        st.next_psn = None  # the READ's size in PSNs is unknown: rebaseline on the next
+        st.max_psn = psn
+    else:
+        st.next_psn = psn_add(psn, n)
+        st.max_psn = psn_add(psn, n - 1)
+
+
+def _fields(p: Packet) -> dict[str, Any]:
+    f = p.bth.fields()
+    for k in _IGNORED_ON_RETRY:
+        f.pop(k, None)
+    return f
+
+
+def _retry(st: FlowState, p: Packet, sink: Sink) -> None:
+    psn, label = p.psn, st.flow.label
+    burst = st.retry_next is not None and psn == st.retry_next
+    orig = st.sent.get(psn)
+    r = st.find_read(psn)
+    taken = 1
+    if r is not None and r.n is not None:
+        taken = r.n - psn_diff(psn, r.psn)
+    st.retry_next = psn_add(psn, taken)
+    if not burst and st.acked is not None and psn_diff(psn, st.acked) <= 0:
+        sink.add("RETRY-RANGE", p.frame, f"{p.info.name} resends PSN {psn}, but PSNs up to "
+                                         f"{st.acked} were acknowledged (frame "
+                                         f"{st.acked_frame}); expected PSN "
+                                         f"{psn_add(st.acked, 1)} or later", label)
+    if orig is not None:
+        a, b = _fields(orig), _fields(p)
+        if a != b:
+            diff = ", ".join(f"{k} {b.get(k)} (was {a.get(k)})" for k in sorted(set(a) | set(b))
+                             if a.get(k) != b.get(k))
+            sink.add("RETRY-SAME", p.frame, f"resend of PSN {psn} (frame {orig.frame}) "
+                                            f"differs: {diff}", label)
+        elif bytes(orig.bth.payload) != bytes(p.bth.payload):
+            at = next(i for i, (x, y) in enumerate(zip(bytes(orig.bth.payload),
+                                                       bytes(p.bth.payload))) if x != y)
+            sink.add("RETRY-SAME", p.frame, f"resend of PSN {psn} (frame {orig.frame}) "
+                                            f"carries other bytes (first at offset {at})",
+                     label)
+        return
+    if r is not None:
+        k = psn_diff(psn, r.psn)
+        r.restarts.add(k)
+        mtu = st.mtu
+        b = p.bth
+        if not p.info.read:
+            sink.add("RETRY-SAME", p.frame, f"{p.info.name} at PSN {psn}, inside the READ of "
+                                            f"frame {r.frame}: expected a READ request", label)
+        elif mtu is not None:
+            want = (r.va + k * mtu, r.rkey, r.length - k * mtu)
+            got = (b.va, b.rkey, b.dma_len)
+            if got != want:
+                sink.add("RETRY-SAME", p.frame,
+                         f"re-READ from PSN {psn} ({k} responses into the READ of frame "
+                         f"{r.frame}): va=0x{got[0]:x} rkey=0x{got[1]:x} len={got[2]}, "
+                         f"expected va=0x{want[0]:x} rkey=0x{want[1]:x} len={want[2]}", label)
+        return
+    if st.seen(psn):
+        sink.add("RETRY-SAME", p.frame, f"resend of PSN {psn}, but no request was sent at "
+                                        "that PSN", label)

@@ -1,0 +1,100 @@
+"""What the checker knows about one flow (a requester and its responder) at a point in the
+capture. The rule modules read and update it as :func:`softrdma.check.flows.walk` replays
+the flow's packets in frame order; it holds no rule of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..qp.psn import psn_diff
+from .conversation import Flow
+from .decode import Packet
+
+__all__ = ["Read", "Atomic", "Nak", "FlowState", "read_packets"]
+
+
+@dataclass
+class Read:
+    """A READ request (first transmission) and what came back for it."""
+
+    psn: int
+    n: int | None  # PSNs (response packets) it takes; None if the MTU is unknown
+    va: int
+    rkey: int
+    length: int
+    frame: int
+    restarts: set[int] = field(default_factory=set)  # offsets a re-READ started from
+    answered: bool = False
+
+
+@dataclass
+class Atomic:
+    psn: int
+    frame: int
+    orig: int | None = None  # the original value of the first ATOMIC ACKNOWLEDGE
+    ack_frame: int = 0
+    answered: bool = False
+
+
+@dataclass
+class Nak:
+    """A NAK that obliges the requester to resend (PSN sequence error or RNR)."""
+
+    frame: int
+    ts: float
+    psn: int
+    rnr_timer: int | None  # the RNR NAK's timer code; None for a sequence error
+    new_after: int = 0  # new requests seen after it (in flight when it was sent)
+
+
+def read_packets(length: int, mtu: int) -> int:
+    """PSNs a READ of ``length`` bytes takes: one per response packet, at least one
+    (rxe_req.c: a zero-length READ still gets one response)."""
+    return max(1, -(-length // mtu))
+
+
+@dataclass
+class FlowState:
+    flow: Flow
+    rc: bool
+    mtu_req: int | None
+    mtu_resp: int | None
+    # requester side
+    first_psn: int | None = None  # first request PSN of the capture
+    next_psn: int | None = None  # PSN the next new request must carry
+    max_psn: int | None = None  # last PSN taken so far (a READ takes several)
+    in_msg: str | None = "?"  # "send"/"write" inside a message, None between, "?" unknown
+    msg_bytes: int = 0
+    msg_len: int | None = None  # RETH length of the WRITE in progress
+    sent: dict[int, Packet] = field(default_factory=dict)  # PSN -> first transmission
+    reads: list[Read] = field(default_factory=list)
+    atomics: dict[int, Atomic] = field(default_factory=dict)
+    msg_ends: list[int] = field(default_factory=list)  # PSNs at which a message completes
+    retry_next: int | None = None  # PSN that continues the go-back burst in progress
+    need_ack: dict[int, int] = field(default_factory=dict)  # AckReq PSN -> frame
+    # responder side
+    acked: int | None = None  # every PSN up to this one is acknowledged
+    acked_frame: int = 0
+    msn: int | None = None  # MSN expected at ``msn_upto``
+    msn_upto: int | None = None
+    msn_idx: int = 0  # msg_ends[:msn_idx] are counted in ``msn``
+    nak: Nak | None = None
+
+    @property
+    def mtu(self) -> int | None:
+        return self.mtu_req or self.mtu_resp
+
+    def find_read(self, psn: int) -> Read | None:
+        """The READ whose PSN range holds ``psn`` (most recent first)."""
+        for r in reversed(self.reads[-512:]):
+            d = psn_diff(psn, r.psn)
+            if 0 <= d < (r.n or 1):
+                return r
+        return None
+
+    def seen(self, psn: int) -> bool:
+        """``psn`` lies in the PSN range the capture has seen requests for."""
+        if self.first_psn is None or self.max_psn is None:
+            return False
+        return psn_diff(psn, self.first_psn) >= 0 and psn_diff(psn, self.max_psn) <= 0
