@@ -64,7 +64,8 @@ class Flow:
     responses: list[Packet]
     mtu_req: int | None = None  # path MTU of the requester's packets
     mtu_resp: int | None = None  # path MTU of the responder's READ responses
-    responder_frames: list[int] = field(default_factory=list)  # all it sent, in order
+    responder_requests: list[int] = field(default_factory=list)  # frames of the responder
+    # end's own requests (on the same connection), in order
 
     def events(self) -> list[tuple[Packet, bool]]:
         """(packet, is_request) in frame order."""
@@ -97,8 +98,8 @@ class Connection:
             responses = resp.responses() if resp else []
             if requests or responses:
                 out.append(Flow(self.label(req), req.transport, requests, responses,
-                                responder_frames=[p.frame for p in resp.packets] if resp
-                                else []))
+                                responder_requests=[p.frame for p in resp.requests()]
+                                if resp else []))
         if self.b is None and self.a.responses():
             # responses to a requester this capture does not show
             out.append(Flow(f"{addr(self.a.dst)} QP 0x{self.a.dest_qp:06x} (requests not "

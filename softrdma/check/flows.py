@@ -29,6 +29,6 @@ def walk(flow: Flow, sink: Sink, mtu: int | None = None) -> FlowState:
         else:
             valid = reads.on_response(st, p, sink) and atomics.on_response(st, p, sink)
             responses.on_response(st, p, valid, sink)
-    responses.at_end(st, flow.responder_frames, sink)
+    responses.at_end(st, flow.responder_requests, sink)
     atomics.at_end(st, sink)
     return st

@@ -38,6 +38,13 @@ def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
     psn = p.psn
     if st.next_psn is not None:
         d = psn_diff(psn, st.next_psn)
+        if d < 0 and psn in st.missing:
+            # a packet of a reported gap, arriving late: reordering, already reported
+            st.missing.discard(psn)
+            st.sent.setdefault(psn, p)
+            if p.info.write and p.info.middle:
+                st.msg_bytes += p.bth.payload_len  # its bytes still count for WRITE-LEN
+            return RETRY
         if d < 0 and st.rc:
             _retry(st, p, sink)
             return RETRY
@@ -46,6 +53,8 @@ def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
                     f"went back {-d} (UC never retransmits)")
             sink.add("PSN-SEQ", p.frame, f"PSN {psn}, expected {st.next_psn}: {what}",
                      st.flow.label)
+            if 0 < d <= 64:
+                st.missing.update(psn_add(st.next_psn, i) for i in range(d))
     _new(st, p, sink)
     return NEW
 

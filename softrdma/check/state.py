@@ -71,6 +71,7 @@ class FlowState:
     reads: list[Read] = field(default_factory=list)
     atomics: dict[int, Atomic] = field(default_factory=dict)
     msg_ends: list[int] = field(default_factory=list)  # PSNs at which a message completes
+    missing: set[int] = field(default_factory=set)  # PSNs a reported gap skipped
     retry_next: int | None = None  # PSN that continues the go-back burst in progress
     need_ack: dict[int, int] = field(default_factory=dict)  # AckReq PSN -> frame
     # responder side
