@@ -22,6 +22,7 @@ _ATOMIC_ACK = int(Opcode.RC_ATOMIC_ACKNOWLEDGE)
 def on_request(st: FlowState, p: Packet, kind: str) -> None:
     if kind == NEW and p.info.atomic:
         st.atomics[p.psn] = Atomic(p.psn, p.frame)
+        st.open_answers.add(p.psn)
 
 
 def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
@@ -38,6 +39,8 @@ def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
             sink.add("ATOMIC-ACK", p.frame, f"ATOMIC ACKNOWLEDGE at PSN {p.psn}, but the "
                                             "request there is no atomic", label)
             return False
+        if not st.blocked(p.psn):
+            st.open_answers.discard(p.psn)  # taken, unless an earlier answer is missing
         if a.orig is None:
             a.orig, a.ack_frame = b.orig, p.frame
         elif b.orig != a.orig:
@@ -52,6 +55,7 @@ def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
                                             f"{p.psn} (frame {a.frame}), expected an ATOMIC "
                                             "ACKNOWLEDGE with its original value", label)
             a.answered = True  # reported once
+            st.open_answers.discard(p.psn)
     return True
 
 

@@ -47,6 +47,10 @@ def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
                                            "request covers that PSN", label)
         return False
     k = psn_diff(p.psn, r.psn)
+    if k == r.accepted and not st.blocked(r.psn):
+        r.accepted += 1  # a requester takes READ responses in PSN order only
+        if r.n is not None and r.accepted >= r.n:
+            st.open_answers.discard(r.psn)
     if r.n is None:
         return True  # MTU unknown: nothing more to judge
     want = _expected(k, r.n, k in r.restarts)

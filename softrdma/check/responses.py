@@ -23,7 +23,7 @@ from ..wire.headers import AETH_ACK_UNLIMITED, AethType, aeth_syndrome_name
 from ..wire.opcodes import Opcode
 from .decode import Packet
 from .rules import Sink
-from .sequence import RETRY
+from .sequence import NEW, RETRY
 from .state import FlowState, Nak
 
 __all__ = ["on_request", "on_response", "at_end"]
@@ -35,17 +35,22 @@ _SLACK = 2e-6  # pcap timestamps are microseconds: forgive their rounding
 
 
 def on_request(st: FlowState, p: Packet, kind: str, sink: Sink) -> None:
-    """Follow a pending NAK: the next resend must start at the NAK'd PSN, not too early."""
+    """Follow a pending NAK: the next go-back must start at (or before) the NAK'd PSN, and
+    not too early after an RNR NAK. New requests, and resends that continue a go-back
+    burst already under way (BURST), were in flight when the NAK was sent."""
     nak = st.nak
     if nak is None:
         return
-    if kind != RETRY and p.psn != nak.psn:
-        nak.new_after += 1  # sent before the NAK reached the requester
+    if kind != RETRY:
+        nak.new_after += kind == NEW  # sent before the NAK reached the requester
         return
     st.nak = None
-    if p.psn != nak.psn:
+    if psn_diff(p.psn, nak.psn) > 0:
+        # going back further is allowed (a READ with a response missing is re-read from
+        # there); starting after the NAK'd PSN skips what the responder never got
         sink.add("NAK-RETRY", p.frame, f"resend starts at PSN {p.psn} after the NAK of frame "
-                                       f"{nak.frame}, expected PSN {nak.psn}", st.flow.label)
+                                       f"{nak.frame}, expected PSN {nak.psn} or earlier",
+                 st.flow.label)
         return
     if nak.rnr_timer is not None:
         wait = RNR_NAK_USEC[nak.rnr_timer] * 1e-6
@@ -92,12 +97,36 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
     upto = p.psn if kind == AethType.ACK else psn_add(p.psn, -1)
     if st.acked is not None and psn_diff(upto, st.acked) < 0:
         return  # a duplicate answer
-    _msn(st, p, upto, sink)
+    if not _replay(st, p, upto):
+        _msn(st, p, upto, sink)
     st.acked, st.acked_frame = upto, p.frame
+    if st.nak is not None and psn_diff(upto, st.nak.psn) >= 0:
+        # a later ACK overtook the NAK (the missing packet was only late): the resend is
+        # now due from after what this ACK covers, or not at all
+        st.nak.psn = psn_add(upto, 1)
+        if psn_diff(upto, st.max_psn) >= 0:
+            st.nak = None
+    if not st.blocked(p.psn) and (st.sure is None or psn_diff(upto, st.sure) > 0):
+        st.sure, st.sure_frame = upto, p.frame
     for psn in [q for q in st.need_ack if psn_diff(q, upto) <= 0]:
         del st.need_ack[psn]
     if kind == AethType.RNR_NAK or (kind == AethType.NAK and syn & 0x1F == 0):
         st.nak = Nak(p.frame, p.ts, p.psn, syn & 0x1F if kind == AethType.RNR_NAK else None)
+
+
+def _replay(st: FlowState, p: Packet, upto: int) -> bool:
+    """An answer to a READ or atomic the requester asked again: the responder replays it
+    with its MSN of now, which may count requests accepted since (rxe_resp.c
+    duplicate_request), so its MSN proves nothing."""
+    if p.bth.opcode == _ACK:
+        return False
+    if st.msn_upto is not None and psn_diff(upto, st.msn_upto) <= 0:
+        return True
+    if p.info.read:
+        r = st.find_read(p.psn)
+        return r is not None and bool(r.restarts)
+    a = st.atomics.get(p.psn)
+    return a is not None and a.resent
 
 
 def _msn(st: FlowState, p: Packet, upto: int, sink: Sink) -> None:

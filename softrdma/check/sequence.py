@@ -26,15 +26,16 @@ from .decode import Packet
 from .rules import Sink
 from .state import FlowState, Read, read_packets
 
-__all__ = ["on_request", "check_size", "NEW", "RETRY"]
+__all__ = ["on_request", "check_size", "NEW", "RETRY", "BURST"]
 
 NEW = "new"
-RETRY = "retry"
+RETRY = "retry"  # a resend that starts a go-back (or a late packet of a reported gap)
+BURST = "burst"  # a resend that continues the go-back under way
 _IGNORED_ON_RETRY = ("ackreq", "psn", "fecn", "becn")  # may differ on a resend
 
 
 def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
-    """Judge one request packet; return NEW or RETRY."""
+    """Judge one request packet; return NEW, RETRY or BURST."""
     psn = p.psn
     if st.next_psn is not None:
         d = psn_diff(psn, st.next_psn)
@@ -46,8 +47,9 @@ def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
                 st.msg_bytes += p.bth.payload_len  # its bytes still count for WRITE-LEN
             return RETRY
         if d < 0 and st.rc:
-            _retry(st, p, sink)
-            return RETRY
+            burst = st.retry_next is not None and psn == st.retry_next
+            _retry(st, p, sink, burst)
+            return BURST if burst else RETRY
         if d:
             what = (f"{d} PSN(s) skipped" if d > 0 else
                     f"went back {-d} (UC never retransmits)")
@@ -123,6 +125,7 @@ def _new(st: FlowState, p: Packet, sink: Sink) -> None:
         else:
             n = read_packets(b.dma_len, mtu)
         st.reads.append(Read(psn, n, b.va, b.rkey, b.dma_len, p.frame))
+        st.open_answers.add(psn)
     if st.first_psn is None:
         st.first_psn = psn
     st.retry_next = None
@@ -146,20 +149,36 @@ def _fields(p: Packet) -> dict[str, Any]:
     return f
 
 
-def _retry(st: FlowState, p: Packet, sink: Sink) -> None:
+def _retry(st: FlowState, p: Packet, sink: Sink, burst: bool) -> None:
     psn, label = p.psn, st.flow.label
-    burst = st.retry_next is not None and psn == st.retry_next
     orig = st.sent.get(psn)
     r = st.find_read(psn)
     taken = 1
     if r is not None and r.n is not None:
         taken = r.n - psn_diff(psn, r.psn)
     st.retry_next = psn_add(psn, taken)
-    if not burst and st.acked is not None and psn_diff(psn, st.acked) <= 0:
+    if r is not None:  # a READ asked again (whole or from offset k): answers start over
+        k = psn_diff(psn, r.psn)
+        r.restarts.add(k)
+        r.accepted = min(r.accepted, k)
+        st.open_answers.add(r.psn)
+    a = st.atomics.get(psn)
+    if a is not None:
+        a.resent = True
+    # A go-back that starts at a READ or an atomic is not judged: a requester takes READ
+    # responses and atomic ACKs in PSN order only and treats an ACK beyond an unanswered
+    # READ/atomic as an implied NAK (rxe_comp.c check_psn, COMPST_ERROR_RETRY), so whether
+    # it already had that answer depends on every response before it, which a capture taken
+    # anywhere but inside the requester cannot always show. Sends and writes are simple: a
+    # captured ACK at or beyond them completes them.
+    judged = orig is not None and (orig.info.send or orig.info.write)
+    # ... unless an unanswered READ or atomic before the ACK made it an implied NAK: only
+    # ACKs the requester could take count (st.sure)
+    if not burst and judged and st.sure is not None and psn_diff(psn, st.sure) <= 0:
         sink.add("RETRY-RANGE", p.frame, f"{p.info.name} resends PSN {psn}, but PSNs up to "
-                                         f"{st.acked} were acknowledged (frame "
-                                         f"{st.acked_frame}); expected PSN "
-                                         f"{psn_add(st.acked, 1)} or later", label)
+                                         f"{st.sure} were acknowledged (frame "
+                                         f"{st.sure_frame}); expected PSN "
+                                         f"{psn_add(st.sure, 1)} or later", label)
     if orig is not None:
         a, b = _fields(orig), _fields(p)
         if a != b:
@@ -176,7 +195,6 @@ def _retry(st: FlowState, p: Packet, sink: Sink) -> None:
         return
     if r is not None:
         k = psn_diff(psn, r.psn)
-        r.restarts.add(k)
         mtu = st.mtu
         b = p.bth
         if not p.info.read:

@@ -25,6 +25,7 @@ class Read:
     length: int
     frame: int
     restarts: set[int] = field(default_factory=set)  # offsets a re-READ started from
+    accepted: int = 0  # responses accepted in order so far (the requester drops the rest)
     answered: bool = False
 
 
@@ -35,6 +36,7 @@ class Atomic:
     orig: int | None = None  # the original value of the first ATOMIC ACKNOWLEDGE
     ack_frame: int = 0
     answered: bool = False
+    resent: bool = False  # the requester sent it again (its answers may be replays)
 
 
 @dataclass
@@ -77,6 +79,9 @@ class FlowState:
     # responder side
     acked: int | None = None  # every PSN up to this one is acknowledged
     acked_frame: int = 0
+    sure: int | None = None  # acknowledged up to here while no READ/atomic before was open
+    sure_frame: int = 0
+    open_answers: set[int] = field(default_factory=set)  # PSNs of unanswered READs/atomics
     msn: int | None = None  # MSN expected at ``msn_upto``
     msn_upto: int | None = None
     msn_idx: int = 0  # msg_ends[:msn_idx] are counted in ``msn``
@@ -85,6 +90,11 @@ class FlowState:
     @property
     def mtu(self) -> int | None:
         return self.mtu_req or self.mtu_resp
+
+    def blocked(self, psn: int) -> bool:
+        """A READ or atomic before ``psn`` is still unanswered: a requester treats an ACK
+        at ``psn`` as an implied NAK for it (rxe_comp.c check_psn) and completes nothing."""
+        return any(psn_diff(q, psn) < 0 for q in self.open_answers)
 
     def find_read(self, psn: int) -> Read | None:
         """The READ whose PSN range holds ``psn`` (most recent first)."""
