@@ -354,6 +354,9 @@ def test_msn():
     ack = _acks(recs)[2]
     p = m.packet(recs[ack - 1])
     assert found(m.edit(recs, ack, msn=p.msn + 1)) == {(ack, "MSN")}
+    # even the first ACK's: the MSN the capture starts from is the one most ACKs agree on
+    first = _acks(recs)[0]
+    assert found(m.edit(recs, first, msn=7)) == {(first, "MSN")}
     # READ responses: a READ counts when accepted, so its FIRST already carries the new MSN
     reads = load("read_bw.pcap")
     resp = frames_of(reads, op("RC_RDMA_READ_RESPONSE_FIRST"))[2]

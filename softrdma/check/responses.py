@@ -10,12 +10,14 @@ and moves nothing.
 
 The MSN counts the messages the responder has completed: a SEND or WRITE at its LAST or
 ONLY packet, a READ or atomic when it is accepted (C9-148). So between two responses the
-MSN must grow by exactly the number of messages that end in between.
+MSN must grow by exactly the number of messages that end in between: every response's MSN
+minus the messages completed up to its PSN is the same number.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 
 from ..qp.params import RNR_NAK_USEC
 from ..qp.psn import psn_add, psn_diff
@@ -98,7 +100,7 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
     if st.acked is not None and psn_diff(upto, st.acked) < 0:
         return  # a duplicate answer
     if not _replay(st, p, upto):
-        _msn(st, p, upto, sink)
+        _msn(st, p, upto)
     st.acked, st.acked_frame = upto, p.frame
     if st.nak is not None and psn_diff(upto, st.nak.psn) >= 0:
         # a later ACK overtook the NAK (the missing packet was only late): the resend is
@@ -120,7 +122,7 @@ def _replay(st: FlowState, p: Packet, upto: int) -> bool:
     duplicate_request), so its MSN proves nothing."""
     if p.bth.opcode == _ACK:
         return False
-    if st.msn_upto is not None and psn_diff(upto, st.msn_upto) <= 0:
+    if st.msn_log and psn_diff(upto, st.msn_log[-1][3]) <= 0:
         return True
     if p.info.read:
         r = st.find_read(p.psn)
@@ -129,33 +131,41 @@ def _replay(st: FlowState, p: Packet, upto: int) -> bool:
     return a is not None and a.resent
 
 
-def _msn(st: FlowState, p: Packet, upto: int, sink: Sink) -> None:
+def _msn(st: FlowState, p: Packet, upto: int) -> None:
+    """Note the MSN against the number of messages that end at or before ``upto``; judged
+    at the end (:func:`_judge_msn`)."""
     ends = st.msg_ends
     i = st.msn_idx
-    done = 0
     while i < len(ends) and psn_diff(ends[i], upto) <= 0:
         i += 1
-        done += 1
     st.msn_idx = i
-    seen = p.bth.msn
-    if st.msn is None:
-        st.msn, st.msn_upto = seen, upto  # the first response sets the baseline
+    st.msn_log.append((p.frame, p.bth.msn, i, upto))
+
+
+def _judge_msn(st: FlowState, sink: Sink) -> None:
+    """MSN = (MSN at the start of the capture) + (messages completed since). The start value
+    is unknown (a capture may begin mid-conversation), so it is the one most responses
+    agree on; each response that disagrees is one violation, wherever it sits (one bad
+    MSN, even the first, is one violation, not one per later response)."""
+    if not st.msn_log:
         return
-    want = (st.msn + done) & _MSN_MASK
-    if seen != want:
-        sink.add("MSN", p.frame, f"MSN {seen}, expected {want} ({done} message(s) completed "
-                                 f"since MSN {st.msn} at PSN {st.msn_upto})", st.flow.label)
-    # go on from the expected value: one bad MSN is one violation, not one per response
-    st.msn, st.msn_upto = want, upto
+    base = Counter((msn - n) & _MSN_MASK for _f, msn, n, _u in st.msn_log).most_common(1)[0][0]
+    for frame, msn, n, upto in st.msn_log:
+        want = (base + n) & _MSN_MASK
+        if msn != want:
+            sink.add("MSN", frame, f"MSN {msn}, expected {want} (MSN {base} before the capture's "
+                                   f"first message + {n} completed up to PSN {upto})",
+                     st.flow.label)
 
 
 def at_end(st: FlowState, responder_requests: list[int], sink: Sink) -> None:
-    """What the capture should have shown by its end.
+    """What the capture should have shown by its end, and the MSNs (:func:`_judge_msn`).
 
     ACK-COVER: a capture can end before the last ACK, and a responder still answering older
     requests may just be behind. So an AckReq request left unacknowledged is reported only
     when the responder's end went on to send requests of its own after it: a live peer
     that skipped the ACK, not a capture cut short (a heuristic; docs/check.md)."""
+    _judge_msn(st, sink)
     for psn, frame in st.need_ack.items():
         if bisect.bisect_right(responder_requests, frame) < len(responder_requests):
             sink.add("ACK-COVER", frame, f"AckReq request at PSN {psn} never acknowledged "

@@ -82,9 +82,9 @@ class FlowState:
     sure: int | None = None  # acknowledged up to here while no READ/atomic before was open
     sure_frame: int = 0
     open_answers: set[int] = field(default_factory=set)  # PSNs of unanswered READs/atomics
-    msn: int | None = None  # MSN expected at ``msn_upto``
-    msn_upto: int | None = None
-    msn_idx: int = 0  # msg_ends[:msn_idx] are counted in ``msn``
+    msn_idx: int = 0  # msg_ends[:msn_idx] end at or before the last response's PSN
+    msn_log: list[tuple[int, int, int, int]] = field(default_factory=list)  # frame, MSN,
+    # messages completed up to its PSN, that PSN
     nak: Nak | None = None
 
     @property
