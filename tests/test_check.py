@@ -669,3 +669,16 @@ def test_softrdma_error_paths_are_clean(tmp_path, kind, seed):
     result = check_records(recs)
     assert result.violations == [], "\n".join(
         f"frame {v.frame}: {v.rule}: {v.message}" for v in result.violations)
+
+
+def test_docs_table_is_the_rule_table():
+    """docs/check.md lists exactly the rules of softrdma.check.rules, with their words."""
+    rows = [line for line in (ROOT / "docs" / "check.md").read_text().splitlines()
+            if line.startswith("| `")]
+    table = {r.split("|")[1].strip().strip("`"): [c.strip() for c in r.split("|")[2:5]]
+             for r in rows}
+    assert list(table) == list(RULES)
+    for rid, (family, statement, reference) in table.items():
+        rule = RULES[rid]
+        assert family == rule.family and reference == rule.reference, rid
+        assert statement.startswith(rule.statement), rid
