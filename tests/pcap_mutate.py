@@ -76,8 +76,9 @@ def edit(records: list[PcapRecord], index: int, change: Callable[[bytearray], An
     data = encode_frame(roce, src=f.ip_src, dst=f.ip_dst,
                         sport=f.sport if sport is None else sport,
                         dport=f.dport if dport is None else dport, ip_id=f.ip_id, ttl=f.ttl,
-                        tos=f.tos, frag=f.ip_frag, eth_src=f.eth_src, eth_dst=f.eth_dst,
-                        fill_icrc=fix_icrc)
+                        tos=f.tos, frag=f.ip_frag, flow_label=f.flow_label,
+                        fill_icrc=fix_icrc, linktype=rec.linktype,
+                        **({"eth_src": f.eth_src, "eth_dst": f.eth_dst} if f.eth_src else {}))
     out[index - 1] = dataclasses.replace(rec, data=data, orig_len=len(data),
                                          ts_ns=rec.ts_ns if ts_ns is None else ts_ns)
     return out

@@ -9,6 +9,7 @@ the checker.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from softrdma.check import RULES, check_records
+from softrdma.wire.frames import LINKTYPE_RAW, decode_frame, encode_frame
 from softrdma.wire.opcodes import Opcode
 
 from . import pcap_mutate as m
@@ -234,6 +236,14 @@ def test_mtu_size():
     assert found(m.edit(recs, 2, payload=bytes(1020))) == {(2, "MTU-SIZE")}
     # --mtu: the same capture judged as if the path MTU were 2048
     assert (2, "MTU-SIZE") in found(load("send_bw.pcap"), mtu=2048)
+
+
+def test_ud_datagram_larger_than_the_mtu():
+    # ud_pingpong's datagrams are 512 bytes: fine at MTU 1024, too big at 256 (UD packets
+    # do not reveal the MTU: --mtu only)
+    recs = load("ud_pingpong.pcap")
+    assert found(recs, mtu=1024) == set()
+    assert found(recs, mtu=256) == {(r.index, "MTU-SIZE") for r in recs}
 
 
 @breaks("WRITE-LEN")
@@ -669,6 +679,25 @@ def test_softrdma_error_paths_are_clean(tmp_path, kind, seed):
     result = check_records(recs)
     assert result.violations == [], "\n".join(
         f"frame {v.frame}: {v.rule}: {v.message}" for v in result.violations)
+
+
+@pytest.mark.parametrize("name", ["write_bw.pcap", "read_bw.pcap", "fetch_add.pcap",
+                                  "ud_pingpong.pcap", "uc_pingpong.pcap"])
+def test_ipv6_and_raw_ip_captures(name):
+    """The same conversations carried in IPv6 (ICRC recomputed over the IPv6 header, flow
+    label 0) and written as raw IP (no Ethernet header): still clean, and a fault still
+    found at its frame."""
+    v6 = {bytes([10, 77, 0, 11]): "fd00::11", bytes([10, 77, 0, 12]): "fd00::12"}
+    recs = []
+    for r in load(name):
+        f = decode_frame(r.data, r.linktype)
+        data = encode_frame(bytes(f.payload), src=v6[f.ip_src], dst=v6[f.ip_dst],
+                            sport=f.sport, dport=f.dport, linktype=LINKTYPE_RAW)
+        recs.append(dataclasses.replace(r, data=data, linktype=LINKTYPE_RAW))
+    result = check_records(recs)
+    assert result.packets == len(recs) and result.violations == []
+    bad = m.edit(recs, 3, tver=2)
+    assert found(bad) == {(3, "TVER")}
 
 
 def test_docs_table_is_the_rule_table():

@@ -80,7 +80,7 @@ def check_records(records: Iterable[PcapRecord], *, mtu: int | None = None,
         check_frame(p, sink)
     conv = reconstruct(packets)
     check_invariants(conv, sink)
-    check_ud(conv, sink)
+    check_ud(conv, sink, mtu)
     owner: dict[int, QpSummary] = {}
     summaries = []
     for c in conv.connections:

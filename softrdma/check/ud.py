@@ -17,7 +17,9 @@ from .rules import Sink
 __all__ = ["check_ud"]
 
 
-def check_ud(conv: Conversations, sink: Sink) -> None:
+def check_ud(conv: Conversations, sink: Sink, mtu: int | None = None) -> None:
+    """UD rules; with ``mtu`` (the path MTU, which UD packets do not reveal) also that each
+    datagram fits in one packet."""
     for (dst, qpn), packets in conv.ud_receivers.items():
         label = f"{addr(dst)} UD QP 0x{qpn:06x}"
         if qpn == 1:
@@ -36,3 +38,6 @@ def check_ud(conv: Conversations, sink: Sink) -> None:
                 sink.add("UD-PSN", p.frame, f"PSN {p.psn}, expected {expected} (+1 per "
                                             "datagram from this QP)", label)
             expected = psn_add(p.psn, 1)
+            if mtu is not None and p.bth.payload_len > mtu:
+                sink.add("MTU-SIZE", p.frame, f"{p.info.name} carries {p.bth.payload_len} "
+                                              f"bytes, more than the path MTU {mtu}", label)
