@@ -616,10 +616,10 @@ def test_cli_list_rules(cli):
 
 # ---------------------------------------------------------------- softrdma's own error paths
 
-def _sim_capture(tmp_path, seed: int, kind: str) -> Path:
-    """A capture taken on the requester's device while softrdma's engines (rxe's design)
-    move WRITEs, READs, atomics and SENDs over the simulated network: lossy, duplicating and
-    reordering, or with the receiver's RQ empty at first (RNR NAKs)."""
+def _sim_capture(tmp_path, seed: int, kind: str) -> tuple[Path, Path]:
+    """Captures taken on the requester's and on the responder's device while softrdma's
+    engines (rxe's design) move WRITEs, READs, atomics and SENDs over the simulated network:
+    lossy, duplicating and reordering, or with the receiver's RQ empty at first (RNR)."""
     import contextlib
 
     from softrdma import enums as E
@@ -633,7 +633,9 @@ def _sim_capture(tmp_path, seed: int, kind: str) -> Path:
     net = SimNetwork(seed=seed, **profile)
     a, b = connected_pair(net, "RC")
     path = tmp_path / f"{kind}{seed}.pcap"
+    far = tmp_path / f"{kind}{seed}.responder.pcap"
     a.device.capture = PacketCapture(str(path), clock=lambda: net.now)
+    b.device.capture = PacketCapture(str(far), clock=lambda: net.now)
     try:
         if kind != "rnr":
             for i in range(5):
@@ -657,11 +659,12 @@ def _sim_capture(tmp_path, seed: int, kind: str) -> Path:
         assert a.ncomp() == n
     finally:
         a.device.capture.close()
+        b.device.capture.close()
         for e in (a, b):
             e.close()
             with contextlib.suppress(Exception):
                 remove_device(e.device.name)
-    return path
+    return path, far
 
 
 @pytest.mark.parametrize("kind,seed", [("loss", 0), ("loss", 4), ("dup", 2), ("dup", 9),
@@ -670,7 +673,7 @@ def test_softrdma_error_paths_are_clean(tmp_path, kind, seed):
     """Go-back-N after timeouts and NAKs, re-READs from the middle, replayed atomics, RNR
     waits: softrdma's engines (built after rxe's) on a faulty network, captured at the
     requester, break no rule. The capture must really hold those paths."""
-    recs = m.load(_sim_capture(tmp_path, seed, kind))
+    recs = m.load(_sim_capture(tmp_path, seed, kind)[0])
     pkts = [m.packet(r) for r in recs]
     requests = [(p.psn, p.opcode) for p in pkts if p.info.is_request]
     naks = {p.syndrome & 0x60 for p in pkts if p.syndrome is not None} - {0}
@@ -711,3 +714,28 @@ def test_docs_table_is_the_rule_table():
         rule = RULES[rid]
         assert family == rule.family and reference == rule.reference, rid
         assert statement.startswith(rule.statement), rid
+
+
+@pytest.mark.parametrize("kind,seed", [("loss", 1), ("dup", 0)])
+def test_lossy_captures_behind_the_loss(tmp_path, kind, seed):
+    """Captured on the responder's device, the network's losses look like the requester's
+    faults (PSNs skipped); with ``lossy`` a skip that the requester resends later is a loss,
+    and the capture is clean."""
+    far = m.load(_sim_capture(tmp_path, seed, kind)[1])
+    strict = found(far)
+    assert "PSN-SEQ" in {rule for _, rule in strict}
+    assert found(far, lossy=True) == set()
+
+
+def test_lossy_still_catches_faults():
+    # a skip never resent is still one (reported where it happened)...
+    recs = load("uc_pingpong.pcap")
+    src = src_ip(recs[0])
+    for r in recs[4:]:
+        if src_ip(r) == src:
+            recs = m.edit(recs, r.index, psn=(m.packet(r).psn + 1) & MASK)
+    assert found(recs, lossy=True) == {(5, "PSN-SEQ")}
+    # ... and a resend with other bytes is still not a resend
+    w = m.insert(load("write_bw.pcap"), 5, load("write_bw.pcap")[1])
+    w = m.edit(w, 6, lambda b: b.__setitem__(40, b[40] ^ 0xFF))
+    assert found(w, lossy=True) == {(6, "RETRY-SAME")}

@@ -63,10 +63,13 @@ class CheckResult:
 
 
 def check_records(records: Iterable[PcapRecord], *, mtu: int | None = None,
-                  rules: Iterable[str] | None = None) -> CheckResult:
+                  rules: Iterable[str] | None = None, lossy: bool = False) -> CheckResult:
     """Check a capture given as pcap records. ``mtu`` fixes the path MTU (otherwise
     inferred per flow from its FIRST and MIDDLE packets); ``rules`` keeps only those rule
-    ids (ValueError for an unknown one). Violations come sorted by frame."""
+    ids (ValueError for an unknown one). ``lossy``: the capture may have been taken behind a
+    lossy hop (on a responder's host, say), so skipped PSNs that are resent later are
+    losses, and what the requester received cannot be known (docs/check.md). Violations
+    come sorted by frame."""
     keep = None
     if rules is not None:
         keep = set(rules)
@@ -80,12 +83,12 @@ def check_records(records: Iterable[PcapRecord], *, mtu: int | None = None,
         check_frame(p, sink)
     conv = reconstruct(packets)
     check_invariants(conv, sink)
-    check_ud(conv, sink, mtu)
+    check_ud(conv, sink, mtu, lossy)
     owner: dict[int, QpSummary] = {}
     summaries = []
     for c in conv.connections:
         for flow in c.flows():
-            st = walk(flow, sink, mtu)
+            st = walk(flow, sink, mtu, lossy)
             s = QpSummary(flow.label, flow.transport.name, len(flow.requests),
                           len(flow.responses), st.mtu)
             summaries.append(s)
@@ -105,7 +108,7 @@ def check_records(records: Iterable[PcapRecord], *, mtu: int | None = None,
 
 
 def check_pcap(source: str | os.PathLike[str] | BinaryIO, *, mtu: int | None = None,
-               rules: Iterable[str] | None = None) -> CheckResult:
+               rules: Iterable[str] | None = None, lossy: bool = False) -> CheckResult:
     """:func:`check_records` over a pcap or pcapng file (path or binary file object).
     Raises :class:`~softrdma.wire.pcap.PcapError` or OSError if it cannot be read."""
-    return check_records(read_pcap(source), mtu=mtu, rules=rules)
+    return check_records(read_pcap(source), mtu=mtu, rules=rules, lossy=lossy)

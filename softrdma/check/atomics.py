@@ -20,7 +20,9 @@ _ATOMIC_ACK = int(Opcode.RC_ATOMIC_ACKNOWLEDGE)
 
 
 def on_request(st: FlowState, p: Packet, kind: str) -> None:
-    if kind == NEW and p.info.atomic:
+    """Register an atomic: when new, or first seen as a resend (with ``lossy``, the first
+    copy may have been lost before the capture point)."""
+    if p.info.atomic and (kind == NEW or p.psn not in st.atomics):
         st.atomics[p.psn] = Atomic(p.psn, p.frame)
         st.open_answers.add(p.psn)
 

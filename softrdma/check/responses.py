@@ -47,7 +47,7 @@ def on_request(st: FlowState, p: Packet, kind: str, sink: Sink) -> None:
         nak.new_after += kind == NEW  # sent before the NAK reached the requester
         return
     st.nak = None
-    if psn_diff(p.psn, nak.psn) > 0:
+    if psn_diff(p.psn, nak.psn) > 0 and not st.lossy:  # (the resend may be lost too)
         # going back further is allowed (a READ with a response missing is re-read from
         # there); starting after the NAK'd PSN skips what the responder never got
         sink.add("NAK-RETRY", p.frame, f"resend starts at PSN {p.psn} after the NAK of frame "

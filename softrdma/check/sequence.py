@@ -24,9 +24,9 @@ from typing import Any
 from ..qp.psn import psn_add, psn_diff
 from .decode import Packet
 from .rules import Sink
-from .state import FlowState, Read, read_packets
+from .state import FlowState, Gap, Read, read_packets
 
-__all__ = ["on_request", "check_size", "NEW", "RETRY", "BURST"]
+__all__ = ["on_request", "at_end", "check_size", "NEW", "RETRY", "BURST"]
 
 NEW = "new"
 RETRY = "retry"  # a resend that starts a go-back (or a late packet of a reported gap)
@@ -40,9 +40,12 @@ def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
     if st.next_psn is not None:
         d = psn_diff(psn, st.next_psn)
         if d < 0 and psn in st.missing:
+            st.sent.setdefault(psn, p)
+            if st.lossy:
+                _repair(st, p)
+                return RETRY
             # a packet of a reported gap, arriving late: reordering, already reported
             st.missing.discard(psn)
-            st.sent.setdefault(psn, p)
             if p.info.write and p.info.middle:
                 st.msg_bytes += p.bth.payload_len  # its bytes still count for WRITE-LEN
             return RETRY
@@ -50,7 +53,15 @@ def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
             burst = st.retry_next is not None and psn == st.retry_next
             _retry(st, p, sink, burst)
             return BURST if burst else RETRY
-        if d:
+        if d > 0 and st.lossy:
+            # maybe lost before the capture point: judged at the end, by whether the
+            # requester resends them; the message they cut is not judged
+            gap = Gap(p.frame, st.next_psn, psn, {psn_add(st.next_psn, i)
+                                                  for i in range(min(d, 4096))})
+            st.gaps.append(gap)
+            st.missing |= gap.missing
+            st.in_msg, st.msg_len = "?", None
+        elif d:
             what = (f"{d} PSN(s) skipped" if d > 0 else
                     f"went back {-d} (UC never retransmits)")
             sink.add("PSN-SEQ", p.frame, f"PSN {psn}, expected {st.next_psn}: {what}",
@@ -59,6 +70,36 @@ def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
                 st.missing.update(psn_add(st.next_psn, i) for i in range(d))
     _new(st, p, sink)
     return NEW
+
+
+def _repair(st: FlowState, p: Packet) -> None:
+    """With ``lossy``: a skipped PSN resent, so it was lost on the way, not skipped."""
+    taken = 1
+    if p.info.read and st.mtu is not None:
+        taken = read_packets(p.bth.dma_len, st.mtu)
+        st.reads.append(Read(p.psn, taken, p.bth.va, p.bth.rkey, p.bth.dma_len, p.frame))
+        st.open_answers.add(p.psn)
+    if p.info.last:  # a message end the MSN must count, in PSN order
+        ends = st.msg_ends
+        key = psn_diff(p.psn, st.first_psn)
+        i = len(ends)
+        while i > st.msn_idx and psn_diff(ends[i - 1], st.first_psn) > key:
+            i -= 1
+        ends.insert(i, p.psn)
+    got = {psn_add(p.psn, i) for i in range(taken)}
+    st.missing -= got
+    for g in st.gaps:
+        g.missing -= got
+    st.retry_next = psn_add(p.psn, taken)  # the go-back goes on from here
+
+
+def at_end(st: FlowState, sink: Sink) -> None:
+    for g in st.gaps:
+        if g.missing:
+            sink.add("PSN-SEQ", g.frame, f"PSN {g.seen}, expected {g.expected}: "
+                                         f"{psn_diff(g.seen, g.expected)} PSN(s) skipped and "
+                                         f"{len(g.missing)} of them never resent",
+                     st.flow.label)
 
 
 def check_size(p: Packet, mtu: int | None, sink: Sink, label: str, rule: str = "MTU-SIZE"
@@ -174,7 +215,9 @@ def _retry(st: FlowState, p: Packet, sink: Sink, burst: bool) -> None:
     judged = orig is not None and (orig.info.send or orig.info.write)
     # ... unless an unanswered READ or atomic before the ACK made it an implied NAK: only
     # ACKs the requester could take count (st.sure)
-    if not burst and judged and st.sure is not None and psn_diff(psn, st.sure) <= 0:
+    # (with ``lossy`` not judged at all: ACKs captured may be lost before the requester)
+    if not burst and judged and not st.lossy and st.sure is not None \
+            and psn_diff(psn, st.sure) <= 0:
         sink.add("RETRY-RANGE", p.frame, f"{p.info.name} resends PSN {psn}, but PSNs up to "
                                          f"{st.sure} were acknowledged (frame "
                                          f"{st.sure_frame}); expected PSN "

@@ -11,7 +11,7 @@ from ..qp.psn import psn_diff
 from .conversation import Flow
 from .decode import Packet
 
-__all__ = ["Read", "Atomic", "Nak", "FlowState", "read_packets"]
+__all__ = ["Read", "Atomic", "Nak", "Gap", "FlowState", "read_packets"]
 
 
 @dataclass
@@ -57,11 +57,23 @@ def read_packets(length: int, mtu: int) -> int:
 
 
 @dataclass
+class Gap:
+    """PSNs a request skipped; with ``lossy``, reported only if they are never resent."""
+
+    frame: int
+    expected: int
+    seen: int
+    missing: set[int]
+
+
+@dataclass
 class FlowState:
     flow: Flow
     rc: bool
     mtu_req: int | None
     mtu_resp: int | None
+    lossy: bool = False  # the capture point may be behind a lossy hop (docs/check.md)
+    gaps: list[Gap] = field(default_factory=list)
     # requester side
     first_psn: int | None = None  # first request PSN of the capture
     next_psn: int | None = None  # PSN the next new request must carry

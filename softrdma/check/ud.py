@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..qp.psn import psn_add
+from ..qp.psn import psn_add, psn_diff
 from ..wire.headers import GSI_QKEY
 from .conversation import Conversations, addr
 from .rules import Sink
@@ -17,9 +17,11 @@ from .rules import Sink
 __all__ = ["check_ud"]
 
 
-def check_ud(conv: Conversations, sink: Sink, mtu: int | None = None) -> None:
+def check_ud(conv: Conversations, sink: Sink, mtu: int | None = None,
+             lossy: bool = False) -> None:
     """UD rules; with ``mtu`` (the path MTU, which UD packets do not reveal) also that each
-    datagram fits in one packet."""
+    datagram fits in one packet; with ``lossy``, a PSN that jumps ahead is a lost datagram
+    (UD never resends), not a fault."""
     for (dst, qpn), packets in conv.ud_receivers.items():
         label = f"{addr(dst)} UD QP 0x{qpn:06x}"
         if qpn == 1:
@@ -34,7 +36,8 @@ def check_ud(conv: Conversations, sink: Sink, mtu: int | None = None) -> None:
         label = f"{addr(src)} UD QP 0x{sqp:06x}"
         expected = None
         for p in packets:
-            if expected is not None and p.psn != expected:
+            if expected is not None and p.psn != expected and not (
+                    lossy and psn_diff(p.psn, expected) > 0):
                 sink.add("UD-PSN", p.frame, f"PSN {p.psn}, expected {expected} (+1 per "
                                             "datagram from this QP)", label)
             expected = psn_add(p.psn, 1)

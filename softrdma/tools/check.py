@@ -43,6 +43,9 @@ def add_parser(sub: Any) -> None:
                    help="JSON lines: one object per violation, then per-flow summaries")
     d.add_argument("--mtu", type=_mtu, default=None,
                    help="path MTU (default: inferred per flow from FIRST/MIDDLE payloads)")
+    d.add_argument("--lossy", action="store_true",
+                   help="the capture may sit behind a lossy hop (e.g. on the responder's "
+                        "host): skipped PSNs resent later are losses, not faults")
     d.add_argument("--rules", nargs="+", metavar="RULE", default=None,
                    help="check only these rule ids (see --list-rules)")
     d.add_argument("--list-rules", action="store_true", help="list the rules and exit")
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"unknown rule(s): {', '.join(unknown)} (softrdma check "
                              "--list-rules lists them)")
     try:
-        result = check_pcap(args.pcap, mtu=args.mtu, rules=rules)
+        result = check_pcap(args.pcap, mtu=args.mtu, rules=rules, lossy=args.lossy)
     except FileNotFoundError:
         raise UsageError(f"{args.pcap}: no such file")
     except IsADirectoryError:
