@@ -310,6 +310,8 @@ def test_retry_same():
     # ...not when its bytes differ
     other = m.edit(same, 6, lambda b: b.__setitem__(40, b[40] ^ 0xFF))
     assert found(other) == {(6, "RETRY-SAME")}
+    shorter = m.edit(same, 6, payload=bytes(m.packet(same[5]).payload)[:512])
+    assert (6, "RETRY-SAME") in found(shorter)
 
 
 def test_re_read_from_the_middle():

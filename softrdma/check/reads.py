@@ -67,6 +67,4 @@ def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
                                                f"bytes, expected {size} (offset {k} of the "
                                                f"{r.length}-byte READ of frame {r.frame})",
                      label)
-    if k == r.n - 1:
-        r.answered = True
     return True

@@ -6,12 +6,15 @@ Every request is classified against the PSN the next new request must carry:
   LAST or ONLY; nothing else starts before LAST), have the right size for the path MTU,
   and it moves the expected PSN on by one (a READ by one per response packet it asks for).
 * ahead: packets are missing. Reported (PSN-SEQ), then taken as new, so one gap is one
-  violation rather than one per following packet.
-* behind, on RC: a **retransmission** (go-back-N). A go-back must start at a PSN that is
-  not yet acknowledged, and resend what was sent at each PSN. Once started, a burst may
-  run on past an ACK that arrives meanwhile: rxe's requester sends the whole go-back
-  before its completer handles the ACK (pcaps/linux-rxe/rc_pingpong.pcap, frames 35-40
-  and 58-64, shows it twice). UC never retransmits, so there it is a PSN-SEQ violation.
+  violation rather than one per following packet; a missing packet that turns up later
+  is reordering, already reported. (With ``lossy``, a gap is only reported if its PSNs are
+  never resent: they may have been lost before the capture point.)
+* behind, on RC: a **retransmission** (go-back-N). It must resend what was sent at that
+  PSN, and a go-back that starts at a SEND or WRITE must start at a PSN not yet
+  acknowledged. Once started, a burst may run on past an ACK that arrives meanwhile: rxe's
+  requester sends the whole go-back before its completer handles the ACK
+  (pcaps/linux-rxe/rc_pingpong.pcap, frames 35-40 and 58-64, shows it twice). UC never
+  retransmits, so there it is a PSN-SEQ violation.
 
 The first request of a flow in the capture sets the baseline; a capture that starts in the
 middle of a message may begin with MIDDLE or LAST.
@@ -102,8 +105,7 @@ def at_end(st: FlowState, sink: Sink) -> None:
                      st.flow.label)
 
 
-def check_size(p: Packet, mtu: int | None, sink: Sink, label: str, rule: str = "MTU-SIZE"
-               ) -> None:
+def check_size(p: Packet, mtu: int | None, sink: Sink, label: str) -> None:
     """FIRST/MIDDLE carry exactly one MTU; LAST 1..MTU; ONLY at most one MTU."""
     if mtu is None:
         return
@@ -115,7 +117,7 @@ def check_size(p: Packet, mtu: int | None, sink: Sink, label: str, rule: str = "
     else:
         ok, want = n == mtu, f"{mtu} (the path MTU)"
     if not ok:
-        sink.add(rule, p.frame, f"{info.name} carries {n} bytes, expected {want}", label)
+        sink.add("MTU-SIZE", p.frame, f"{info.name} carries {n} bytes, expected {want}", label)
 
 
 def _kind(info: Any) -> str | None:
@@ -203,9 +205,9 @@ def _retry(st: FlowState, p: Packet, sink: Sink, burst: bool) -> None:
         r.restarts.add(k)
         r.accepted = min(r.accepted, k)
         st.open_answers.add(r.psn)
-    a = st.atomics.get(psn)
-    if a is not None:
-        a.resent = True
+    atomic = st.atomics.get(psn)
+    if atomic is not None:
+        atomic.resent = True
     # A go-back that starts at a READ or an atomic is not judged: a requester takes READ
     # responses and atomic ACKs in PSN order only and treats an ACK beyond an unanswered
     # READ/atomic as an implied NAK (rxe_comp.c check_psn, COMPST_ERROR_RETRY), so whether
@@ -223,15 +225,19 @@ def _retry(st: FlowState, p: Packet, sink: Sink, burst: bool) -> None:
                                          f"{st.sure_frame}); expected PSN "
                                          f"{psn_add(st.sure, 1)} or later", label)
     if orig is not None:
-        a, b = _fields(orig), _fields(p)
-        if a != b:
-            diff = ", ".join(f"{k} {b.get(k)} (was {a.get(k)})" for k in sorted(set(a) | set(b))
-                             if a.get(k) != b.get(k))
+        was, now = _fields(orig), _fields(p)
+        if was != now:
+            diff = ", ".join(f"{k} {now.get(k)} (was {was.get(k)})"
+                             for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
             sink.add("RETRY-SAME", p.frame, f"resend of PSN {psn} (frame {orig.frame}) "
                                             f"differs: {diff}", label)
-        elif bytes(orig.bth.payload) != bytes(p.bth.payload):
-            at = next(i for i, (x, y) in enumerate(zip(bytes(orig.bth.payload),
-                                                       bytes(p.bth.payload))) if x != y)
+            return
+        x, y = bytes(orig.bth.payload), bytes(p.bth.payload)
+        if len(x) != len(y):
+            sink.add("RETRY-SAME", p.frame, f"resend of PSN {psn} (frame {orig.frame}) "
+                                            f"carries {len(y)} bytes, was {len(x)}", label)
+        elif x != y:
+            at = next(i for i, (u, v) in enumerate(zip(x, y)) if u != v)
             sink.add("RETRY-SAME", p.frame, f"resend of PSN {psn} (frame {orig.frame}) "
                                             f"carries other bytes (first at offset {at})",
                      label)

@@ -26,7 +26,6 @@ class Read:
     frame: int
     restarts: set[int] = field(default_factory=set)  # offsets a re-READ started from
     accepted: int = 0  # responses accepted in order so far (the requester drops the rest)
-    answered: bool = False
 
 
 @dataclass
