@@ -741,3 +741,20 @@ def test_lossy_still_catches_faults():
     w = m.insert(load("write_bw.pcap"), 5, load("write_bw.pcap")[1])
     w = m.edit(w, 6, lambda b: b.__setitem__(40, b[40] ^ 0xFF))
     assert found(w, lossy=True) == {(6, "RETRY-SAME")}
+
+
+def test_docs_example_is_what_check_prints(cli, tmp_path):
+    """docs/check.md's example: rc_pingpong.pcap with frame 2 made a SEND FIRST, the MSN of
+    the ACK at frame 10 raised by one and one bit of frame 20's ICRC flipped."""
+    recs = load("rc_pingpong.pcap")
+    recs = m.edit(recs, 2, opcode=Opcode.RC_SEND_FIRST)
+    recs = m.edit(recs, 10, msn=m.packet(recs[9]).msn + 1)
+    recs = m.edit(recs, 20, lambda b: b.__setitem__(-2, b[-2] ^ 0x40), fix_icrc=False)
+    f = tmp_path / "rc_pingpong.mutated.pcap"
+    f.write_bytes(m.to_bytes(recs))
+    r = cli(str(f))
+    assert r.returncode == 1
+    doc = (ROOT / "docs" / "check.md").read_text()
+    block = doc[doc.index("$ softrdma check rc_pingpong.mutated.pcap"):]
+    block = block[:block.index("$ echo $?")]
+    assert r.stdout.splitlines() == block.splitlines()[1:]
