@@ -145,6 +145,8 @@ def test_reserved_bits():
     assert found(m.edit(recs, 2, resv7=0x10)) == {(2, "RESERVED")}
     ack = frame_of(recs, op("RC_ACKNOWLEDGE"))
     assert found(m.edit(recs, ack, syndrome=0x80 | 0x1F)) == {(ack, "RESERVED")}
+    ud = load("ud_pingpong.pcap")  # DETH: Q_Key, then resv8, then the source QP
+    assert found(m.edit(ud, 2, lambda b: b.__setitem__(12 + 4, 0x01))) == {(2, "RESERVED")}
 
 
 @breaks("PAD")

@@ -6,6 +6,7 @@ at any QP state.
 
 from __future__ import annotations
 
+from ..wire.opcodes import Hdr
 from .decode import Packet
 from .rules import Sink
 
@@ -23,6 +24,9 @@ def check_frame(p: Packet, sink: Sink) -> None:
     if b.resv6 or b.resv7:
         sink.add("RESERVED", p.frame, f"BTH resv6a=0x{b.resv6:02x} resv7=0x{b.resv7:02x}, "
                                       "expected 0")
+    deth = info.offset(Hdr.DETH)
+    if deth is not None and b.buf[deth + 4]:  # parse drops DETH's resv8
+        sink.add("RESERVED", p.frame, f"DETH reserved byte 0x{b.buf[deth + 4]:02x}, expected 0")
     if b.syndrome is not None and b.syndrome & 0x80:
         sink.add("RESERVED", p.frame, f"AETH syndrome 0x{b.syndrome:02x} has its reserved "
                                       "top bit set")

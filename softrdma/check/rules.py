@@ -41,8 +41,9 @@ RULES: dict[str, Rule] = _rules(
     ("UDP-DPORT", "RoCEv2 packets go to UDP port 4791", "IBTA annex A17 (RoCEv2 port)",
      "frame"),
     ("TVER", "BTH TVer is 0", "IBTA 9.2 (TVer); rxe_recv.c hdr_check", "frame"),
-    ("RESERVED", "BTH reserved bits (resv6a, resv7) and the AETH's top bit are sent as 0",
-     "IBTA 9.2, 9.3.5", "frame"),
+    ("RESERVED", "BTH reserved bits (resv6a, resv7), the DETH's reserved byte and the "
+                 "AETH's top bit are sent as 0",
+     "IBTA 9.2, 9.3.2, 9.3.5", "frame"),
     ("PAD", "PadCnt rounds the payload up to a multiple of 4 bytes",
      "IBTA 9.2 (PadCnt)", "frame"),
     ("NO-PAYLOAD", "opcodes without a payload (READ request, ACK, atomics) carry none",
