@@ -66,6 +66,8 @@ def edit(records: list[PcapRecord], index: int, change: Callable[[bytearray], An
     out = list(records)
     rec = out[index - 1]
     f = decode_frame(rec.data, rec.linktype)
+    if f is None:
+        raise ValueError(f"frame {index} is not IP/UDP")
     roce = bytearray(f.payload)
     if fields:
         roce = rebuild(roce, **fields)
