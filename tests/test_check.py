@@ -432,6 +432,46 @@ def test_nak_retry():
     assert found(late) == {(32, "NAK-RETRY")}
 
 
+@breaks("NAK-FATAL")
+def test_nak_fatal():
+    """The ACK of the first WRITE made a remote-access NAK: the WRITE failed and the QP is
+    in error, so resending it is wrong."""
+    recs = load("write_bw.pcap")
+    nak = m.edit(recs, 9, syndrome=0x62, msn=0)  # the message did not complete
+    assert found(nak) == set()
+    assert found(m.insert(nak, 9, recs[7])) == {(10, "NAK-FATAL")}
+
+
+def test_a_real_fatal_nak_is_clean(tmp_path):
+    """softrdma's engines: an RDMA WRITE with a wrong rkey draws a remote-access NAK and the
+    requester's QP goes to error without resending; captured at the requester, clean."""
+    import contextlib
+
+    from softrdma import enums as E
+    from softrdma.harness.sim import SimNetwork
+    from softrdma.harness.testing import connected_pair
+    from softrdma.soft.capture import PacketCapture
+    from softrdma.verbs_api.device import remove_device
+
+    net = SimNetwork(seed=3)
+    a, b = connected_pair(net, "RC")
+    path = tmp_path / "fatal.pcap"
+    a.device.capture = PacketCapture(str(path), clock=lambda: net.now)
+    try:
+        a.post_send(E.IBV_WR_RDMA_WRITE, a.sge(0, 4096), 1, remote_offset=0, rkey=0xDEAD)
+        a.post_send(E.IBV_WR_RDMA_WRITE, a.sge(0, 4096), 2, remote_offset=0)
+        net.run(until=net.now + 0.1)
+    finally:
+        a.device.capture.close()
+        for e in (a, b):
+            e.close()
+            with contextlib.suppress(Exception):
+                remove_device(e.device.name)
+    recs = m.load(path)
+    assert 0x62 in {m.packet(r).syndrome for r in recs}
+    assert found(recs) == set()
+
+
 @breaks("RNR-WAIT")
 def test_rnr_wait():
     """An RNR NAK (timer 12: 640 us) for the last packet of the first WRITE: the requester

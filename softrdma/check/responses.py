@@ -40,6 +40,10 @@ def on_request(st: FlowState, p: Packet, kind: str, sink: Sink) -> None:
     """Follow a pending NAK: the next go-back must start at (or before) the NAK'd PSN, and
     not too early after an RNR NAK. New requests, and resends that continue a go-back
     burst already under way (BURST), were in flight when the NAK was sent."""
+    if st.fatal is not None and p.psn == st.fatal.psn and kind != NEW:
+        sink.add("NAK-FATAL", p.frame, f"resends PSN {p.psn}, NAK'd at frame {st.fatal.frame} "
+                                       "with a fatal code: the requester's QP is in error",
+                 st.flow.label)
     nak = st.nak
     if nak is None:
         return
@@ -114,6 +118,8 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
         del st.need_ack[psn]
     if kind == AethType.RNR_NAK or (kind == AethType.NAK and syn & 0x1F == 0):
         st.nak = Nak(p.frame, p.ts, p.psn, syn & 0x1F if kind == AethType.RNR_NAK else None)
+    elif kind == AethType.NAK and 1 <= syn & 0x1F <= 3:
+        st.fatal = Nak(p.frame, p.ts, p.psn, None)
 
 
 def _replay(st: FlowState, p: Packet, upto: int) -> bool:

@@ -92,6 +92,9 @@ RULES: dict[str, Rule] = _rules(
      "rxe behaviour: rxe_resp.c (AETH_ACK_UNLIMITED)", "responses"),
     ("NAK-RETRY", "after a PSN-sequence NAK or an RNR NAK the requester resends from the "
                   "NAK'd PSN", "IBTA 9.7.5.2; rxe_comp.c", "responses"),
+    ("NAK-FATAL", "after an invalid-request, remote-access or remote-operational NAK the "
+                  "requester never resends the NAK'd request (its QP goes to the error state)",
+     "IBTA 9.7.5.2; rxe_comp.c (error completion, QP to ERROR)", "responses"),
     ("RNR-WAIT", "after an RNR NAK the requester waits at least the NAK's timer before "
                  "resending", "IBTA 9.7.5.2.8; rxe_comp.c rnrnak_usec", "responses"),
     # READ responses (check/reads.py)

@@ -97,6 +97,7 @@ class FlowState:
     msn_log: list[tuple[int, int, int, int]] = field(default_factory=list)  # frame, MSN,
     # messages completed up to its PSN, that PSN
     nak: Nak | None = None
+    fatal: Nak | None = None  # a NAK the requester's QP does not survive
 
     @property
     def mtu(self) -> int | None:
