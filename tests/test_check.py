@@ -653,9 +653,10 @@ def test_cli_bad_input(cli, tmp_path):
 
 
 def test_cli_list_rules(cli):
-    r = cli("--list-rules", "x")
+    r = cli("--list-rules")
     assert r.returncode == 0
-    assert len(r.stdout.splitlines()) == len(RULES)
+    assert [line.split()[0] for line in r.stdout.splitlines()] == list(RULES)
+    assert cli().returncode == 2
 
 
 # ---------------------------------------------------------------- softrdma's own error paths

@@ -95,7 +95,7 @@ def check_records(records: Iterable[PcapRecord], *, mtu: int | None = None,
             for p in flow.requests + flow.responses:
                 owner[p.frame] = s
     for (src, sqp), group in conv.ud_senders.items():
-        s = QpSummary(f"{addr(src)} UD QP 0x{sqp:06x}", Transport.UD.name, len(group), 0, mtu)
+        s = QpSummary(f"{addr(src)} QP 0x{sqp:06x}", Transport.UD.name, len(group), 0, mtu)
         summaries.append(s)
         for p in group:
             owner[p.frame] = s

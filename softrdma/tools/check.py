@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
                                    "fields, UDP ports) with its frame number. Exit status 0 "
                                    "clean, 1 violations, 2 unreadable file. Rules: "
                                    "docs/check.md.")
-    d.add_argument("pcap", help="capture file (pcap or pcapng)")
+    d.add_argument("pcap", nargs="?", help="capture file (pcap or pcapng)")
     d.add_argument("--json", action="store_true",
                    help="JSON lines: one object per violation, then per-flow summaries")
     d.add_argument("--mtu", type=_mtu, default=None,
@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         for r in RULES.values():
             out.write(f"{r.id:<17} {r.statement} ({r.reference})\n")
         return 0
+    if args.pcap is None:
+        raise UsageError("a capture file is required (softrdma check PCAP)")
     rules = None
     if args.rules:
         rules = [x for arg in args.rules for x in arg.split(",") if x]
