@@ -77,11 +77,14 @@ def test_the_capture_set_is_all_there():
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: str(p.relative_to(PCAPS)))
-def test_every_real_capture_is_clean(path):
+def test_every_real_capture_is_clean(path, cli):
     result = check_records(m.load(path))
     assert result.packets > 0
     assert result.violations == [], "\n".join(
         f"frame {v.frame}: {v.rule}: {v.message}" for v in result.violations)
+    # and through the command line, as a user (or CI) runs it
+    r = cli(str(path))
+    assert r.returncode == 0 and r.stdout.splitlines()[-1].endswith(": clean"), r.stdout
 
 
 def test_conversations_are_paired_by_evidence():
