@@ -306,6 +306,17 @@ def test_retry_range():
     assert found(recs) == {(ack + 1, "RETRY-RANGE")}
 
 
+def test_retry_range_for_a_read_fully_answered():
+    # the first READ asked again after all its responses came, in order: it was done
+    recs = load("read_bw.pcap")
+    last = frames_of(recs, op("RC_RDMA_READ_RESPONSE_LAST"))[0]
+    assert found(m.insert(recs, last, recs[0])) == {(last + 1, "RETRY-RANGE")}
+    # but asked again with one of its responses missing, it must be
+    mid = frames_of(recs, op("RC_RDMA_READ_RESPONSE_MIDDLE"))[2]
+    holed = m.drop(recs, mid)
+    assert found(m.insert(holed, last - 1, holed[0])) == set()
+
+
 @breaks("RETRY-SAME")
 def test_retry_same():
     recs = load("write_bw.pcap")

@@ -69,9 +69,9 @@ RULES: dict[str, Rule] = _rules(
      "IBTA 9.4.2, 9.3.3.2; rxe_resp.c check_length", "sequence"),
     ("PSN-SEQ", "each new request takes the next PSN (+1 mod 2^24; a READ takes one per "
                 "response packet)", "IBTA 9.7.1, 9.4.3", "sequence"),
-    ("RETRY-RANGE", "a go-back that starts at a SEND or WRITE packet starts at one not yet "
-                    "acknowledged (the burst may then run past an ACK that arrives meanwhile, "
-                    "as rxe's does)",
+    ("RETRY-RANGE", "a go-back that starts at a SEND or WRITE packet, or at a READ whose "
+                    "responses all came, starts at one not yet acknowledged (the burst may "
+                    "then run past an ACK that arrives meanwhile, as rxe's does)",
      "IBTA 9.7.7 (requester retry, go-back-N); rxe_req.c req_retry", "sequence"),
     ("RETRY-SAME", "a retransmitted PSN carries the same request (opcode, headers, bytes; a "
                    "re-READ from the middle advances VA and shortens the length by whole MTUs)",

@@ -200,6 +200,7 @@ def _retry(st: FlowState, p: Packet, sink: Sink, burst: bool) -> None:
     if r is not None and r.n is not None:
         taken = r.n - psn_diff(psn, r.psn)
     st.retry_next = psn_add(psn, taken)
+    full = r is not None and r.n is not None and r.accepted >= r.n
     if r is not None:  # a READ asked again (whole or from offset k): answers start over
         k = psn_diff(psn, r.psn)
         r.restarts.add(k)
@@ -208,13 +209,14 @@ def _retry(st: FlowState, p: Packet, sink: Sink, burst: bool) -> None:
     atomic = st.atomics.get(psn)
     if atomic is not None:
         atomic.resent = True
-    # A go-back that starts at a READ or an atomic is not judged: a requester takes READ
-    # responses and atomic ACKs in PSN order only and treats an ACK beyond an unanswered
-    # READ/atomic as an implied NAK (rxe_comp.c check_psn, COMPST_ERROR_RETRY), so whether
-    # it already had that answer depends on every response before it, which a capture taken
-    # anywhere but inside the requester cannot always show. Sends and writes are simple: a
-    # captured ACK at or beyond them completes them.
-    judged = orig is not None and (orig.info.send or orig.info.write)
+    # Which go-backs are judged: a requester takes READ responses and atomic ACKs in PSN
+    # order only and treats an ACK beyond an unanswered READ/atomic as an implied NAK
+    # (rxe_comp.c check_psn, COMPST_ERROR_RETRY). A READ whose responses all came in order
+    # was done; whether an atomic's ACK was taken depends on every answer before it, which a
+    # capture cannot always show, so atomics are not judged. Sends and writes are simple: a
+    # captured ACK at or beyond them completes them...
+    judged = orig is not None and (orig.info.send or orig.info.write
+                                   or (orig.info.read and full))
     # ... unless an unanswered READ or atomic before the ACK made it an implied NAK: only
     # ACKs the requester could take count (st.sure)
     # (with ``lossy`` not judged at all: ACKs captured may be lost before the requester)

@@ -6,6 +6,7 @@ the flow's packets in frame order; it holds no rule of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 
 from ..qp.psn import psn_diff
 from .conversation import Flow
@@ -82,6 +83,7 @@ class FlowState:
     msg_len: int | None = None  # RETH length of the WRITE in progress
     sent: dict[int, Packet] = field(default_factory=dict)  # PSN -> first transmission
     reads: list[Read] = field(default_factory=list)
+    last_read: Read | None = None
     atomics: dict[int, Atomic] = field(default_factory=dict)
     msg_ends: list[int] = field(default_factory=list)  # PSNs at which a message completes
     missing: set[int] = field(default_factory=set)  # PSNs a reported gap skipped
@@ -109,10 +111,14 @@ class FlowState:
         return any(psn_diff(q, psn) < 0 for q in self.open_answers)
 
     def find_read(self, psn: int) -> Read | None:
-        """The READ whose PSN range holds ``psn`` (most recent first)."""
-        for r in reversed(self.reads[-512:]):
-            d = psn_diff(psn, r.psn)
-            if 0 <= d < (r.n or 1):
+        """The READ whose PSN range holds ``psn``: the one found last time (responses come in
+        runs), else the most recent of the last 512."""
+        last = self.last_read
+        if last is not None and 0 <= psn_diff(psn, last.psn) < (last.n or 1):
+            return last
+        for r in islice(reversed(self.reads), 512):
+            if 0 <= psn_diff(psn, r.psn) < (r.n or 1):
+                self.last_read = r
                 return r
         return None
 
