@@ -46,8 +46,9 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--lossy", action="store_true",
                    help="the capture may sit behind a lossy hop (e.g. on the responder's "
                         "host): skipped PSNs resent later are losses, not faults")
-    d.add_argument("--rules", nargs="+", metavar="RULE", default=None,
-                   help="check only these rule ids (see --list-rules)")
+    d.add_argument("--rules", action="append", metavar="RULE[,RULE...]", default=None,
+                   help="check only these rule ids, comma-separated, repeatable "
+                        "(see --list-rules)")
     d.add_argument("--list-rules", action="store_true", help="list the rules and exit")
     d.set_defaults(func=run)
 
