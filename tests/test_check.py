@@ -853,3 +853,12 @@ def test_garbled_captures_never_crash_the_checker():
         result = check_records(recs, lossy=rng.random() < 0.3,
                                mtu=rng.choice([None, None, 256, 1024, 4096]))
         assert all(v.rule in RULES for v in result.violations)
+
+
+def test_package_doctest(monkeypatch):
+    import doctest
+
+    import softrdma.check
+
+    monkeypatch.chdir(ROOT)
+    assert doctest.testmod(softrdma.check).failed == 0
