@@ -115,6 +115,11 @@ CASES = [
     (["lab", "run", "--guests", "0", "--", "true"], 2, "--guests"),
     (["lab", "shell", "--guests", "-1"], 2, "--guests"),
     (["lab", "guest", "-1", "--", "true"], 2, "index"),
+    # -- check: a file it cannot read is status 2 (1 means broken rules) --------------------------
+    (["check", "/nonexistent/dir/x.pcap"], 2, "/nonexistent/dir/x.pcap: no such file"),
+    (["check", "{tmpdir}"], 2, "is a directory"),
+    (["check", "--mtu", "1000", "x.pcap"], 2, "--mtu"),
+    (["check", "--rules", "NOPE", "--", "x.pcap"], 2, "NOPE"),
 ]
 
 

@@ -20,7 +20,7 @@ from .conftest import ROOT
 
 PKG = ROOT / "softrdma"
 CORE = (sorted((PKG / "wire").glob("*.py")) + sorted((PKG / "cm").glob("*.py"))
-        + sorted((PKG / "qp").glob("*.py")))
+        + sorted((PKG / "qp").glob("*.py")) + sorted((PKG / "check").glob("*.py")))
 FORBIDDEN_IO = {"socket", "threading", "time", "asyncio", "selectors", "select", "subprocess"}
 FORBIDDEN_PKGS = ("softrdma.soft", "softrdma.verbs_api", "softrdma.tools", "softrdma.harness",
                   "softrdma.sim", "softrdma.replay", "softrdma.testing", "softrdma.lab",
@@ -75,6 +75,32 @@ def test_cm_sits_on_wire_alone_and_wire_never_imports_cm(path):
     bad = [f"{path.relative_to(ROOT)}:{line} imports {mod}" for line, mod, _ in imports(path)
            if mod.startswith("softrdma") and mod != "softrdma"
            and not any(mod == a or mod.startswith(a + ".") for a in allowed)]
+    assert not bad, "\n".join(bad)
+
+
+#: what softrdma.check may use: the wire layer, and two pure helpers of the protocol core
+#: (PSN arithmetic, rxe's constants: the RNR timer table and the UDP source-port hash)
+CHECK_ALLOWED = ("softrdma.wire", "softrdma.check", "softrdma.qp.psn", "softrdma.qp.params")
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "check").glob("*.py")),
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_check_sits_on_wire(path):
+    """The capture checker judges bytes: it sits on the wire layer (plus PSN arithmetic and
+    rxe's constants), above it and below the tools; it never drives an engine or a device,
+    so it can judge any implementation's capture."""
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {mod}" for line, mod, _ in imports(path)
+           if mod.startswith("softrdma") and mod != "softrdma"
+           and not any(mod == a or mod.startswith(a + ".") for a in CHECK_ALLOWED)]
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_below_the_tools_imports_check():
+    below = [p for layer in ("wire", "cm", "qp", "soft", "verbs_api", "rdmacm", "socket")
+             for p in sorted((PKG / layer).rglob("*.py"))]
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {mod}" for p in below
+           for line, mod, _ in imports(p) if mod == "softrdma.check"
+           or mod.startswith("softrdma.check.")]
     assert not bad, "\n".join(bad)
 
 

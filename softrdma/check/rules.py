@@ -1,0 +1,147 @@
+"""The rules ``softrdma check`` enforces, and the record of one broken rule.
+
+Every rule has a stable id (used by ``--rules`` and in the JSON output), a one-line
+statement and a reference: a section of the IBTA specification (vol. 1, chapter 9 for the
+RC/UC/UD transport, 7.8 for the ICRC, annex A17 for RoCEv2) or, where the spec leaves a
+choice and rxe makes one, "rxe behaviour" with the kernel file that makes it. The rules are
+listed once, here; docs/check.md renders the same table.
+
+Section numbers are our reading of IBTA vol. 1 release 1.5. Those cross-checked against
+public citations: 9.3.3.2, 9.7.4.1.5 (C9-88), 9.7.5.1.2, 9.7.5.2.8; the others are the
+nearest section we could name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Rule", "RULES", "Violation", "Sink"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    statement: str
+    reference: str
+    family: str  # the module that checks it, for the docs table
+
+
+def _rules(*rows: tuple[str, str, str, str]) -> dict[str, Rule]:
+    return {r[0]: Rule(*r) for r in rows}
+
+
+#: rule id -> Rule, in the order docs/check.md lists them.
+RULES: dict[str, Rule] = _rules(
+    # frame: one packet at a time (check/frame.py)
+    ("DECODE", "a UDP 4791 datagram is a well-formed RoCE packet: known opcode, headers, "
+               "pad and ICRC fit", "IBTA 9.2, 9.3; rxe_recv.c rxe_rcv", "frame"),
+    ("ICRC", "the ICRC matches the packet's invariant fields", "IBTA 7.8.1, annex A17; "
+             "rxe_icrc.c", "frame"),
+    ("UDP-DPORT", "RoCEv2 packets go to UDP port 4791", "IBTA annex A17 (RoCEv2 port)",
+     "frame"),
+    ("TVER", "BTH TVer is 0", "IBTA 9.2 (TVer); rxe_recv.c hdr_check", "frame"),
+    ("RESERVED", "BTH reserved bits (resv6a, resv7), the DETH's reserved byte and the "
+                 "AETH's top bit are sent as 0",
+     "IBTA 9.2, 9.3.2, 9.3.5", "frame"),
+    ("PAD", "PadCnt rounds the payload up to a multiple of 4 bytes",
+     "IBTA 9.2 (PadCnt)", "frame"),
+    ("NO-PAYLOAD", "opcodes without a payload (READ request, ACK, atomics) carry none",
+     "IBTA 9.4 (packet formats); rxe_opcode.c", "frame"),
+    # invariants: per QP (check/invariants.py)
+    ("QP-TRANSPORT", "every packet to one QP uses that QP's transport (RC, UC or UD)",
+     "IBTA 9.6 (header validation); rxe_recv.c check_type_state", "invariants"),
+    ("PKEY", "the P_Key is the same on every packet of a QP (both directions of a connection)",
+     "IBTA 9.6 (P_Key check); rxe_recv.c check_keys", "invariants"),
+    ("SPORT", "a QP sends from one UDP source port", "IBTA annex A17 (source port is "
+              "per-flow entropy); rxe_qp.c", "invariants"),
+    ("SPORT-HASH", "the UDP source port is rxe's: in 0xC000-0xFFFF, the same in both "
+                   "directions of a connection (a hash of the flow label, or of both QPNs), "
+                   "the hash of the source QPN for UD", "rxe behaviour: rxe_qp.c "
+                   "(rdma_get_udp_sport, rxe_qp_init)", "invariants"),
+    # sequence: the requester's packets (check/sequence.py)
+    ("OPSEQ", "a message is FIRST, MIDDLE..., LAST or a single ONLY; no other request "
+              "starts before LAST", "IBTA 9.4 (packet sequences); rxe_resp.c check_op_seq",
+     "sequence"),
+    ("MTU-SIZE", "FIRST and MIDDLE packets carry exactly the path MTU, LAST 1..MTU, ONLY at "
+                 "most MTU", "IBTA 9.4 (segmentation); rxe_resp.c check_length", "sequence"),
+    ("WRITE-LEN", "an RDMA WRITE's payload adds up to the RETH DMA length",
+     "IBTA 9.4.2, 9.3.3.2; rxe_resp.c check_length", "sequence"),
+    ("PSN-SEQ", "each new request takes the next PSN (+1 mod 2^24; a READ takes one per "
+                "response packet)", "IBTA 9.7.1, 9.4.3", "sequence"),
+    ("RETRY-RANGE", "a go-back that starts at a SEND or WRITE packet, or at a READ whose "
+                    "responses all came, starts at one not yet acknowledged (the burst may "
+                    "then run past an ACK that arrives meanwhile, as rxe's does)",
+     "IBTA 9.7.7 (requester retry, go-back-N); rxe_req.c req_retry", "sequence"),
+    ("RETRY-SAME", "a retransmitted PSN carries the same request (opcode, headers, bytes; a "
+                   "re-READ from the middle advances VA and shortens the length by whole MTUs)",
+     "IBTA 9.7.7; rxe_req.c req_retry", "sequence"),
+    ("ACKREQ-LAST", "the last packet of every RC request message sets AckReq",
+     "rxe behaviour: rxe_req.c (END_MASK sets ackreq)", "sequence"),
+    # responses: ACK / NAK (check/responses.py)
+    ("AETH-SYNDROME", "the AETH syndrome is ACK, RNR NAK or a defined NAK code; READ "
+                      "responses and atomic ACKs carry an ACK", "IBTA 9.3.5 (syndrome "
+                      "encoding)", "responses"),
+    ("ACK-PSN", "an ACK or NAK names a PSN the requester has sent", "IBTA 9.7.5.1",
+     "responses"),
+    ("MSN", "the MSN grows by the number of messages completed up to the acknowledged PSN "
+            "(a READ counts when accepted)", "IBTA 9.7.5.1, C9-148; rxe_resp.c", "responses"),
+    ("ACK-COVER", "every AckReq request is acknowledged in the end (coalescing allowed)",
+     "IBTA 9.7.5.1.2 (coalesced acknowledges)", "responses"),
+    ("ACK-CREDIT", "ACKs advertise unlimited credit (31)",
+     "rxe behaviour: rxe_resp.c (AETH_ACK_UNLIMITED)", "responses"),
+    ("NAK-RETRY", "after a PSN-sequence NAK or an RNR NAK the requester resends from the "
+                  "NAK'd PSN", "IBTA 9.7.5.2; rxe_comp.c", "responses"),
+    ("NAK-FATAL", "after an invalid-request, remote-access or remote-operational NAK the "
+                  "requester never resends the NAK'd request (its QP goes to the error state)",
+     "IBTA 9.7.5.2; rxe_comp.c (error completion, QP to ERROR)", "responses"),
+    ("RNR-WAIT", "after an RNR NAK the requester waits at least the NAK's timer before "
+                 "resending", "IBTA 9.7.5.2.8; rxe_comp.c rnrnak_usec", "responses"),
+    # READ responses (check/reads.py)
+    ("READ-RESP-PSN", "a READ response PSN lies in the PSN range of a READ request",
+     "IBTA 9.4.3", "reads"),
+    ("READ-RESP-OPCODE", "a READ's responses are ONLY, or FIRST, MIDDLE..., LAST, by position "
+                         "in its PSN range", "IBTA 9.4.3; rxe_resp.c read_reply", "reads"),
+    ("READ-RESP-LEN", "each READ response carries min(MTU, what is left of the RETH "
+                      "length)", "IBTA 9.4.3; rxe_resp.c read_reply", "reads"),
+    # atomics (check/atomics.py)
+    ("ATOMIC-ACK", "every atomic is answered by an ATOMIC ACKNOWLEDGE at its PSN, and only "
+                   "atomics are", "IBTA 9.4.5, 9.3.6 (AtomicAckETH)", "atomics"),
+    ("ATOMIC-REPLAY", "a duplicate atomic is answered with the original value of the first "
+                      "execution, never executed again", "IBTA 9.7.4.1 (duplicate "
+                      "requests); rxe_resp.c duplicate_request", "atomics"),
+    # UD (check/ud.py)
+    ("UD-QKEY", "every datagram to a UD QP carries that QP's Q_Key (QP1: 0x80010000)",
+     "IBTA 9.6 (Q_Key check), C9-49", "ud"),
+    ("UD-PSN", "a UD QP numbers its packets +1 each", "rxe behaviour: rxe_req.c", "ud"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken rule: where (frame number, 1-based as tshark counts), which rule, what was
+    expected against what was seen, and the conversation it belongs to."""
+
+    frame: int
+    rule: str
+    message: str
+    qp: str = ""
+
+    @property
+    def reference(self) -> str:
+        return RULES[self.rule].reference
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frame": self.frame, "rule": self.rule, "reference": self.reference,
+                "message": self.message, "qp": self.qp}
+
+
+@dataclass
+class Sink:
+    """Where the rule modules put what they find. ``qp`` labels what follows."""
+
+    violations: list[Violation] = field(default_factory=list)
+
+    def add(self, rule: str, frame: int, message: str, qp: str = "") -> None:
+        assert rule in RULES, rule  # a typo in a rule id is a bug of the checker
+        self.violations.append(Violation(frame, rule, message, qp))
