@@ -264,3 +264,68 @@ def test_parse_unittest_output():
     t = per_file(res)
     assert t["test_x"] == {"passed": 1, "failed": 0, "errored": 0, "skipped": 1}
     assert t["test_y"] == {"passed": 0, "failed": 2, "errored": 1, "skipped": 0}
+
+
+def _rc_pair(ctx, pd, scq, rcq, sender_qp_cls, init_cls):
+    """Two RC QPs of one context connected in loopback: the first of class sender_qp_cls."""
+    from softrdma.verbs_api import QP, AHAttr, GlobalRoute, QPAttr, QPCap
+    cap = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
+    a = sender_qp_cls(pd, init_cls(qp_type=2, scq=scq, rcq=scq, cap=cap))
+    b = QP(pd, init_cls(qp_type=2, scq=rcq, rcq=rcq, cap=cap))
+    gid = ctx.query_gid(1, 1)
+    for me, peer in ((a, b), (b, a)):
+        attr = QPAttr(qp_access_flags=7, dest_qp_num=peer.qp_num, path_mtu=3, rq_psn=0,
+                      sq_psn=0, max_dest_rd_atomic=1, max_rd_atomic=1, min_rnr_timer=12,
+                      timeout=14, retry_cnt=7, rnr_retry=7)
+        attr.ah_attr = AHAttr(port_num=1, is_global=1,
+                              gr=GlobalRoute(dgid=gid, sgid_index=1))
+        QP.to_rts(me, attr)
+    return a, b
+
+
+def _poll_one(cq, deadline_s: float = 10.0):
+    import time
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        n, wcs = cq.poll(1)
+        if n:
+            return wcs[0]
+    raise AssertionError("no completion")
+
+
+@pytest.mark.parametrize("opcode", [3, 1])  # IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE_WITH_IMM
+def test_imm_data_is_pyverbs_raw_be32_at_the_pyverbs_layer(opcode):
+    # Real pyverbs stores SendWR.imm_data raw into ibv_send_wr's __be32 and reads
+    # ibv_wc.imm_data raw, so rdma-core's tests post socket.htonl(x) and compare a received
+    # imm_data with socket.htonl(x): the wire carries x big-endian. softrdma's verbs take x
+    # itself. A pyverbs program on softrdma must put the same bytes on the wire as on
+    # real pyverbs, so a softrdma.verbs_api receiver must see x, and a pyverbs receiver
+    # htonl(x).
+    device, pd_m, mr_m, cq_m, qp_m, wr_m = _shim()
+    from softrdma.verbs_api import CQ as VCQ, RecvWR as VRecvWR, SGE as VSGE
+    x = 0x11223344
+    with device.Context(name="softrdma0") as ctx:
+        pd = pd_m.PD(ctx)
+        scq, vcq, pcq = cq_m.CQ(ctx, 8), VCQ(ctx, 8), cq_m.CQ(ctx, 8)
+        m = mr_m.MR(pd, 256, 7)
+        # pyverbs sender -> softrdma.verbs_api receiver
+        a, b = _rc_pair(ctx, pd, scq, vcq, qp_m.QP, qp_m.QPInitAttr)
+        b.post_recv(VRecvWR(wr_id=9, sg=[VSGE(m.buf + 128, 64, m.lkey)]))
+        w = wr_m.SendWR(wr_id=1, opcode=opcode, num_sge=1, sg=[wr_m.SGE(m.buf, 8, m.lkey)],
+                        imm_data=socket.htonl(x))
+        if opcode == 1:
+            w.set_wr_rdma(m.rkey, m.buf + 64)
+        a.post_send(w)
+        assert w.imm_data == socket.htonl(x)       # the caller's WR is left as it was
+        wc = _poll_one(vcq)
+        assert wc.status == 0 and wc.imm_data == x
+        # softrdma.verbs_api sender -> pyverbs receiver (a pyverbs CQ)
+        c, d = _rc_pair(ctx, pd, scq, pcq, qp_m.QP, qp_m.QPInitAttr)
+        d.post_recv(VRecvWR(wr_id=8, sg=[VSGE(m.buf + 128, 64, m.lkey)]))
+        from softrdma.verbs_api import QP as VQP, SendWR as VSendWR
+        v = VSendWR(wr_id=2, opcode=opcode, sg=[VSGE(m.buf, 8, m.lkey)], imm_data=x)
+        if opcode == 1:
+            v.set_wr_rdma(m.rkey, m.buf + 64)
+        VQP.post_send(c, v)
+        wc = _poll_one(pcq)
+        assert wc.status == 0 and wc.imm_data == socket.htonl(x)

@@ -10,14 +10,18 @@ the ``read_*`` accessors; it accepts the ``wc_flags`` Linux rxe accepts.
 from __future__ import annotations
 
 import errno
+import socket
 import sys as _sys
 from typing import Any
 
 from ..completion import WC
 from ..errors import PyverbsRDMAError
+from ..verbs_api.enums import ibv_wc_flags as _wcf
 from ..verbs_api.cq import CQ as _CQ, CompChannel as _CompChannel
 from . import _stub
 from ._close import CascadeClose, close_tree
+
+_WC_WITH_IMM = int(_wcf.IBV_WC_WITH_IMM)
 
 __all__ = ["CompChannel", "CQ", "CqInitAttrEx", "CQEX", "PollCqAttr", "WC", "WcTmInfo"]
 
@@ -59,6 +63,15 @@ class _CQMixin:
     @num_events.setter
     def num_events(self, v: int) -> None:
         self._events_unacked = v
+
+    def poll(self, num_entries: int = 1) -> tuple[int, list]:
+        """As pyverbs: a completion's ``imm_data`` is the raw ``__be32`` of ``ibv_wc``
+        (``socket.ntohl`` gives the integer whose big-endian bytes were on the wire)."""
+        n, wcs = super().poll(num_entries)
+        for wc in wcs:
+            if wc.wc_flags & _WC_WITH_IMM:
+                wc.imm_data = socket.htonl(wc.imm_data)
+        return n, wcs
 
     def close(self) -> None:
         if self.closed:

@@ -143,6 +143,9 @@ _MASKS = {
 }
 
 
+_IMM_OPS = (O.IBV_WR_SEND_WITH_IMM, O.IBV_WR_RDMA_WRITE_WITH_IMM)
+
+
 class QP(CascadeClose, _QP):
     def __init__(self, creator: Any, init_attr: Any, qp_attr: Any = None) -> None:
         from .pd import PD
@@ -216,10 +219,27 @@ class QP(CascadeClose, _QP):
             raise PyverbsRDMAError("Failed to post recv", e.error_code) from None
 
     def post_send(self, wr: Any, bad_wr: Any = None) -> None:
+        # pyverbs' imm_data is the raw __be32 of ibv_send_wr (rdma-core's tests put
+        # socket.htonl(x) in it); softrdma's verbs take the host integer whose big-endian
+        # bytes go on the wire. Each WITH_IMM WR of the chain carries ntohl(raw) for the
+        # post only, so the bytes on the wire are real pyverbs' on either backend.
+        swapped = []
+        seen: set[int] = set()
+        w = wr
+        while w is not None and id(w) not in seen and not isinstance(w, list):
+            seen.add(id(w))
+            raw = getattr(w, "imm_data", None)
+            if getattr(w, "opcode", None) in _IMM_OPS and type(raw) is int and 0 <= raw < 1 << 32:
+                swapped.append((w, raw))
+                w.imm_data = socket.ntohl(raw)
+            w = getattr(w, "next_wr", None)
         try:
             super().post_send(wr, bad_wr)
         except PyverbsRDMAError as e:
             raise PyverbsRDMAError("Failed to post send", e.error_code) from None
+        finally:
+            for w, raw in swapped:
+                w.imm_data = raw
 
     def bind_mw(self, mw: Any, mw_bind: Any) -> None:
         try:
@@ -279,7 +299,9 @@ class QPEx(QP):
         self._new(O.IBV_WR_SEND, W_SEND)
 
     def wr_send_imm(self, data: int) -> None:
-        self._new(O.IBV_WR_SEND_WITH_IMM, W_SEND_IMM).imm_data = socket.htonl(data)
+        # pyverbs converts here (htobe32(data) into the __be32): data is a host integer,
+        # which is what softrdma's verbs take
+        self._new(O.IBV_WR_SEND_WITH_IMM, W_SEND_IMM).imm_data = data
 
     def wr_send_inv(self, invalidate_rkey: int) -> None:
         self._new(O.IBV_WR_SEND_WITH_INV, W_SEND_INV).imm_data = invalidate_rkey
@@ -290,7 +312,7 @@ class QPEx(QP):
     def wr_rdma_write_imm(self, rkey: int, remote_addr: int, data: int) -> None:
         wr = self._new(O.IBV_WR_RDMA_WRITE_WITH_IMM, W_RDMA_WRITE_IMM)
         wr.set_wr_rdma(rkey, remote_addr)
-        wr.imm_data = socket.htonl(data)
+        wr.imm_data = data  # a host integer, as wr_send_imm
 
     def wr_rdma_read(self, rkey: int, remote_addr: int) -> None:
         self._new(O.IBV_WR_RDMA_READ, W_RDMA_READ).set_wr_rdma(rkey, remote_addr)
