@@ -4,8 +4,8 @@ The user-facing classes stay softrdma.verbs_api's. Each hardware class subclasse
 verbs_api class it implements (``HwPD(verbs_api.PD)``). ``Resource.__new__`` (and
 ``Context.__new__``) look at the parent argument; when it is a hardware object, it carries
 ``_hw_variant`` (this module's :func:`variant`) and the new object is made of
-``variant(cls)``: ``type(cls.__name__, (cls, HwX), {})`` for a subclass of the verbs_api class (for the
-verbs_api class itself, ``HwX`` renamed), cached per class. C3 puts HwX
+``variant(cls)``: ``type(cls.__name__, (cls, HwX), {})`` for a subclass of the verbs_api
+class (for the verbs_api class itself, ``HwX`` renamed), cached per class. C3 puts HwX
 right above the verbs_api class and below any subclass, so a subclass's methods (the
 pyverbs-compat layer's) wrap the hardware ones unchanged::
 

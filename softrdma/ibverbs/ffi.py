@@ -402,6 +402,13 @@ def lib() -> Any:
     return _lib
 
 
+def reset(libname: str = "libibverbs.so.1") -> None:
+    """Forget the loaded library and load ``libname`` on the next :func:`lib` (tests use
+    a name that does not exist to play a machine without libibverbs)."""
+    global _lib, _tried, _error, LIBNAME
+    _lib, _tried, _error, LIBNAME = None, False, None, libname
+
+
 def load_error() -> str | None:
     """Why :func:`lib` returned None (None if it loaded or was not tried)."""
     return _error
