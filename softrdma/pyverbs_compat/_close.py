@@ -17,9 +17,11 @@ def close_tree(obj: Any) -> None:
     for u in sorted(list(getattr(obj, "users", ())), key=_order):
         close_tree(u)
     cls = type(obj)
-    # the nearest verbs_api close() (the shim's own close() calls back here)
+    # the nearest verbs_api (or libibverbs backend) close(); the shim's own close() calls
+    # back here
     for k in cls.__mro__:
-        if k.__module__.startswith("softrdma.verbs_api") and "close" in k.__dict__:
+        if k.__module__.startswith(("softrdma.verbs_api", "softrdma.ibverbs")) and \
+                "close" in k.__dict__:
             k.__dict__["close"](obj)
             return
     obj.close()

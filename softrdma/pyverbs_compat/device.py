@@ -174,7 +174,7 @@ class Context(_d.Context):
         super().__init__(name)
 
     def close(self) -> None:  # the whole context: verbs_api closes every child
-        _d.Context.close(self)
+        super().close()
 
     @property
     def num_comp_vectors(self) -> int:

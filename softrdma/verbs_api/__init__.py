@@ -15,7 +15,7 @@ from .ah import AH
 from .attr import GID, AHAttr, GlobalRoute, QPAttr, QPCap, QPInitAttr, SrqAttr, SrqInitAttr
 from .cq import CQ, CompChannel
 from .device import (AsyncEvent, Context, Device, DeviceAttr, PortAttr, add_device,
-                     get_device_list, get_soft_device, remove_device)
+                     get_backend, get_device_list, get_soft_device, remove_device, set_backend)
 from .enums import *  # noqa: F401,F403
 from .enums import __all__ as _enum_names
 from .mr import MR, MW, MWBind
@@ -28,6 +28,6 @@ __all__ = [
     "PyverbsError", "PyverbsRDMAError", "PyverbsUserError", "AH", "GID", "AHAttr",
     "GlobalRoute", "QPAttr", "QPCap", "QPInitAttr", "SrqAttr", "SrqInitAttr", "CQ",
     "CompChannel", "AsyncEvent", "Context", "Device", "DeviceAttr", "PortAttr", "add_device",
-    "get_device_list", "get_soft_device", "remove_device", "MR", "MW", "MWBind", "PD", "QP", "SRQ", "SGE", "WC",
+    "get_device_list", "get_soft_device", "remove_device", "set_backend", "get_backend", "MR", "MW", "MWBind", "PD", "QP", "SRQ", "SGE", "WC",
     "MWBindInfo", "RecvWR", "SendWR",
 ] + list(_enum_names)

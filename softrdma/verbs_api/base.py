@@ -28,6 +28,14 @@ class Resource:
     _kind = "resource"
     _pool: str | None = None  # counted against the device limit max_<_pool> (rxe_pool)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # The parent (context, PD) decides the backend: a libibverbs object carries
+        # _hw_variant, which gives this class with the hardware implementation mixed in
+        # (softrdma.ibverbs.dispatch). A soft parent costs this one attribute lookup.
+        parent = args[0] if args else next(iter(kwargs.values()), None)
+        hw = getattr(parent, "_hw_variant", None)
+        return object.__new__(cls if hw is None else hw(cls))
+
     def __init__(self, context: Any) -> None:
         if not isinstance(context, ContextBase):
             raise PyverbsRDMAError(f"Failed to create {self._kind}: context is {kind(context)}, "

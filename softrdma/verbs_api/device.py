@@ -11,6 +11,15 @@ the verbs. Settings (environment):
   calls ``get_soft_device().progress()`` (in-memory loopback, virtual time), for
   deterministic tests and step-by-step lessons.
 
+Real devices: when libibverbs finds RDMA devices (kernel rxe's ``rxe0``, a NIC),
+:func:`get_device_list` lists them after the soft ones and ``Context(name="rxe0")`` opens
+one through :mod:`softrdma.ibverbs`; every object made from that context is the same
+verbs_api class running on the device. ``SOFTRDMA_BACKEND=soft|ibverbs|auto`` (or
+:func:`set_backend`) forces one backend: ``soft`` never loads libibverbs; ``ibverbs``
+lists and opens only libibverbs devices (``Context()`` is the first of them); ``auto``
+(the default) opens soft names first, then libibverbs names, and ``Context()`` is the
+soft default device. A machine without libibverbs or devices sees only soft devices.
+
 More devices can be made for other addresses with :func:`add_device`::
 
     from softrdma.verbs_api import Context, add_device
@@ -46,7 +55,44 @@ from .enums import (
 )
 
 __all__ = ["Device", "Context", "DeviceAttr", "PortAttr", "AsyncEvent", "get_device_list",
-           "add_device", "remove_device", "get_soft_device", "soft_devices"]
+           "add_device", "remove_device", "get_soft_device", "soft_devices", "set_backend",
+           "get_backend"]
+
+BACKENDS = ("auto", "soft", "ibverbs")
+_backend: str | None = None  # set_backend's choice; None: SOFTRDMA_BACKEND, else auto
+
+
+def set_backend(name: str | None) -> None:
+    """Force the backend of :class:`Context` and :func:`get_device_list`: ``"soft"`` (only
+    soft devices; libibverbs is never loaded), ``"ibverbs"`` (only libibverbs devices),
+    ``"auto"`` (both; soft names first), or None to follow ``SOFTRDMA_BACKEND`` again.
+    Objects already made keep their backend."""
+    global _backend
+    if name is not None and name not in BACKENDS:
+        raise PyverbsRDMAError(f"set_backend: {name!r} is not one of {', '.join(BACKENDS)}",
+                               errno.EINVAL)
+    _backend = name
+
+
+def get_backend() -> str:
+    """The backend in force: :func:`set_backend`'s, else ``SOFTRDMA_BACKEND``, else auto."""
+    if _backend is not None:
+        return _backend
+    b = os.environ.get("SOFTRDMA_BACKEND", "").strip().lower() or "auto"
+    if b not in BACKENDS:
+        raise PyverbsRDMAError(f"SOFTRDMA_BACKEND={b!r}: expected one of {', '.join(BACKENDS)}",
+                               errno.EINVAL)
+    return b
+
+
+def _hw_devices() -> list[Any]:
+    from ..ibverbs import devices  # only here: the soft backend never imports it
+    return devices.list_devices()
+
+
+def _is_soft_name(name: str) -> bool:
+    with _registry_lock:
+        return name in _registry or name == DEFAULT_NAME
 
 _registry: dict[str, SoftDevice] = {}
 _registry_lock = threading.Lock()
@@ -169,10 +215,18 @@ class Device:
 
 
 def get_device_list() -> list[Device]:
-    with _registry_lock:
-        _ensure_default()
-        return [Device(name.encode(), int.from_bytes(d.node_guid, "big"), index=i)
-                for i, (name, d) in enumerate(_registry.items())]
+    """The soft devices, then the libibverbs ones (see :func:`set_backend`)."""
+    backend = get_backend()
+    out: list[Device] = []
+    if backend != "ibverbs":
+        with _registry_lock:
+            _ensure_default()
+            out = [Device(name.encode(), int.from_bytes(d.node_guid, "big"), index=i)
+                   for i, (name, d) in enumerate(_registry.items())]
+    if backend != "soft":
+        out += [Device(h.name.encode(), h.guid, h.node_type, h.transport_type, index=len(out) + i)
+                for i, h in enumerate(_hw_devices())]
+    return out
 
 
 @dataclass
@@ -259,7 +313,29 @@ _RXE_PORT_CAP_FLAGS = 1 << 26  # IB_PORT_CM_SUP; the RoCEv2 capability is a core
 class Context(ContextBase):
     """An open device (``ibv_context``). ``Context(name="softrdma0")``; with no name, the
     first device. A context manager: leaving the ``with`` block destroys, in dependency
-    order, every resource made through it that is still open."""
+    order, every resource made through it that is still open.
+
+    The name picks the backend (module docstring): a libibverbs device's name gives a
+    context of :mod:`softrdma.ibverbs`, still an instance of this class."""
+
+    def __new__(cls, name: Any = None, *args: Any, **kwargs: Any) -> Any:
+        backend = get_backend()
+        if backend == "soft" or (backend == "auto" and (
+                not isinstance(name, (str, bytes)) or _is_soft_name(
+                    name.decode(errors="replace") if isinstance(name, bytes) else name))):
+            return object.__new__(cls)
+        hw = _hw_devices()
+        if backend == "auto":
+            n = name.decode(errors="replace") if isinstance(name, bytes) else name
+            if not any(h.name == n for h in hw):
+                return object.__new__(cls)  # the soft path says "no such device"
+        elif not hw:
+            from ..ibverbs import devices
+            raise PyverbsRDMAError(f"Failed to open device{' ' + str(name) if name else ''}: "
+                                   f"the backend is ibverbs but {devices.why_none()}",
+                                   errno.ENODEV)
+        from ..ibverbs import dispatch
+        return object.__new__(dispatch.variant(cls))
 
     def __init__(self, name: str | bytes | None = None) -> None:
         if name is not None and not isinstance(name, (str, bytes)):

@@ -1,0 +1,43 @@
+"""What every hardware object shares: libibverbs' error conventions and the bookkeeping
+``Resource.__init__`` does for soft objects (context, children, users), without a soft
+device."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+from typing import Any
+
+from ..errors import PyverbsRDMAError
+from ..verbs_api._check import require
+
+__all__ = ["fail", "null_error", "register", "unregister", "hw_parent"]
+
+
+def fail(what: str, code: int) -> PyverbsRDMAError:
+    return PyverbsRDMAError(what, code or errno.EIO)
+
+
+def null_error(what: str) -> PyverbsRDMAError:
+    """The error of a verb that returned NULL: errno says why."""
+    return fail(what, ctypes.get_errno())
+
+
+def register(obj: Any, context: Any) -> None:
+    """What Resource.__init__ does for a soft object, without the soft device."""
+    obj.context = context
+    obj.device = context.device
+    obj.closed = False
+    obj.users = set()
+    context.children[obj] = None
+
+
+def unregister(obj: Any) -> None:
+    obj.closed = True
+    obj.context.children.pop(obj, None)
+
+
+def hw_parent(obj: Any, cls: type, what: str, field: str) -> Any:
+    require(obj, cls, what, field)
+    obj._check()
+    return obj

@@ -1,0 +1,245 @@
+"""``HwCompChannel`` and ``HwCQ``: completions polled through ``context->ops.poll_cq``
+(immediate data turned back to a host integer), events through the channel's fd."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import fcntl
+import os
+import select
+import socket
+import time
+from collections import deque
+from ctypes import addressof, byref, c_void_p
+from typing import Any
+
+from ..completion import WC
+from ..errors import PyverbsRDMAError
+from ..verbs_api import cq as v_cq
+from ..verbs_api._check import U32, as_int
+from ..verbs_api.enums import (ibv_wc_flags as WCF)
+from . import dispatch, ffi
+from .common import fail, hw_parent, null_error, register, unregister
+from .context import HwContext
+
+__all__ = ["HwCompChannel", "HwCQ"]
+
+_WC_IMM, _WC_INV = int(WCF.IBV_WC_WITH_IMM), int(WCF.IBV_WC_WITH_INV)
+# Kernel rxe writes the kernel's IB_WC_WITH_INVALIDATE (1 << 2) into the completion ring
+# that librxe copies out unchanged; libibverbs numbers that bit IBV_WC_IP_CSUM_OK and has
+# IBV_WC_WITH_INV at 1 << 3. rxe never sets IP_CSUM_OK, so on rxe the backend reports
+# bit 2 as IBV_WC_WITH_INV: a SEND_WITH_INV receive reads the same on both backends.
+_WC_INV_RXE = 1 << 2
+
+
+# -- completion channel and CQ ---------------------------------------------------------------
+
+class HwCompChannel(v_cq.CompChannel):
+    """``ibv_comp_channel``; its ``fd`` (made non-blocking) works with select and asyncio."""
+
+    _hw_variant = staticmethod(dispatch.variant)
+
+    def __init__(self, context: Any) -> None:
+        hw_parent(context, HwContext, "Failed to create a completion channel", "context")
+        c = ffi.lib().ibv_create_comp_channel(context._addr)
+        if not c:
+            raise null_error("Failed to create a completion channel")
+        self._addr = c
+        self._c = ffi.ibv_comp_channel.from_address(c)
+        fl = fcntl.fcntl(self._c.fd, fcntl.F_GETFL)
+        fcntl.fcntl(self._c.fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)  # EAGAIN, not a hang
+        register(self, context)
+
+    @property
+    def fd(self) -> int:
+        return self._c.fd
+
+    def wake(self) -> None:  # soft-device hook: nothing to wake here
+        pass
+
+    def _take(self) -> Any:
+        """One pending event's CQ (its events counted), or None (EAGAIN)."""
+        cq, ctxp = c_void_p(), c_void_p()
+        if ffi.lib().ibv_get_cq_event(self._addr, byref(cq), byref(ctxp)):
+            err = ctypes.get_errno()
+            if err in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return None
+            raise fail("Failed to get CQ event", err)
+        ev_cq = self.context._objs.get(cq.value)
+        if ev_cq is None:  # a CQ destroyed meanwhile cannot have events: ack and go on
+            ffi.lib().ibv_ack_cq_events(cq.value, 1)
+            return None
+        ev_cq._events_unacked += 1
+        ev_cq._hw_unacked += 1
+        return ev_cq
+
+    def get_cq_event(self, cq: Any = None, timeout: float | None = None) -> Any:
+        """``ibv_get_cq_event``: the CQ of the next event. ``timeout`` seconds (None: block)
+        raises ETIMEDOUT when it expires, as on the soft backend."""
+        self._check()
+        what = "Failed to get CQ event"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (ev_cq := self._take()) is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise PyverbsRDMAError(f"{what}: timed out", errno.ETIMEDOUT)
+            select.select([self._c.fd], [], [], left)
+        if cq is not None and ev_cq is not cq:
+            raise PyverbsRDMAError(f"{what}: the event is for another CQ", errno.EINVAL)
+        return ev_cq
+
+    async def wait_async(self) -> Any:
+        """``await channel.wait_async()``: the next event's CQ, through the loop's reader."""
+        self._check()
+        loop = asyncio.get_running_loop()
+        while (ev_cq := self._take()) is None:
+            fut: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(self._c.fd, lambda: fut.done() or fut.set_result(None))
+            try:
+                await fut
+            finally:
+                loop.remove_reader(self._c.fd)
+        return ev_cq
+
+    def _destroy(self) -> None:
+        if self.closed:
+            return
+        rc = ffi.lib().ibv_destroy_comp_channel(self._addr)
+        if rc:
+            raise fail("Failed to destroy completion channel", rc)
+        unregister(self)
+
+
+_BATCH = 16
+
+
+class HwCQ(v_cq.CQ):
+    """``ibv_cq``. ``poll`` goes through ``context->ops.poll_cq`` into a preallocated
+    ``ibv_wc`` array and returns :class:`softrdma.completion.WC` objects, as the soft CQ."""
+
+    _hw_variant = staticmethod(dispatch.variant)
+
+    def __init__(self, context: Any, cqe: int, cq_context: Any = None,
+                 channel: Any = None, comp_vector: int = 0) -> None:
+        what = "Failed to create CQ"
+        hw_parent(context, HwContext, what, "context")
+        cqe = as_int(cqe, what, "cqe", (1 << 31) - 1)
+        comp_vector = as_int(comp_vector, what, "comp_vector", (1 << 31) - 1)
+        if channel is not None:
+            hw_parent(channel, HwCompChannel, what, "channel")
+        c = ffi.lib().ibv_create_cq(context._addr, cqe, None,
+                                    channel._addr if channel is not None else None, comp_vector)
+        if not c:
+            raise null_error(what)
+        self._addr = c
+        self._c = ffi.ibv_cq.from_address(c)
+        self.cq_context = cq_context
+        self.channel = channel
+        self._wcs: deque[WC] = deque()  # polled from the device, not yet handed out
+        self._arr = (ffi.ibv_wc * _BATCH)()
+        self._arr_addr = addressof(self._arr)
+        self._poll_cq = context._ops.poll_cq
+        self._inv_bit = _WC_INV_RXE if context._rxe else _WC_INV
+        self._events_unacked = 0  # what the program has not acked (the soft meaning)
+        self._hw_unacked = 0  # what libibverbs has not been told (acked at destroy)
+        self.error = False
+        register(self, context)
+        context._objs[c] = self
+        self._use(channel)
+
+    @property
+    def cqe(self) -> int:
+        return self._c.cqe
+
+    @cqe.setter
+    def cqe(self, v: int) -> None:  # the soft CQ sets it; here the device decides
+        pass
+
+    def _fill(self, want: int) -> None:
+        """Move up to ``want`` completions from the device into ``self._wcs``."""
+        arr, q = self._arr, self._wcs
+        while want > 0:
+            n = self._poll_cq(self._addr, min(want, _BATCH), self._arr_addr)
+            if n < 0:
+                raise fail("Failed to poll CQ", -n)
+            for i in range(n):
+                c = arr[i]
+                flags = c.wc_flags
+                if flags & self._inv_bit and self._inv_bit != _WC_INV:
+                    flags = flags & ~_WC_INV_RXE | _WC_INV  # see _WC_INV_RXE
+                imm = socket.ntohl(c.imm_data) if flags & _WC_IMM else \
+                    c.imm_data if flags & _WC_INV else 0
+                wc = WC(c.wr_id, c.status, c.opcode, c.vendor_err, c.byte_len, c.qp_num,
+                        c.src_qp, imm, flags, c.pkey_index, c.slid, c.sl, c.dlid_path_bits)
+                if flags & _WC_INV:
+                    wc.invalidated_rkey = c.imm_data
+                q.append(wc)
+            if n < min(want, _BATCH):
+                return
+            want -= n
+
+    def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
+        self._check()
+        q = self._wcs
+        if len(q) < num_entries:
+            self._fill(num_entries - len(q))
+        out = [q.popleft() for _ in range(min(num_entries, len(q)))]
+        return len(out), out
+
+    def poll_all(self) -> list[WC]:
+        self._check()
+        self._fill(1 << 30)
+        out = list(self._wcs)
+        self._wcs.clear()
+        return out
+
+    def __len__(self) -> int:
+        """Completions ready now (polled from the device and kept for the next poll)."""
+        if not self.closed:
+            self._fill(1 << 30)
+        return len(self._wcs)
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        self._check()
+        rc = self.context._ops.req_notify_cq(self._addr, 1 if solicited_only else 0)
+        if rc:
+            raise fail("Failed to request notification", rc)
+
+    def ack_events(self, num_events: int) -> None:
+        num_events = as_int(num_events, "Failed to ack CQ events", "num_events", U32)
+        if num_events > self._events_unacked:
+            raise PyverbsRDMAError(f"Failed to ack {num_events} CQ events: only "
+                                   f"{self._events_unacked} unacknowledged", errno.EINVAL)
+        self._events_unacked -= num_events
+        n = min(num_events, self._hw_unacked)
+        if n:
+            ffi.lib().ibv_ack_cq_events(self._addr, n)
+            self._hw_unacked -= n
+
+    def resize(self, cqe: int) -> None:
+        self._check()
+        cqe = as_int(cqe, "Failed to resize CQ", "cqe", (1 << 31) - 1)
+        rc = ffi.lib().ibv_resize_cq(self._addr, cqe)
+        if rc:
+            raise fail(f"Failed to resize CQ to {cqe}", rc)
+
+    def push(self, wc: WC, solicited: bool = False) -> bool:  # soft engines only
+        raise PyverbsRDMAError("push: completions come from the device", errno.EOPNOTSUPP)
+
+    def _destroy(self) -> None:
+        if self.closed:
+            return
+        if self._hw_unacked:  # ibv_destroy_cq waits for every event to be acked
+            ffi.lib().ibv_ack_cq_events(self._addr, self._hw_unacked)
+            self._hw_unacked = 0
+        rc = ffi.lib().ibv_destroy_cq(self._addr)
+        if rc:
+            raise fail("Failed to destroy CQ", rc)
+        self.context._objs.pop(self._addr, None)
+        self._release(self.channel)
+        unregister(self)
+
+    def __repr__(self) -> str:
+        return f"<CQ cqe={self.cqe} (libibverbs)>" if not self.closed else "<CQ closed>"

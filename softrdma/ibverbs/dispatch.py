@@ -1,0 +1,58 @@
+"""How ``verbs_api.PD(hw_context)`` becomes a hardware PD.
+
+The user-facing classes stay softrdma.verbs_api's. Each hardware class subclasses the
+verbs_api class it implements (``HwPD(verbs_api.PD)``). ``Resource.__new__`` (and
+``Context.__new__``) look at the parent argument; when it is a hardware object, it carries
+``_hw_variant`` (this module's :func:`variant`) and the new object is made of
+``variant(cls)``: ``type(cls.__name__, (cls, HwX), {})`` for a subclass of the verbs_api
+class (for the verbs_api class itself, ``HwX`` renamed), cached per class. C3 puts HwX
+right above the verbs_api class and below any subclass, so a subclass's methods (the
+pyverbs-compat layer's) wrap the hardware ones unchanged::
+
+    compat.PD on hardware: variant, compat.PD, CascadeClose, HwPD, verbs_api.PD, Resource
+
+``isinstance(obj, verbs_api.PD)`` stays true. Python then runs ``__init__`` of the
+returned instance with the same arguments. Soft objects never reach this module.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+__all__ = ["variant", "install", "hw_class_of"]
+
+_HW: dict[type, type] = {}  # verbs_api class -> hardware class (filled by objects.py)
+_variants: dict[type, type] = {}
+
+
+def install(pairs: Iterable[tuple[type, type]]) -> None:
+    """Register the hardware class of each verbs_api class."""
+    _HW.update(pairs)
+    _variants.clear()
+
+
+def hw_class_of(cls: type) -> type:
+    """The hardware class implementing ``cls`` (a verbs_api class or a subclass)."""
+    if not _HW:
+        from . import objects  # noqa: F401  (installs the classes)
+    for base in cls.__mro__:
+        hw = _HW.get(base)
+        if hw is not None:
+            return hw
+    raise TypeError(f"{cls.__name__} has no libibverbs implementation")
+
+
+def variant(cls: type) -> type:
+    """``cls`` with the hardware implementation mixed in (``cls`` itself if it already
+    is one), made once per class."""
+    v = _variants.get(cls)
+    if v is None:
+        hw = hw_class_of(cls)
+        # (cls, hw) for a subclass of the verbs_api class; the verbs_api class itself is
+        # already hw's base, so (hw,) alone, named as cls so type(obj) reads the same
+        bases = (cls,) if issubclass(cls, hw) else (hw,) if issubclass(hw, cls) else (cls, hw)
+        v = bases[0] if bases == (cls,) else \
+            type(cls.__name__, bases, {"__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+        _variants[cls] = v
+    return v
