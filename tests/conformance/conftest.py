@@ -122,16 +122,47 @@ DIFFERENCES: dict[str, dict[str, object]] = {
     },
     "grh_ttl_tos": {
         "rule": "The hop limit and traffic class of an AH, as the receiver's GRH area shows "
-                "them (IPv4 TTL and TOS). rxe puts them on the wire (prepare_ipv4_hdr: ttl = "
-                "grh.hop_limit, tos = grh.traffic_class) and copies the received IP header "
-                "into the GRH area. softrdma's transmit path carries neither (its packets "
-                "leave with the socket's default TTL 64 and TOS 0) and it synthesizes the "
-                "GRH's IPv4 header with TTL 64, TOS 0. This is a softrdma gap, not a design "
-                "choice: recorded so the lead can decide (fixing it means passing TTL/TOS "
-                "from the address vector to the UDP transport, IP_TTL/IP_TOS per send, and "
-                "IP_RECVTTL/IP_RECVTOS on receive). Decided by the device kind.",
+                "them (IPv4 TTL and TOS). Observed on rxe0 (kernel 6.1): TTL 64 whatever the "
+                "AH says (for RoCE the kernel's ib_resolve_eth_dmac replaces the hop limit "
+                "with the route's, 64 for IPv4), TOS = the AH's traffic class "
+                "(prepare_ipv4_hdr). softrdma's transmit path carries no TOS (its packets "
+                "leave with the socket's TOS 0) and it synthesizes the GRH's IPv4 header "
+                "with TTL 64, TOS 0: a softrdma gap for the traffic class (fixing it means "
+                "IP_TOS per send from the address vector and IP_RECVTOS on receive). "
+                "Decided by the device kind.",
         "soft": (64, 0),
-        "rxe": "from the AH",
+        "rxe": (64, 0x20),
+    },
+    "mw_window_bounds": {
+        "rule": "An RDMA READ through a type 1 window's rkey that runs past the window's end "
+                "but stays inside the MR. IBTA (10.6.7.2, the window's bounds are checked on "
+                "every remote access): REM_ACCESS_ERR, and softrdma does so. rxe on the lab's "
+                "kernel 6.1 resolves the MW to its MR in check_rkey and checks the range "
+                "against the MR only (mr_check_range), so the READ succeeds: observed on "
+                "rxe0. Decided by the device kind.",
+        "soft": "IBV_WC_REM_ACCESS_ERR",
+        "rxe": "IBV_WC_SUCCESS",
+    },
+    "bad_lkey_status": {
+        "rule": "A send whose SGE names an lkey that does not exist. IBTA (10.7.2.1, an invalid "
+                "L_Key is a local protection error): IBV_WC_LOC_PROT_ERR, as softrdma reports. "
+                "rxe: copy_data's failed key lookup returns -EINVAL, which the requester maps "
+                "to IBV_WC_LOC_QP_OP_ERR (only -EFAULT, an SGE outside a valid MR, becomes "
+                "LOC_PROT_ERR): observed on rxe0 for RC, UC and UD. Decided by the device "
+                "kind.",
+        "soft": "IBV_WC_LOC_PROT_ERR",
+        "rxe": "IBV_WC_LOC_QP_OP_ERR",
+    },
+    "rq_flush_on_err": {
+        "rule": "Receive WRs of a QP moved to ERR. IBTA (10.3.1, the Error state): every "
+                "outstanding WR completes with a flush error; softrdma flushes them at the "
+                "modify, and a receive posted in ERR at once. rxe (kernel 6.1, librxe): the "
+                "receive queue is a user-space ring that only the responder task drains, and "
+                "nothing schedules it for a QP with no traffic, so on rxe0 no receive "
+                "completion arrived within 30 s (observed); the send side is flushed when a "
+                "send is posted. Decided by the device kind.",
+        "soft": "flushed at once",
+        "rxe": "not flushed without traffic",
     },
 }
 
