@@ -82,7 +82,7 @@ class HwSRQ(v_srq.SRQ):
         rc = ffi.lib().ibv_modify_srq(self._addr, byref(c), mask)
         if rc:
             raise fail(what, rc)
-        q = self.query()
+        q = HwSRQ.query(self)
         self.max_wr, self.srq_limit = q.max_wr, q.srq_limit
 
     def query(self) -> SrqAttr:
@@ -217,7 +217,7 @@ class HwQP(v_qp.QP):
 
     @property
     def attr(self) -> QPAttr:
-        return self.query()[0]
+        return HwQP.query(self)[0]  # not a subclass's query (pyverbs' needs a mask)
 
     @property
     def sq_draining(self) -> bool:
