@@ -2,7 +2,7 @@
 the lab: the wire structures laid out as librdmacm's rsocket.c lays them out, and
 softrdma-to-softrdma streams over real UDP between live soft devices on 127.0.11.x
 (tests/programs/rsocket_checks.py, rsocket_stream.py), each side in a process of its own.
-The lab runs (tests/interop/rsocket_interop_pending.py) check the same against rstream and
+The lab runs (tests/interop/test_rsocket_interop.py) check the same against rstream and
 riostream on kernel rxe."""
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ riostream (riostream.c): both sides riomap their size-byte buffer at offset 0; a
 rsend/rrecv sync; then the client riowrites count transfers (the last with its last byte
 set to the next marker, its first size-1 bytes from the counter under --verify) and spins
 on its own buffer's last byte until the server's answer marker arrives; the server does
-the mirror image. Prints "rstream ok BYTES" / "riostream ok BYTES" and exits 0 on success.
+the mirror image. The server, which sends last in both, closes only after the client
+has (linger). Prints "rstream ok BYTES" / "riostream ok BYTES" and exits 0 on success.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from softrdma import socket as rsock  # noqa: E402
-from softrdma.socket.rsocket import RSOptions  # noqa: E402
+from softrdma.socket.rsocket import _CONNECTED, RSOptions  # noqa: E402
 
 PAT = bytes(range(256)) * 2
 
@@ -126,8 +127,15 @@ def riostream(s, args, client: bool) -> int:
 
     def wait_marker(marker: int) -> None:
         t0 = time.monotonic()
+        conn = s._conn
         while mem[size - 1] != marker:
             s.progress()
+            # a peer that went away (DISCONNECT, DREQ, a failed send) never writes the
+            # marker: say so at once. Its writes are placed before its DISCONNECT's
+            # completion (RC order), so the marker is looked at once more first.
+            if (not conn.state & _CONNECTED or conn.err) and mem[size - 1] != marker:
+                raise SystemExit(f"the peer went away before marker {marker} (last byte "
+                                 f"{mem[size - 1]}, state {conn.state:#x}, {conn.err})")
             if time.monotonic() - t0 > args.timeout:
                 raise SystemExit(f"marker {marker} never came (last byte {mem[size - 1]})")
         if args.verify:
@@ -155,6 +163,20 @@ def riostream(s, args, client: bool) -> int:
             wait_marker(marker)
             marker = (marker + 1) & 0xFF
     return 2 * args.iters * args.count * size
+
+
+def linger(s) -> None:
+    """The server sends last, in both tools; it closes only once the client has closed
+    (EOF), so the client reads everything before it learns of any close. rstream -T a
+    (rpoll) fails (exit 16) when the peer's DISCONNECT is processed before its last
+    rpoll for data: rsocket's rpoll then reports POLLIN|POLLHUP and rstream's do_poll
+    takes any POLLHUP as an error. rstream's own server closes right after its last send
+    and so loses that race too (between two kernel rxe hosts, about half the runs of -T a
+    -T v 10000 B x 100): it is rstream's, not the protocol's, and a counterpart that
+    waits is what makes the outcome deterministic."""
+    extra = s.recv(1)
+    if extra:
+        raise SystemExit("data from the client after the exchange")
 
 
 def main() -> int:
@@ -190,6 +212,8 @@ def main() -> int:
         t1 = time.monotonic()
         nbytes = (riostream if args.rio else rstream)(s, args, client)
         dt = time.monotonic() - t1
+        if not client:
+            linger(s)
     finally:
         s.close()
     name = "riostream" if args.rio else "rstream"

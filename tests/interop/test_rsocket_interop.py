@@ -1,15 +1,14 @@
-"""NOT IN CI YET (named so pytest does not collect it; run it with
-``pytest tests/interop/rsocket_interop_pending.py``): in the first fresh-clone CI run, 32 of
-34 scenarios passed and two failed that had passed in the runs that wrote them --
-``test_rstream_test_options[av-softrdma-server]`` (rstream -T a on rxe exited 16 after
-softrdma had verified all its data) and ``test_riostream_test_options[bv-softrdma-client]``
-(softrdma's riostream client hung until its 150 s limit). Until those are understood and
-deterministic this file stays out of the landing run (issue 14 stays open for it).
-
-librdmacm's rstream and riostream (rdmacm-utils 44, kernel rxe in the guest) against
+"""librdmacm's rstream and riostream (rdmacm-utils 44, kernel rxe in the guest) against
 softrdma.socket's rsocket protocol (tests/programs/rsocket_stream.py), both roles, data
 verified by both sides (-T v), clean and with 5 % loss both ways (netem on the guest's NIC,
-SOFTRDMA_TX_LOSS on softrdma's)."""
+SOFTRDMA_TX_LOSS on softrdma's).
+
+The server sends last in both tools, and softrdma's server closes only after the client
+has (rsocket_stream.linger): rstream -T a exits 16 when the server's DISCONNECT is
+processed before its last rpoll for data (POLLIN|POLLHUP; its do_poll takes POLLHUP as an
+error), which rstream's own server provokes in about half the runs between two kernel rxe
+hosts. The size matrix is kept small for CI's time budget; docs/rsocket.md lists the
+sizes run by hand."""
 
 from __future__ import annotations
 
@@ -23,12 +22,12 @@ import pytest
 from softrdma.harness.lab import HOST_IP, guest_ip
 
 PROG = str(Path(__file__).resolve().parents[1] / "programs" / "rsocket_stream.py")
-PORTS = iter(range(7600, 7999))
+PORTS = iter(range(7700, 7999))  # test_rdmacm_interop, in the same lab session, has 7600-7698
 ENV = {"SOFTRDMA_IP": HOST_IP}
 LOSS_ENV = {**ENV, "SOFTRDMA_TX_LOSS": "0.05"}
 
 # (size, count): rstream's custom test, -S size -C count, both directions
-SIZES = [(1, 2000), (1000, 500), (4096, 200), (65536, 40), (1 << 20, 6), (4 << 20, 2)]
+SIZES = [(1, 1000), (65536, 40)]  # more messages than rq_size; more bytes than the ring
 # rstream -T: n (non-blocking, the default), b (blocking, MSG_WAITALL), a (rpoll),
 # r (rdma_getaddrinfo): each with v (verify)
 TOPTS = ["v", "bv", "av", "rv"]
@@ -116,20 +115,19 @@ def test_rstream_keepalive(scenario, role):
 
 
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
-@pytest.mark.parametrize("size,count", [(1000, 200), (65536, 10)], ids=["1000B", "64KiB"])
+@pytest.mark.parametrize("size,count", [(1000, 200), (65536, 3)], ids=["1000B", "64KiB"])
 def test_rstream_loss(scenario, size, count, role):
     """5 % loss both ways. Data from rxe to softrdma then moves at ~25 KB/s in this
-    lab (a 1 MiB rstream transfer each way, softrdma serving, took 173 s for C=2): rsocket
-    grants the ring in halves, so each stalled 64 KiB write holds the stream. 1 MiB under
-    loss is therefore not in CI (minutes per run, and once the rxe server did not exit in
-    time); the slowness is an open question for the rsocket/ACK path (docs/rsocket.md)."""
+    lab (a 1 MiB rstream transfer each way, softrdma serving, took 173 s for C=2): rxe
+    ignores a NAK while a retry of its own is under way, so a second loss within a
+    retransmitted write costs its ~2.2 s ACK timeout (docs/rsocket.md). Hence 64 KiB x 3
+    here and no 1 MiB under loss."""
     _check("rstream", size, count,
            _run(scenario, "rstream", size, count, "v", role == "softrdma-server", loss=True))
 
 
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
-@pytest.mark.parametrize("size,count", [(64, 200), (4096, 100), (1 << 20, 4)],
-                         ids=["64B", "4KiB", "1MiB"])
+@pytest.mark.parametrize("size,count", [(64, 200), (1 << 20, 4)], ids=["64B", "1MiB"])
 def test_riostream(scenario, size, count, role):
     _check("riostream", size, count,
            _run(scenario, "riostream", size, count, "v", role == "softrdma-server"))
@@ -145,7 +143,7 @@ def test_riostream_test_options(scenario, topt, role):
 
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
 def test_riostream_loss(scenario, role):
-    size, count = 65536, 10
+    size, count = 65536, 3
     _check("riostream", size, count,
            _run(scenario, "riostream", size, count, "v", role == "softrdma-server",
                 loss=True))
