@@ -480,5 +480,20 @@ def test_pyverbs_compat_runs_on_the_device():
         assert qp.closed and mr.closed and not cq.closed
 
 
+def test_immediate_data_matches_real_pyverbs_on_the_wire():
+    """softrdma's imm_data (a host integer) and pyverbs' (raw __be32, htonl'd by programs)
+    meet on rxe0: tests/programs/ibverbs_pyverbs_imm.py under the system python3."""
+    import subprocess
+    from pathlib import Path
+    py = "/usr/bin/python3"
+    if DEV != "rxe0" or subprocess.run([py, "-c", "import pyverbs"],
+                                       capture_output=True).returncode:
+        pytest.skip("needs rxe0 and the system python3 with pyverbs")
+    prog = Path(__file__).parent / "programs" / "ibverbs_pyverbs_imm.py"
+    r = subprocess.run([py, str(prog)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("ok=True") == 2, r.stdout
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", __file__]))
