@@ -396,20 +396,38 @@ def test_mw_type2_bind_wr_local_inv_and_send_with_inv(ctx):
 
 # -- SRQ and UD -------------------------------------------------------------------------------
 
-def test_srq(ctx):
+def test_srq_and_its_limit_event(ctx):
     pd = PD(ctx)
     srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=16, max_sge=1)))
     assert srq.query().max_wr >= 16
+    p = Pair(ctx, srq=srq, pd=pd)  # the receive buffers must be in the QP's PD
+    mr = MR(pd, 256, RW)
+    srq.post_recv([RecvWR(wr_id=i, sg=[SGE(mr.buf + 64 * i, 64, mr.lkey)]) for i in range(3)])
     srq.modify(SrqAttr(srq_limit=2), E.IBV_SRQ_LIMIT)
     assert srq.query().srq_limit == 2
-    p = Pair(ctx, srq=srq, pd=pd)  # the receive buffers must be in the QP's PD
-    mr = MR(pd, 64, RW)
-    srq.post_recv([RecvWR(wr_id=i, sg=[SGE(mr.buf, 64, mr.lkey)]) for i in range(1)])
-    # the SRQ is in another PD than the QPs: allowed by the verbs
-    p.mr[0].write(b"via-srq", 7)
-    p.qp[0].post_send(SendWR(wr_id=5, sg=[_sge(p.mr[0], 0, 7)]))
-    (w,) = p.wait(1)
-    assert w.status == 0 and w.opcode == E.IBV_WC_RECV and mr.read(7, 0) == b"via-srq"
+    for i in range(2):
+        p.mr[0].write(b"via-srq%d" % i, 8)
+        p.qp[0].post_send(SendWR(wr_id=5 + i, sg=[_sge(p.mr[0], 0, 8)]))
+        ws = [w for w in p.wait(2) if w.opcode == E.IBV_WC_RECV]
+        assert ws[0].status == 0 and mr.read(8, 64 * ws[0].wr_id) == b"via-srq%d" % i
+    # one receive left, below the limit of 2: the device raised SRQ_LIMIT_REACHED
+    assert select.select([ctx.async_fd], [], [], 10)[0]
+    ev = ctx.get_async_event(block=False)
+    assert ev.event_type == E.IBV_EVENT_SRQ_LIMIT_REACHED and ev.element is srq
+    assert srq.query().srq_limit == 0  # disarmed
+
+
+def test_uc_send_and_write(ctx):
+    p = Pair(ctx, qp_type=E.IBV_QPT_UC)
+    p.qp[1].post_recv(RecvWR(wr_id=1, sg=[_sge(p.mr[1])]))
+    p.mr[0].write(b"uc-send!", 8)
+    p.qp[0].post_send(SendWR(wr_id=2, sg=[_sge(p.mr[0], 0, 8)]))
+    wr = SendWR(wr_id=3, opcode=E.IBV_WR_RDMA_WRITE, sg=[_sge(p.mr[0], 0, 8)])
+    wr.set_wr_rdma(p.mr[1].rkey, p.mr[1].buf + 512)
+    p.qp[0].post_send(wr)
+    ws = sorted(p.wait(3), key=lambda w: w.wr_id)
+    assert [w.status for w in ws] == [0, 0, 0], ws
+    assert p.mr[1].read(8, 0) == b"uc-send!" and p.mr[1].read(8, 512) == b"uc-send!"
 
 
 def test_ud_with_ah(ctx):
@@ -460,6 +478,21 @@ def test_pyverbs_compat_runs_on_the_device():
         assert qp.qp_state == E.IBV_QPS_RESET
         pd.close()  # pyverbs: closes the QP and MR first
         assert qp.closed and mr.closed and not cq.closed
+
+
+def test_immediate_data_matches_real_pyverbs_on_the_wire():
+    """softrdma's imm_data (a host integer) and pyverbs' (raw __be32, htonl'd by programs)
+    meet on rxe0: tests/programs/ibverbs_pyverbs_imm.py under the system python3."""
+    import subprocess
+    from pathlib import Path
+    py = "/usr/bin/python3"
+    if DEV != "rxe0" or subprocess.run([py, "-c", "import pyverbs"],
+                                       capture_output=True).returncode:
+        pytest.skip("needs rxe0 and the system python3 with pyverbs")
+    prog = Path(__file__).parent / "programs" / "ibverbs_pyverbs_imm.py"
+    r = subprocess.run([py, str(prog)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("ok=True") == 2, r.stdout
 
 
 if __name__ == "__main__":

@@ -159,30 +159,47 @@ class HwCQ(v_cq.CQ):
 
     def _fill(self, want: int) -> None:
         """Move up to ``want`` completions from the device into ``self._wcs``."""
-        arr, q = self._arr, self._wcs
         while want > 0:
             n = self._poll_cq(self._addr, min(want, _BATCH), self._arr_addr)
             if n < 0:
                 raise fail("Failed to poll CQ", -n)
-            for i in range(n):
-                c = arr[i]
-                flags = c.wc_flags
-                if flags & self._inv_bit and self._inv_bit != _WC_INV:
-                    flags = flags & ~_WC_INV_RXE | _WC_INV  # see _WC_INV_RXE
-                imm = socket.ntohl(c.imm_data) if flags & _WC_IMM else \
-                    c.imm_data if flags & _WC_INV else 0
-                wc = WC(c.wr_id, c.status, c.opcode, c.vendor_err, c.byte_len, c.qp_num,
-                        c.src_qp, imm, flags, c.pkey_index, c.slid, c.sl, c.dlid_path_bits)
-                if flags & _WC_INV:
-                    wc.invalidated_rkey = c.imm_data
-                q.append(wc)
+            self._convert(n)
             if n < min(want, _BATCH):
                 return
             want -= n
 
+    def _convert(self, n: int) -> None:
+        """Append the first ``n`` polled ``ibv_wc`` as :class:`WC` objects to ``_wcs``."""
+        arr, q = self._arr, self._wcs
+        for i in range(n):
+            c = arr[i]
+            flags = c.wc_flags
+            if flags & self._inv_bit and self._inv_bit != _WC_INV:
+                flags = flags & ~_WC_INV_RXE | _WC_INV  # see _WC_INV_RXE
+            imm = socket.ntohl(c.imm_data) if flags & _WC_IMM else \
+                c.imm_data if flags & _WC_INV else 0
+            wc = WC(c.wr_id, c.status, c.opcode, c.vendor_err, c.byte_len, c.qp_num,
+                    c.src_qp, imm, flags, c.pkey_index, c.slid, c.sl, c.dlid_path_bits)
+            if flags & _WC_INV:
+                wc.invalidated_rkey = c.imm_data
+            q.append(wc)
+
     def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
-        self._check()
+        """Up to ``num_entries`` completions, oldest first: ``(count, [WC, ...])``."""
+        if self.closed:
+            self._check()
         q = self._wcs
+        if not q and 0 < num_entries <= _BATCH:
+            # the common case, kept short: one provider call, nothing held back
+            n = self._poll_cq(self._addr, num_entries, self._arr_addr)
+            if n <= 0:
+                if n < 0:
+                    raise fail("Failed to poll CQ", -n)
+                return 0, []
+            self._convert(n)
+            out = list(q)
+            q.clear()
+            return n, out
         if len(q) < num_entries:
             self._fill(num_entries - len(q))
         out = [q.popleft() for _ in range(min(num_entries, len(q)))]

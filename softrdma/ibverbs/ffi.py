@@ -151,7 +151,7 @@ class ibv_mw(Structure):
 
 
 class ibv_mw_bind_info(Structure):
-    _fields_ = [("mr", POINTER(ibv_mr)), ("addr", c_uint64), ("length", c_uint64),
+    _fields_ = [("mr", c_void_p), ("addr", c_uint64), ("length", c_uint64),
                 ("mw_access_flags", c_uint32)]
 
 
@@ -232,6 +232,10 @@ class ibv_qp_attr(Structure):
                 ("alt_timeout", c_uint8), ("rate_limit", c_uint32)]
 
 
+# The pointers of work requests (next, sg_list, ud.ah, bind_mw.mw, bind_info.mr) are
+# declared void*: the data path stores plain addresses, ~10x cheaper than ctypes.cast.
+
+
 class ibv_sge(Structure):
     _fields_ = [("addr", c_uint64), ("length", c_uint32), ("lkey", c_uint32)]
 
@@ -246,7 +250,7 @@ class _wr_atomic(Structure):
 
 
 class _wr_ud(Structure):
-    _fields_ = [("ah", POINTER(ibv_ah)), ("remote_qpn", c_uint32), ("remote_qkey", c_uint32)]
+    _fields_ = [("ah", c_void_p), ("remote_qpn", c_uint32), ("remote_qkey", c_uint32)]
 
 
 class _wr_union(Union):
@@ -262,7 +266,7 @@ class _wr_qp_type(Union):
 
 
 class _wr_bind_mw(Structure):
-    _fields_ = [("mw", POINTER(ibv_mw)), ("rkey", c_uint32), ("bind_info", ibv_mw_bind_info)]
+    _fields_ = [("mw", c_void_p), ("rkey", c_uint32), ("bind_info", ibv_mw_bind_info)]
 
 
 class _wr_tso(Structure):
@@ -282,8 +286,8 @@ class ibv_send_wr(Structure):
 
 
 ibv_send_wr._anonymous_ = ("_u_imm", "_u_ext")
-ibv_send_wr._fields_ = [("wr_id", c_uint64), ("next", POINTER(ibv_send_wr)),
-                        ("sg_list", POINTER(ibv_sge)), ("num_sge", c_int), ("opcode", c_int),
+ibv_send_wr._fields_ = [("wr_id", c_uint64), ("next", c_void_p), ("sg_list", c_void_p),
+                        ("num_sge", c_int), ("opcode", c_int),
                         ("send_flags", c_uint32), ("_u_imm", _wr_imm), ("wr", _wr_union),
                         ("qp_type", _wr_qp_type), ("_u_ext", _wr_ext)]
 
@@ -292,8 +296,8 @@ class ibv_recv_wr(Structure):
     pass
 
 
-ibv_recv_wr._fields_ = [("wr_id", c_uint64), ("next", POINTER(ibv_recv_wr)),
-                        ("sg_list", POINTER(ibv_sge)), ("num_sge", c_int)]
+ibv_recv_wr._fields_ = [("wr_id", c_uint64), ("next", c_void_p), ("sg_list", c_void_p),
+                        ("num_sge", c_int)]
 
 
 class _wc_imm(Union):

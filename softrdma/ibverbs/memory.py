@@ -102,7 +102,8 @@ class HwMR(v_mr.MR):
         c = ffi.lib().ibv_reg_mr_iova2(pd._addr, ptr, n, iova, access)
         if not c:
             err = ctypes.get_errno()
-            del arr  # drop the export now: the traceback keeps this frame alive
+            del arr  # drop the exports now: the traceback keeps this frame alive
+            mv.release()
             if err == errno.EINVAL and (iova ^ ptr) & (mmap.PAGESIZE - 1):
                 # uverbs requires start and iova to share their offset within a page
                 raise PyverbsRDMAError(f"{what}: address (iova) 0x{iova:x} and the buffer "

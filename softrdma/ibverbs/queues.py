@@ -14,18 +14,19 @@ from ..verbs_api import ah as v_ah, mr as v_mr
 from ..verbs_api import qp as v_qp, srq as v_srq
 from ..verbs_api._check import U24, U32, U64, as_int, require
 from ..verbs_api.attr import QPAttr, QPInitAttr, SrqAttr, SrqInitAttr
-from ..verbs_api.enums import (ibv_qp_attr_mask as M,
-                               ibv_qp_type as T, ibv_wr_opcode as W)
+from ..verbs_api.enums import (ibv_qp_attr_mask as M, ibv_qp_type as T, ibv_send_flags,
+                               ibv_wr_opcode as W)
 from ..verbs_api.posting import sge_list
 from ..verbs_api.wr import MWBindInfo, RecvWR, SendWR
 from . import convert, dispatch, ffi
 from .common import fail, hw_parent, null_error, register, unregister
 from .completion import HwCQ
 from .memory import HwMR, HwMW, HwPD
-from .posting import post, posted_list, raise_at, recv_chain
+from .posting import post, posted_list, raise_at, recv_chain, sge_array
 
 __all__ = ["HwQP", "HwSRQ", "HwAH"]
 
+_INT_TYPES = frozenset({int, W, ibv_send_flags})  # what a WR's scalars usually are
 _IMM_OPS = {int(W.IBV_WR_SEND_WITH_IMM), int(W.IBV_WR_RDMA_WRITE_WITH_IMM)}
 _RDMA_OPS = {int(W.IBV_WR_RDMA_WRITE), int(W.IBV_WR_RDMA_WRITE_WITH_IMM), int(W.IBV_WR_RDMA_READ)}
 _ATOMIC_OPS = {int(W.IBV_WR_ATOMIC_CMP_AND_SWP), int(W.IBV_WR_ATOMIC_FETCH_AND_ADD)}
@@ -287,19 +288,18 @@ class HwQP(v_qp.QP):
                 e.index = i  # type: ignore[attr-defined]
                 raise
             if i + 1 < len(wrs):
-                arr[i].next = ctypes.cast(base + (i + 1) * _SEND_WR_SIZE,
-                                          ctypes.POINTER(ffi.ibv_send_wr))
+                arr[i].next = base + (i + 1) * _SEND_WR_SIZE
         return arr, keep
 
     def _fill_send(self, c: Any, w: Any, f: str, what: str, keep: list[Any], ud: bool) -> None:
         require(w, SendWR, what, f)
         scalars = (w.opcode, w.send_flags, w.wr_id, w.imm_data, w.remote_addr, w.rkey,
                    w.compare_add, w.swap)
-        if all(type(v) is int for v in scalars) and 0 <= w.opcode <= U32 and \
-                0 <= w.send_flags <= _SEND_FLAGS and 0 <= w.wr_id <= U64 and \
-                0 <= w.imm_data <= U32 and 0 <= w.remote_addr <= U64 and 0 <= w.rkey <= U32 \
-                and 0 <= w.compare_add <= U64 and 0 <= w.swap <= U64:
-            opcode, flags, wr_id, imm, raddr, rkey, cadd, swap = scalars
+        opcode, flags, wr_id, imm, raddr, rkey, cadd, swap = scalars
+        if _INT_TYPES.issuperset(map(type, scalars)) and 0 <= opcode <= U32 and \
+                0 <= flags <= _SEND_FLAGS and 0 <= wr_id <= U64 and 0 <= imm <= U32 and \
+                0 <= raddr <= U64 and 0 <= rkey <= U32 and 0 <= cadd <= U64 and 0 <= swap <= U64:
+            opcode, flags = int(opcode), int(flags)  # plain ints (enum tests cost a call)
         else:  # the named checks of the soft QP: the same messages
             opcode, flags, wr_id, imm, raddr, rkey, cadd, swap = \
                 self._check_send_scalars(w, what, f)
@@ -308,9 +308,9 @@ class HwQP(v_qp.QP):
             sges = [self._host_sge(s) for s in sges]
         c.wr_id, c.opcode, c.send_flags = wr_id, opcode, flags
         if sges:
-            sg = (ffi.ibv_sge * len(sges))(*sges)
+            sg = sge_array(sges)
             keep.append(sg)
-            c.sg_list = ctypes.cast(sg, ctypes.POINTER(ffi.ibv_sge))
+            c.sg_list = addressof(sg)
         c.num_sge = len(sges)
         # immediate data: a host integer, __be32 in C; an rkey to invalidate: host order
         c.imm_data = socket.htonl(imm) if opcode in _IMM_OPS else imm
@@ -326,7 +326,7 @@ class HwQP(v_qp.QP):
                 raise PyverbsRDMAError(f"{what}: a UD send needs an address handle "
                                        f"({f}.ah, set by set_wr_ud)", errno.EINVAL)
             require(w.ah, HwAH, what, f"{f}.ah")
-            c.wr.ud.ah = ctypes.cast(w.ah._addr, ctypes.POINTER(ffi.ibv_ah))
+            c.wr.ud.ah = w.ah._addr
             c.wr.ud.remote_qpn = as_int(w.remote_qpn, what, f"{f}.remote_qpn", U24,
                                         desc="not a 24-bit QP number")
             c.wr.ud.remote_qkey = as_int(w.remote_qkey, what, f"{f}.remote_qkey", U32)
@@ -339,7 +339,7 @@ class HwQP(v_qp.QP):
         require(w.mw, HwMW, what, f"{f}.mw")
         info = require(w.bind_info, MWBindInfo, what, f"{f}.bind_info")
         b = c.bind_mw
-        b.mw = ctypes.cast(w.mw._addr, ctypes.POINTER(ffi.ibv_mw))
+        b.mw = w.mw._addr
         b.rkey = as_int(w.bind_rkey, what, f"{f}.bind_rkey", U32, desc="not a 32-bit key")
         self._fill_bind_info(b.bind_info, info, what, f"{f}.bind_info")
 
@@ -347,7 +347,7 @@ class HwQP(v_qp.QP):
     def _fill_bind_info(b: Any, info: Any, what: str, f: str) -> None:
         if info.mr is not None:
             require(info.mr, HwMR, what, f"{f}.mr")
-            b.mr = ctypes.cast(info.mr._addr, ctypes.POINTER(ffi.ibv_mr))
+            b.mr = info.mr._addr
         b.addr = as_int(info.addr, what, f"{f}.addr", U64, desc="not a 64-bit address")
         b.length = as_int(info.length, what, f"{f}.length", U64, desc="not a 64-bit length")
         b.mw_access_flags = as_int(info.mw_access_flags, what, f"{f}.mw_access_flags", U32)
