@@ -80,7 +80,7 @@ class _CQMixin:
             close_tree(u)
         self._events_unacked = 0  # pyverbs acks the CQ's events before destroying it
         try:
-            _CQ.close(self)
+            super().close()
         except PyverbsRDMAError as e:
             raise PyverbsRDMAError("Failed to close CQ", e.error_code) from None
 

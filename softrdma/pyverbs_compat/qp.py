@@ -181,8 +181,8 @@ class QP(CascadeClose, _QP):
         return _MASKS[self.qp_type][dst] | M.IBV_QP_STATE
 
     def _mod(self, attr: Any, mask: int, msg: str) -> None:
-        try:
-            _QP.modify(self, attr, mask)
+        try:  # the next class's modify: the soft QP's, or the ibverbs backend's
+            super(QP, self).modify(attr, mask)
         except PyverbsRDMAError as e:
             raise PyverbsRDMAError(msg, e.error_code) from None
 
@@ -376,8 +376,8 @@ class QPEx(QP):
                 raise PyverbsRDMAError("ibv_wr_complete failed.", errno.EINVAL)
         if not batch:
             return
-        try:
-            _QP.post_send(self, batch)
+        try:  # past QP.post_send (its imm conversion): these WRs hold host integers
+            super(QP, self).post_send(batch)
         except PyverbsRDMAError as e:
             raise PyverbsRDMAError("ibv_wr_complete failed.", e.error_code) from None
 

@@ -153,16 +153,16 @@ DIFFERENCES: dict[str, dict[str, object]] = {
         "soft": "IBV_WC_LOC_PROT_ERR",
         "rxe": "IBV_WC_LOC_QP_OP_ERR",
     },
-    "rq_flush_on_err": {
-        "rule": "Receive WRs of a QP moved to ERR. IBTA (10.3.1, the Error state): every "
-                "outstanding WR completes with a flush error; softrdma flushes them at the "
-                "modify, and a receive posted in ERR at once. rxe (kernel 6.1, librxe): the "
-                "receive queue is a user-space ring that only the responder task drains, and "
-                "nothing schedules it for a QP with no traffic, so on rxe0 no receive "
-                "completion arrived within 30 s (observed); the send side is flushed when a "
-                "send is posted. Decided by the device kind.",
+    "recv_posted_in_err": {
+        "rule": "A receive WR posted to a QP already in ERR. IBTA (C10-42, 10.3.1): it "
+                "completes with a flush error; softrdma flushes it at once. rxe (kernel 6.1, "
+                "librxe): the receives outstanding at the move to ERR are flushed, but a "
+                "receive posted afterwards only lands in the user-space ring that the kernel's "
+                "responder task drains, and nothing schedules that task for a QP in ERR "
+                "without traffic: on rxe0 it had not completed after 30 s (observed). "
+                "Decided by the device kind.",
         "soft": "flushed at once",
-        "rxe": "not flushed without traffic",
+        "rxe": "not flushed",
     },
 }
 
