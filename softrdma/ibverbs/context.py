@@ -43,7 +43,7 @@ class HwDevice:
     def gid_table(self) -> list[bytes]:
         """The port-1 GID table, raw (zeros for empty entries), up to the last populated
         entry: ``gid_table[i]`` is GID index ``i``, as on a soft device."""
-        ents = self._ctx.query_gid_table()
+        ents = HwContext.query_gid_table(self._ctx)  # not a subclass's (pyverbs' has args)
         table = [bytes(16)] * (ents[-1][0] + 1 if ents else 0)
         for i, g, _ in ents:
             table[i] = g.raw

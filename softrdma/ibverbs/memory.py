@@ -159,8 +159,8 @@ class HwMR(v_mr.MR):
         old_lkey = self._c.lkey
         rc = ffi.lib().ibv_rereg_mr(self._addr, flags, new_pd._addr if flags & 2 else None,
                                     ptr if flags & 1 else None, n, access)
-        if rc:
-            raise fail(what, rc)
+        if rc:  # an IBV_REREG_MR_ERR_* code (negative); errno says why (EOPNOTSUPP on rxe)
+            raise fail(what, ctypes.get_errno() or errno.EINVAL)
         self.context._mrs.pop(old_lkey, None)
         self.context._mrs[self._c.lkey] = self
         if flags & 1:
