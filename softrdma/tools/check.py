@@ -13,8 +13,7 @@ from typing import Any
 
 from ..check import RULES, check_pcap
 from ..check.report import json_lines, text_lines
-from ..wire.pcap import PcapError
-from .common import UsageError
+from .common import UsageError, capture_file_errors
 
 __all__ = ["add_parser", "run"]
 
@@ -68,16 +67,8 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"unknown rule(s): {', '.join(unknown)} (softrdma check "
                              "--list-rules lists them)")
-    try:
+    with capture_file_errors(args.pcap):
         result = check_pcap(args.pcap, mtu=args.mtu, rules=rules, lossy=args.lossy)
-    except FileNotFoundError:
-        raise UsageError(f"{args.pcap}: no such file")
-    except IsADirectoryError:
-        raise UsageError(f"{args.pcap}: is a directory")
-    except PermissionError:
-        raise UsageError(f"{args.pcap}: permission denied")
-    except PcapError as e:
-        raise UsageError(f"{args.pcap}: {e}")
     lines = json_lines(result) if args.json else text_lines(result)
     for line in lines:
         out.write(line + "\n")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from ..soft.udp import TransportError
 from ..verbs_api.device import add_device, find_device, unregister_device
@@ -22,7 +23,24 @@ class ToolError(Exception):
 
 class UsageError(Exception):
     """An error to report in one line, exit status 2: a usage error found after parsing
-    (options that do not go together), or dissect's unreadable file."""
+    (options that do not go together), or an unreadable capture file."""
+
+
+@contextlib.contextmanager
+def capture_file_errors(path: Any) -> Iterator[None]:
+    """Turn the ways a capture file cannot be read into one-line UsageErrors naming it
+    (``softrdma dissect`` and ``softrdma check`` read captures the same way)."""
+    from ..wire.pcap import PcapError
+    try:
+        yield
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory") from None
+    except PermissionError:
+        raise UsageError(f"{path}: permission denied") from None
+    except PcapError as e:
+        raise UsageError(f"{path}: {e}") from None
 
 
 def local_address_towards(host: str) -> str:

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..cm.dissect import CM_DISSECTOR
 from ..wire.dissect import DissectStats, dissect_records, format_record
-from ..wire.pcap import PcapError, read_pcap
-from .common import UsageError
+from ..wire.pcap import read_pcap
+from .common import capture_file_errors
 
 __all__ = ["add_parser", "run"]
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     failed = False
     out = sys.stdout
     try:
-        with open(args.pcap, "rb") as f:
+        with capture_file_errors(args.pcap), open(args.pcap, "rb") as f:
             for rec in dissect_records(read_pcap(f), stats, PAYLOAD):
                 if "error" in rec:
                     failed = True
@@ -54,14 +54,6 @@ def run(args: argparse.Namespace) -> int:
                 if args.verify and not rec["icrc_ok"]:
                     failed = True
                 out.write((json.dumps(rec) if args.json else format_record(rec, PAYLOAD)) + "\n")
-    except FileNotFoundError:
-        raise UsageError(f"{args.pcap}: no such file")
-    except IsADirectoryError:
-        raise UsageError(f"{args.pcap}: is a directory")
-    except PermissionError:
-        raise UsageError(f"{args.pcap}: permission denied")
-    except PcapError as e:
-        raise UsageError(f"{args.pcap}: {e}")
     except BrokenPipeError:
         return 0
     if not args.quiet:
