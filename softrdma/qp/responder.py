@@ -120,7 +120,7 @@ _NAK_OF = {
 class Responder:
     __slots__ = ("eng", "qp", "psn", "ack_psn", "msn", "opcode", "sent_psn_nak", "drop_msg",
                  "wqe", "wqe_offset", "va", "rkey", "resid", "length", "resources", "res_head",
-                 "status", "syndrome", "goto_error", "far_dup_ack_at")
+                 "status", "syndrome", "goto_error", "far_dup_ack_at", "duplicates")
 
     def __init__(self, eng: "QpEngine") -> None:
         self.eng = eng
@@ -145,6 +145,9 @@ class Responder:
         self.syndrome = AETH_ACK_UNLIMITED
         self.goto_error = False
         self.far_dup_ack_at = float("-inf")  # when a far-behind duplicate was last re-ACKed
+        # duplicate requests seen by this QP: a peer retransmitting means an ACK of ours
+        # was lost (rsocket's close lingers until they stop)
+        self.duplicates = 0
 
     def set_resources(self, n: int) -> None:
         self.resources = [RespResource() for _ in range(n)]
@@ -184,6 +187,7 @@ class Responder:
                 return
             if diff < 0:
                 dev.counters.duplicate_request += 1
+                self.duplicates += 1
                 self._duplicate(pkt)
                 return
             self.sent_psn_nak = False

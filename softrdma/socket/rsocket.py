@@ -38,8 +38,8 @@ from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam
 from ..rdmacm import enums as ce
 from ..verbs_api import MR, QPCap, QPInitAttr, RecvWR, SendWR, SGE
 from ..verbs_api.enums import (
-    ibv_access_flags as A, ibv_qp_type, ibv_wc_flags as WCF, ibv_wc_status as WS,
-    ibv_wr_opcode as O,
+    ibv_access_flags as A, ibv_qp_attr_mask, ibv_qp_type, ibv_wc_flags as WCF,
+    ibv_wc_status as WS, ibv_wr_opcode as O,
 )
 from .base import SocketBase, check_address, os_error
 from .conn import Hub
@@ -74,6 +74,9 @@ _DISCONNECTED, _ERROR = 0x1000, 0x2000
 #: how long close() waits for outstanding sends to be acknowledged (rsocket waits for
 #: ever; under loss against rxe's 2 s retransmission timer, tens of seconds may pass)
 CLOSE_TIMEOUT = 60.0
+#: TIME_WAIT after the peer's DISCONNECT, in the peer's retransmission periods: the QP
+#: stays up answering until this long has passed without a duplicate (or the peer's DREQ)
+TIME_WAIT_PERIODS = 1.5
 
 
 def msg_set(op: int, data: int) -> int:
@@ -179,6 +182,9 @@ class RSConn:
         self.err: BaseException | None = None
         self.released = False
         self.established = False
+        self.peer_closed = False  # the peer's DISCONNECT (or final SHUTDOWN) arrived
+        self.peer_dreq = False  # rdma_cm's DISCONNECTED: the peer finished its close
+        self.time_waited = False
         self.remote_iomappings: list[_IoMap | None] = []
         self.iomap_queue: deque[_IoMap] = deque()
         self.local_maps: list[_IoMap] = []
@@ -349,11 +355,13 @@ class RSConn:
             elif op == RS_OP_CTRL:
                 if data == RS_CTRL_DISCONNECT:
                     self.state = _DISCONNECTED
+                    self.peer_closed = True
                 elif data == RS_CTRL_SHUTDOWN:
                     if self.state & _WRITABLE:
                         self.state &= ~_READABLE
                     else:
                         self.state = _DISCONNECTED
+                        self.peer_closed = True
             elif op == RS_OP_WRITE:
                 pass
             else:
@@ -391,6 +399,7 @@ class RSConn:
         elif t == E.RDMA_CM_EVENT_DISCONNECTED:
             # rsocket learns of a close from the DISCONNECT message; a DREQ without one
             # means the peer went away: what was received stays readable
+            self.peer_dreq = True
             if self.state & _CONNECTED:
                 self.state = _DISCONNECTED
         elif t in (E.RDMA_CM_EVENT_REJECTED, E.RDMA_CM_EVENT_UNREACHABLE,
@@ -416,6 +425,21 @@ class RSConn:
     def fail(self, exc: BaseException) -> None:
         if self.err is None:
             self.err = exc
+
+    def ack_period(self) -> float:
+        """The peer's retransmission period, as far as we can know it: our own QP's
+        local ACK timeout (rdma_cm gives both ends the same, from the path's packet
+        lifetime: timeout 19, ~2.1 s, on RoCE); 4.096 us x 2^timeout."""
+        try:
+            timeout = self.qp.query(ibv_qp_attr_mask.IBV_QP_TIMEOUT)[0].timeout
+        except Exception:
+            timeout = 0
+        return 4.096e-6 * (1 << timeout) if timeout else 2.2
+
+    def duplicates_seen(self) -> int | None:
+        """Duplicate requests this QP's responder has answered (soft backend only)."""
+        resp = getattr(getattr(self.qp, "engine", None), "resp", None)
+        return getattr(resp, "duplicates", None)
 
     def all_sends_done(self) -> bool:
         return ((self.ctrl_max_seqno - self.ctrl_seqno) + self.sqe_avail == self.sq_size
@@ -797,13 +821,40 @@ class RSocket(SocketBase):
                     break
                 hub.wait(deadline)
         if conn.state & _DISCONNECTED:
+            if conn.peer_closed:
+                self._time_wait(conn)
             try:  # ucma_shutdown: the QP to ERROR
                 from ..verbs_api import QPAttr
-                from ..verbs_api.enums import ibv_qp_attr_mask, ibv_qp_state
+                from ..verbs_api.enums import ibv_qp_state
                 conn.qp.modify(QPAttr(qp_state=ibv_qp_state.IBV_QPS_ERR),
                                ibv_qp_attr_mask.IBV_QP_STATE)
             except Exception:
                 pass
+
+    def _time_wait(self, conn: RSConn) -> None:
+        """TIME_WAIT, which rsocket lacks: the peer's DISCONNECT arrived, so the peer
+        now waits for that message's ACK, and an RC requester whose last ACK is lost
+        retransmits until it hears one (rxe, with rdma_cm's retry_cnt 7, for ever; a
+        QP in ERROR drops the retransmissions). So the QP stays up and re-ACKs
+        duplicates until the peer's DREQ says it is done, or until a quiet spell of
+        TIME_WAIT_PERIODS retransmission periods without a duplicate."""
+        if conn.time_waited or conn.released:
+            return
+        conn.time_waited = True
+        hub = conn.hub
+        quiet = TIME_WAIT_PERIODS * conn.ack_period()
+        seen = conn.duplicates_seen()
+        now = time.monotonic()
+        hard, end = now + CLOSE_TIMEOUT, now + quiet
+        while not conn.peer_dreq and conn.err is None and now < min(end, hard):
+            hub.progress()
+            if conn.peer_dreq:
+                break
+            dups = conn.duplicates_seen()
+            if dups != seen:  # an ACK of ours was lost: start the quiet spell again
+                seen, end = dups, time.monotonic() + quiet
+            hub.wait(min(end, hard, time.monotonic() + 0.1))
+            now = time.monotonic()
 
     # ---- riomap / riowrite ----------------------------------------------------------
 
@@ -917,6 +968,8 @@ class RSocket(SocketBase):
                 self.shutdown(2)
             except Exception:
                 pass
+        if conn is not None and conn.peer_closed:
+            self._time_wait(conn)  # (shutdown is skipped once the peer's close arrived)
         self._closed = True
         if conn is not None:
             try:

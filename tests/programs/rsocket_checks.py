@@ -197,11 +197,48 @@ def close(addr: str, port: int) -> None:
     srv.close()
     assert cli.recv(10) == b""
     cli.close()
-    # 4. close released every QP, MR, CQ and PD on both sides
+    # 4. the passive closer's ACK of the DISCONNECT is lost: it must stay up (TIME_WAIT)
+    # and re-ACK the retransmission, or the active closer's DISCONNECT never completes
+    # (rxe's requester then retransmits for ever; softrdma's gives up: RETRY_EXC)
+    _lost_close_ack(addr, port + 3)
+    # 5. close released every QP, MR, CQ and PD on both sides
     from softrdma.verbs_api.device import get_soft_device
     left = {k: v for k, v in get_soft_device().in_use.items() if v}
     assert not left, f"left on the device after close: {left}"
     print("OK close both ways, shutdown(WR); nothing left on the device", flush=True)
+
+
+def _lost_close_ack(addr: str, port: int) -> None:
+    from softrdma.verbs_api.device import get_soft_device
+    from softrdma.wire.opcodes import Opcode
+    cli, srv = _pair(addr, port)
+    cli.sendall(b"ping")
+    assert recv_exact(srv, 4) == b"ping"
+    dev = get_soft_device()
+    active, passive = cli._conn, srv._conn
+    disconnect_psn = active.qp.engine.req.psn  # the next request: the DISCONNECT
+    dropped = []
+    send_packet = dev.send_packet
+
+    def lossy(qp, pkt, dst_ip):
+        if (qp is passive.qp.engine and not dropped and pkt[0] == Opcode.RC_ACKNOWLEDGE
+                and int.from_bytes(pkt[9:12], "big") == disconnect_psn):
+            dropped.append(bytes(pkt))
+            return
+        send_packet(qp, pkt, dst_ip)
+
+    dev.send_packet = lossy
+    try:
+        th = threading.Thread(target=cli.close)
+        th.start()
+        assert srv.recv(10) == b""  # the DISCONNECT arrived (its ACK did not)
+        srv.close()
+        th.join()
+    finally:
+        dev.send_packet = send_packet
+    assert dropped, "the DISCONNECT's ACK was never sent"
+    assert active.err is None, f"the active close failed: {active.err!r}"
+    assert passive.qp.engine.resp.duplicates >= 1, "no retransmitted DISCONNECT was answered"
 
 
 def main() -> int:
