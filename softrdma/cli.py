@@ -20,8 +20,8 @@ from typing import NoReturn, Sequence
 from . import __version__
 from .errors import PyverbsRDMAError
 from .tools import (
-    bench, check, cmatose, demo, devinfo, dissect, fuzz, labcmd, mq, perf, pingpong, rping,
-    udaddy,
+    bench, check, cmatose, demo, devinfo, dissect, fuzz, labcmd, mq, perf, pingpong, replay,
+    rping, udaddy,
 )
 from .tools.common import ToolError, UsageError
 
@@ -38,8 +38,8 @@ class _Parser(argparse.ArgumentParser):
 
 #: the subcommands, in the order of ``softrdma --help``: each module's ``add_parser(sub)``
 #: adds its subcommand(s) and sets ``func`` to what runs it
-TOOLS = (dissect, check, devinfo, pingpong, perf, rping, cmatose, udaddy, mq, demo, labcmd, fuzz,
-         bench)
+TOOLS = (dissect, check, replay, devinfo, pingpong, perf, rping, cmatose, udaddy, mq, demo,
+         labcmd, fuzz, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

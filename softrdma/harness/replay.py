@@ -42,7 +42,7 @@ from ..verbs_api import (
 )
 from ..verbs_api.device import register_device, unregister_device
 
-__all__ = ["CapturedPacket", "ReplayResult", "load_capture", "replay_side"]
+__all__ = ["CapturedPacket", "Difference", "ReplayResult", "load_capture", "replay_side"]
 
 _ALL = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
     IBV_ACCESS_REMOTE_ATOMIC
@@ -61,12 +61,33 @@ class CapturedPacket:
 
 
 @dataclass
+class Difference:
+    """One place where softrdma and the captured endpoint part ways: the ``index``-th
+    request (or response) softrdma sent, against the captured packet ``expected`` (None
+    when the capture has fewer), with the differing fields as ``(field, expected, got)``."""
+
+    kind: str  # "request" or "response"
+    index: int
+    expected: CapturedPacket | None
+    got: bytes | None
+    fields: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def frame(self) -> int | None:
+        return self.expected.index if self.expected is not None else None
+
+
+@dataclass
 class ReplayResult:
     sent: list[bytes] = field(default_factory=list)  # what softrdma transmitted
     expected: list[CapturedPacket] = field(default_factory=list)  # what the real side sent
     sports: list[int] = field(default_factory=list)
     completions: list[Any] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
+    differences: list[Difference] = field(default_factory=list)  # the same, field by field
+    # what softrdma sent after the capture's last packet from the real endpoint: answers
+    # the capture may have ended too early to show (reported, not compared)
+    after_capture: list[bytes] = field(default_factory=list)
 
 
 def load_capture(path: str) -> list[CapturedPacket]:
@@ -136,9 +157,12 @@ def _messages(pkts: list[CapturedPacket]) -> list[list[CapturedPacket]]:
 
 def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
                 inline: bool = False, max_dest_rd_atomic: int = 16,
-                max_rd_atomic: int = 16, rx_depth: int = 512) -> ReplayResult:
+                max_rd_atomic: int = 16, rx_depth: int = 512,
+                flow_label: int = 0) -> ReplayResult:
     """Stand up softrdma as the endpoint at ``ip`` of ``capture`` and replay (see module doc).
-    Supports captures of one QP per side (RC, UC or UD)."""
+    Supports captures of one QP per side (RC, UC or UD); for several, see
+    :mod:`softrdma.harness.conversations`. ``flow_label`` is the connection's GRH flow
+    label (rdma_cm puts it in the CM REQ; it picks an RC QP's UDP source port)."""
     me = ipaddress.ip_address(ip).packed
     mine_out = [c for c in capture if c.src == me]
     to_me = [c for c in capture if c.dst == me]
@@ -186,17 +210,18 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
             mr = MR(pd, hi - lo, _ALL, address=lo)
             dev.keys.rekey(mr._entry, rkey)
             target_mrs[rkey] = mr
-        # reads: the responses say what the memory held
+        # reads: the responses say what the memory held when it was read (set again just
+        # before each READ request is delivered: the application may have changed it
+        # between two reads of the same buffer, as rping does)
         by_psn = {c.pkt.psn: c.pkt for c in mine_out if c.pkt.info.is_response}
-        for c in reqs_in:
-            p = c.pkt
-            if p.opcode == O.RC_RDMA_READ_REQUEST and p.dma_len:
-                mr = target_mrs[p.rkey]
-                for k in range(-(-p.dma_len // mtu)):
-                    r = by_psn.get((p.psn + k) & 0xFFFFFF)
-                    if r is not None and r.info.read:
-                        off = p.va - mr.buf + k * mtu
-                        mr.mem[off:off + r.payload_len] = r.payload
+
+        def seed_read(p: RocePacket) -> None:
+            mr = target_mrs[p.rkey]
+            for k in range(-(-p.dma_len // mtu)):
+                r = by_psn.get((p.psn + k) & 0xFFFFFF)
+                if r is not None and r.info.read:
+                    off = p.va - mr.buf + k * mtu
+                    mr.mem[off:off + r.payload_len] = r.payload
         seeded = set()
         for c in reqs_in:
             p = c.pkt
@@ -214,7 +239,8 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         a.max_dest_rd_atomic, a.max_rd_atomic = max_dest_rd_atomic, max_rd_atomic
         a.min_rnr_timer, a.timeout, a.retry_cnt, a.rnr_retry = 12, 0, 7, 7
         peer_gid = dev.gid_for_ip(str(ipaddress.ip_address(peer_ip)))
-        a.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=peer_gid, sgid_index=1, hop_limit=64))
+        a.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=peer_gid, sgid_index=1, hop_limit=64,
+                                                        flow_label=flow_label))
         a.dest_qp_num = peer_qpn if peer_qpn is not None else 0
         a.rq_psn = reqs_in[0].pkt.psn if reqs_in else 0
         a.sq_psn = reqs_out[0].pkt.psn if reqs_out else 0
@@ -263,7 +289,11 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         # and every packet the peer sent is delivered.
         highest = None
         in_burst = False
-        for c in capture:
+        last_mine = max((i for i, c in enumerate(capture) if c.src == me), default=-1)
+        cut = None
+        for i, c in enumerate(capture):
+            if i > last_mine and cut is None:
+                cut = len(res.sent)
             if c.src == me:
                 p = c.pkt
                 if not p.info.is_request:
@@ -280,8 +310,18 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
                         qp.engine.comp.on_timeout()
                 continue
             if c.dst == me:
+                p = c.pkt
+                if p.opcode == O.RC_RDMA_READ_REQUEST and p.dma_len and p.rkey in target_mrs:
+                    seed_read(p)
                 dev.receive(c.roce, c.src, c.dst, ip_id=c.ip_id, sport=c.sport, verify_icrc=True)
         res.completions = cq.poll_all()
+        if cut is not None and last_mine >= 0:  # (requests were posted: compare them all)
+            keep = [i for i in range(len(res.sent))
+                    if i < cut or parse(res.sent[i]).info.is_request]
+            res.after_capture = [res.sent[i] for i in range(cut, len(res.sent))
+                                 if i not in keep]
+            res.sent = [res.sent[i] for i in keep]
+            res.sports = [res.sports[i] for i in keep]
         _compare(res, dev)
         res.drops = dict(dev.counters.drops)  # type: ignore[attr-defined]
         return res
@@ -292,6 +332,8 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
 
 def _compare(res: ReplayResult, dev: Any) -> None:
     """Requests and responses are compared separately (their interleaving is timing)."""
+    from .packetdiff import field_diff
+
     def split(items):
         reqs = [x for x in items if parse(x[0]).info.is_request]
         resps = [x for x in items if not parse(x[0]).info.is_request]
@@ -306,10 +348,13 @@ def _compare(res: ReplayResult, dev: Any) -> None:
         for i, ((ob, sport), (tb, c)) in enumerate(zip(o_list, t_list)):
             if ob[:-4] != tb[:-4]:
                 res.mismatches.append(f"{name} {i} (frame {c.index}): {parse(ob)!r} != {c.pkt!r}")
+                res.differences.append(Difference(name, i, c, ob, field_diff(ob, c.pkt)))
                 continue
+            rows = []
             if sport != c.sport:
                 res.mismatches.append(f"{name} {i} (frame {c.index}): UDP source port {sport} != "
                                       f"{c.sport}")
+                rows.append(("udp sport", str(c.sport), str(sport)))
             if len(c.src) == 4:
                 icrc = icrc_ipv4(ob, c.src, c.dst, sport, ip_id=c.ip_id)
             else:
@@ -317,3 +362,14 @@ def _compare(res: ReplayResult, dev: Any) -> None:
             if icrc != c.pkt.icrc:
                 res.mismatches.append(f"{name} {i} (frame {c.index}): ICRC with the captured IP ID "
                                       f"0x{icrc:08x} != 0x{c.pkt.icrc:08x}")
+                rows.append(("icrc", f"0x{c.pkt.icrc:08x}", f"0x{icrc:08x}"))
+            if rows:
+                res.differences.append(Difference(name, i, c, ob, rows))
+        for i in range(min(len(o_list), len(t_list)), max(len(o_list), len(t_list))):
+            if i < len(t_list):  # the endpoint sent it, softrdma did not
+                res.differences.append(Difference(name, i, t_list[i][1], None,
+                                                  [("packet", "sent", "not sent")]))
+            else:
+                res.differences.append(Difference(name, i, None, o_list[i][0],
+                                                  [("packet", "not sent", "sent")]))
+    res.differences.sort(key=lambda d: (d.frame is None, d.frame or 0))

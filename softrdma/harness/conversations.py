@@ -1,0 +1,205 @@
+"""Split a RoCE capture into conversations, one per pair of QPs, and replay each.
+
+:func:`softrdma.harness.replay.replay_side` stands softrdma in for one endpoint of a
+conversation between two QPs. A real capture often holds several: ``srq_pingpong`` runs
+four RC connections over one SRQ, ``ucmatose`` two connections, ``udaddy`` a UD QP per
+side, and every rdma_cm capture carries the CM's MADs on QP1. This module finds the
+conversations and replays each one on its own device.
+
+How the QPs are paired. The BTH names only the destination QP, so a packet from A to B
+says which QP of B it is for, not which QP of A sent it.
+
+* UD: the DETH carries the source QP, so each datagram names both ends.
+* RC and UC: rxe derives a connected QP's UDP source port from the product of the two QP
+  numbers (``calc_flow_label``), so both directions of a connection use one port and the
+  port pairs the flows. A capture from an implementation that picks ports otherwise is
+  paired when one flow runs in each direction between the two addresses; flows that
+  cannot be paired are reported, not guessed.
+
+What is refused, and why (each :class:`Conversation` carries the reason):
+
+* QP1, the CM's MADs: their transaction and communication IDs and the starting PSNs
+  they carry are random per run, so there is nothing byte-exact to compare;
+  ``softrdma check`` judges their rules instead.
+* a flow with no partner (only one direction captured, or RC/UC flows that could not be
+  paired): softrdma could not know what the missing side said.
+
+The SRQ of ``srq_pingpong`` is not modelled: each QP is replayed with its own receive
+queue. The wire does not show which queue a receive came from, and the packets an RC
+responder sends do not depend on it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from ..wire.opcodes import Transport
+from .replay import CapturedPacket, ReplayResult, replay_side
+
+__all__ = ["Conversation", "SideReplay", "conversations", "replay_conversations"]
+
+QP1 = 1
+
+
+def _ip(b: bytes) -> str:
+    return str(ipaddress.ip_address(b))
+
+
+@dataclass
+class Conversation:
+    """The packets two QPs exchanged (``a`` and ``b`` are ``(ip, qpn)``; a qpn of None
+    means it could not be known)."""
+
+    transport: str  # "RC", "UC" or "UD"
+    a: tuple[str, int | None]
+    b: tuple[str, int | None]
+    packets: list[CapturedPacket] = field(default_factory=list)
+    refused: str | None = None  # why it is not replayed, or None
+
+    @property
+    def frames(self) -> tuple[int, int]:
+        """First and last frame numbers (1-based, as tshark and ``softrdma dissect``)."""
+        return self.packets[0].index, self.packets[-1].index
+
+    def endpoint(self, ip: str | None = None, qpn: int | None = None) -> tuple[str, int | None] | None:
+        """The end matching ``ip`` and/or ``qpn``, or None."""
+        for end in (self.a, self.b):
+            if (ip is None or end[0] == ip) and (qpn is None or end[1] == qpn):
+                return end
+        return None
+
+    def describe(self) -> str:
+        def end(e: tuple[str, int | None]) -> str:
+            return f"{e[0]} qpn {'?' if e[1] is None else hex(e[1])}"
+        first, last = self.frames
+        return (f"{self.transport} {end(self.a)} <-> {end(self.b)}: {len(self.packets)} "
+                f"packets, frames {first}-{last}")
+
+
+def conversations(capture: list[CapturedPacket]) -> list[Conversation]:
+    """The capture's conversations, in order of their first packet."""
+    convs: dict[tuple, Conversation] = {}
+    order: list[tuple] = []
+
+    def conv(key: tuple, make) -> Conversation:
+        if key not in convs:
+            convs[key] = make()
+            order.append(key)
+        return convs[key]
+
+    # connected flows: (src, dst, sport) -> packets, and the QP each is destined to
+    flows: dict[tuple[bytes, bytes, int], list[CapturedPacket]] = defaultdict(list)
+    flow_qpn: dict[tuple[bytes, bytes, int], int] = {}
+    flow_kind: dict[tuple[bytes, bytes, int], str] = {}
+    for c in capture:
+        p = c.pkt
+        t = p.info.transport
+        if t == Transport.UD:
+            src, dst = (c.src, p.src_qp), (c.dst, p.dest_qp)
+            key = ("UD",) + tuple(sorted([src, dst]))
+            cv = conv(key, lambda: Conversation("UD", (_ip(src[0]), src[1]),
+                                                (_ip(dst[0]), dst[1])))
+            cv.packets.append(c)
+            if QP1 in (p.src_qp, p.dest_qp):
+                cv.refused = ("QP1 (the CM's MADs): their transaction and communication "
+                              "IDs and starting PSNs are random per run; softrdma check "
+                              "judges them")
+            continue
+        fk = (c.src, c.dst, c.sport)
+        flows[fk].append(c)
+        flow_qpn[fk] = p.dest_qp
+        flow_kind[fk] = t.name
+    # pair each flow with the reverse flow on the same port (rxe), else the only one
+    paired: dict[tuple, tuple] = {}
+    for fk in flows:
+        if fk in paired:
+            continue
+        src, dst, sport = fk
+        rev = (dst, src, sport)
+        if rev not in flows or rev in paired:
+            back = [k for k in flows if k[0] == dst and k[1] == src and k not in paired
+                    and flow_kind[k] == flow_kind[fk]]
+            there = [k for k in flows if k[0] == src and k[1] == dst
+                     and flow_kind[k] == flow_kind[fk]]
+            rev = back[0] if len(back) == 1 and len(there) == 1 else None
+        if rev is not None and rev != fk:
+            paired[fk], paired[rev] = rev, fk
+    for fk, pkts in flows.items():
+        rev = paired.get(fk)
+        src, dst, _ = fk
+        if rev is None:
+            key = ("lone", fk)
+            cv = conv(key, lambda: Conversation(flow_kind[fk], (_ip(src), None),
+                                                (_ip(dst), flow_qpn[fk])))
+            cv.refused = ("only one direction of this flow is in the capture (or its "
+                          "partner could not be told apart): nothing to answer")
+        else:
+            key = ("conn",) + tuple(sorted([fk, rev]))
+            cv = conv(key, lambda: Conversation(flow_kind[fk], (_ip(src), flow_qpn[rev]),
+                                                (_ip(dst), flow_qpn[fk])))
+        cv.packets.extend(pkts)
+    out = [convs[k] for k in order]
+    for cv in out:
+        cv.packets.sort(key=lambda c: c.index)
+    out.sort(key=lambda cv: cv.packets[0].index)
+    return out
+
+
+def cm_flow_labels(capture: list[CapturedPacket]) -> dict[tuple[str, int], int]:
+    """``(ip, qpn) -> flow label`` from the capture's CM REQs: rdma_cm connects a QP with
+    the REQ's primary path, whose flow label picks both ends' UDP source port."""
+    from ..cm.messages import parse_cm  # (only when a capture has QP1 traffic)
+    out: dict[tuple[str, int], int] = {}
+    for c in capture:
+        p = c.pkt
+        if p.info.transport != Transport.UD or p.dest_qp != QP1:
+            continue
+        try:
+            m = parse_cm(bytes(p.payload))
+            if m.name != "REQ":
+                continue
+            out[(_ip(c.src), int(m.local_qpn))] = int(m.primary_flow_label)
+        except Exception:  # not a CM MAD, or a malformed one: it decides nothing here
+            continue
+    return out
+
+
+@dataclass
+class SideReplay:
+    """softrdma standing in for ``side`` of ``conversation``: the replay's result (None
+    when the conversation is refused, with ``conversation.refused`` saying why)."""
+
+    conversation: Conversation
+    side: tuple[str, int | None]
+    result: ReplayResult | None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and not self.result.mismatches
+
+
+def replay_conversations(capture: list[CapturedPacket], *, ip: str | None = None,
+                         qpn: int | None = None, device_name: str = "replay0",
+                         inline: bool = False) -> Iterator[SideReplay]:
+    """Replay every conversation of ``capture``, softrdma standing in for each end in
+    turn, or only for the end at ``ip`` and/or ``qpn`` (conversations without such an
+    end are skipped). Refused conversations are yielded with ``result=None``."""
+    labels = cm_flow_labels(capture)
+    for cv in conversations(capture):
+        if ip is not None or qpn is not None:
+            end = cv.endpoint(ip, qpn)
+            if end is None:
+                continue
+            sides = [end]
+        else:
+            sides = [cv.a, cv.b]
+        for side in sides:
+            if cv.refused:
+                yield SideReplay(cv, side, None)
+                continue
+            fl = labels.get(cv.a, labels.get(cv.b, 0))  # the REQ came from either end
+            yield SideReplay(cv, side, replay_side(cv.packets, side[0], device_name=device_name,
+                                                   inline=inline, flow_label=fl))

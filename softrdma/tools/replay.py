@@ -1,0 +1,152 @@
+"""``softrdma replay PCAP``: stand softrdma in for an endpoint of a captured conversation
+and report, packet by packet, where softrdma and the captured endpoint part ways.
+
+Each conversation (a pair of QPs: :mod:`softrdma.harness.conversations`) is replayed with
+softrdma in place of each end in turn, or only of the end chosen with ``--ip`` and/or
+``--qpn``. softrdma gets what the captured endpoint got (the peer's packets, in capture
+order) and posts the work requests the endpoint's own requests show; everything it sends
+is compared with what the endpoint sent, byte for byte, UDP source port and ICRC
+included. Exit status 0 when every replayed side is identical, 1 when one differs (each
+difference reported with its frame number and fields), 2 when the file cannot be read,
+an option is wrong or nothing matched ``--ip``/``--qpn``. Conversations that cannot be
+replayed (QP1's MADs, one-sided flows) are listed with the reason and do not fail the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import sys
+from typing import Any
+
+from .common import UsageError, capture_file_errors
+
+__all__ = ["add_parser", "run"]
+
+
+def _ip(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}")
+
+
+def _qpn(text: str) -> int:
+    try:
+        v = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a QP number: {text!r} (decimal or 0x hex)")
+    if not 0 <= v <= 0xFFFFFF:
+        raise argparse.ArgumentTypeError(f"{text} is not a 24-bit QP number")
+    return v
+
+
+def add_parser(sub: Any) -> None:
+    d = sub.add_parser("replay", help="replay a capture with softrdma in place of an endpoint",
+                       description="Replay each conversation of a RoCEv2 capture with softrdma "
+                                   "standing in for an endpoint (both ends in turn, or the one "
+                                   "chosen by --ip/--qpn) and report where what softrdma sends "
+                                   "differs from what the captured endpoint sent. Exit status 0 "
+                                   "identical, 1 different, 2 unreadable file or bad option.")
+    d.add_argument("pcap", help="capture file (pcap or pcapng)")
+    d.add_argument("--ip", type=_ip, help="stand in for the endpoint with this address")
+    d.add_argument("--qpn", type=_qpn, help="stand in for the endpoint with this QP number")
+    d.add_argument("--inline", action="store_true",
+                   help="the endpoint posted its sends inline (as ibv_rc_pingpong -I does)")
+    d.add_argument("--json", action="store_true",
+                   help="JSON lines: one object per replayed side, with its differences")
+    d.add_argument("--max-diffs", type=int, default=5, metavar="N",
+                   help="differences shown per side in text output (default 5)")
+    d.set_defaults(func=run)
+
+
+def _side_json(r: Any) -> dict[str, Any]:
+    cv = r.conversation
+    out: dict[str, Any] = {
+        "conversation": {"transport": cv.transport, "a": list(cv.a), "b": list(cv.b),
+                         "frames": list(cv.frames), "packets": len(cv.packets)},
+        "as": list(r.side),
+    }
+    if r.result is None:
+        out.update(status="refused", reason=cv.refused)
+        return out
+    res = r.result
+    out.update(status="identical" if r.ok else "different", sent=len(res.sent),
+               expected=len(res.expected), after_capture=len(res.after_capture),
+               differences=[{"kind": d.kind, "index": d.index, "frame": d.frame,
+                             "fields": [{"field": f, "expected": e, "got": g}
+                                        for f, e, g in d.fields]}
+                            for d in res.differences])
+    return out
+
+
+def _side_text(r: Any, max_diffs: int) -> list[str]:
+    """The lines for one side (the conversation's own line is written once, before)."""
+    from ..harness.packetdiff import format_diff
+    from ..wire.opcodes import Opcode
+    who = f"as {r.side[0]} qpn {'?' if r.side[1] is None else hex(r.side[1])}"
+    res = r.result
+    lines: list[str] = []
+    if r.ok:
+        tail = (f"; {len(res.after_capture)} answer(s) after the capture's end not compared"
+                if res.after_capture else "")
+        lines.append(f"  {who}: identical ({len(res.sent)} packets){tail}")
+        return lines
+    lines.append(f"  {who}: DIFFERENT ({len(res.differences)} difference(s); "
+                 f"softrdma sent {len(res.sent)} packets, the captured endpoint {len(res.expected)})")
+    for d in res.differences[:max_diffs]:
+        pkt = d.expected.pkt if d.expected is not None else None
+        try:
+            op = Opcode(pkt.opcode).name if pkt is not None else "-"
+        except ValueError:
+            op = hex(pkt.opcode)
+        where = f"frame {d.frame}" if d.frame is not None else "after the capture"
+        lines.append(f"  {d.kind} {d.index} ({where}, {op}):")
+        lines.extend(format_diff(d.fields, indent="    "))
+    if len(res.differences) > max_diffs:
+        lines.append(f"  ... {len(res.differences) - max_diffs} more (--max-diffs)")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..harness.conversations import replay_conversations
+    from ..harness.replay import load_capture
+    if args.max_diffs < 0:
+        raise UsageError("--max-diffs: must be 0 or more")
+    with capture_file_errors(args.pcap):
+        capture = load_capture(args.pcap)
+    if not capture:
+        raise UsageError(f"{args.pcap}: no RoCEv2 packets in the capture")
+    out = sys.stdout
+    sides = different = refused = 0
+    last = None
+    for r in replay_conversations(capture, ip=args.ip, qpn=args.qpn, inline=args.inline):
+        sides += 1
+        cv = r.conversation
+        if args.json:
+            out.write(json.dumps(_side_json(r)) + "\n")
+        new = cv is not last
+        last = cv
+        if r.result is None:
+            if new:
+                refused += 1
+                if not args.json:
+                    out.write(f"{cv.describe()}\n  not replayed: {cv.refused}\n")
+            continue
+        if not r.ok:
+            different += 1
+        if not args.json:
+            if new:
+                out.write(cv.describe() + "\n")
+            for line in _side_text(r, args.max_diffs):
+                out.write(line + "\n")
+    if sides == 0:
+        want = " ".join(x for x in (args.ip and f"--ip {args.ip}",
+                                    args.qpn is not None and f"--qpn {args.qpn:#x}") if x)
+        raise UsageError(f"{args.pcap}: no conversation has an endpoint matching {want}")
+    if not args.json:
+        out.write(f"{different} of the replayed sides different; {refused} conversation(s) "
+                  "not replayed\n" if different else
+                  f"every replayed side identical; {refused} conversation(s) not replayed\n")
+    return 1 if different else 0
