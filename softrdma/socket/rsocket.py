@@ -427,13 +427,25 @@ class RSConn:
             self.err = exc
 
     def ack_period(self) -> float:
-        """The peer's retransmission period, as far as we can know it: our own QP's
-        local ACK timeout (rdma_cm gives both ends the same, from the path's packet
-        lifetime: timeout 19, ~2.1 s, on RoCE); 4.096 us x 2^timeout."""
+        """The peer's retransmission period, as far as we can know it (4.096 us x
+        2^timeout): the local ACK timeout the connection's CM REQ carried, which the
+        passive side takes for its QP and the active side derives from the same path
+        (rdma_cm on RoCE: 19, ~2.1 s), or our own QP's if that is longer. Our own alone
+        would not do: softrdma's rsocket sets its QP's to 16 (RSOptions.ack_timeout)."""
         try:
-            timeout = self.qp.query(ibv_qp_attr_mask.IBV_QP_TIMEOUT)[0].timeout
+            own = self.qp.query(ibv_qp_attr_mask.IBV_QP_TIMEOUT)[0].timeout
         except Exception:
-            timeout = 0
+            own = 0
+        peer = 0
+        core = getattr(self.cmid, "id", None)
+        req = getattr(core, "req", None)
+        if req is not None:
+            peer = int(req.primary_local_ack_timeout)
+        else:
+            route = getattr(core, "route", None)
+            if route is not None:
+                peer = route.packet_life_time + 1  # (cm.c: the active side's av.timeout)
+        timeout = max(own, peer)
         return 4.096e-6 * (1 << timeout) if timeout else 2.2
 
     def duplicates_seen(self) -> int | None:

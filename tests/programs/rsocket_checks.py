@@ -79,12 +79,14 @@ def sizes(addr: str, port: int) -> None:
           f"({2 * total / dt / 1e6:.1f} MB/s)", flush=True)
 
 
-def _pair(addr: str, port: int, opts: RSOptions | None = None):
+def _pair(addr: str, port: int, opts: RSOptions | None = None,
+          client_opts: RSOptions | None = None):
     srv = rsock.create_server((addr, port), protocol="rsocket", options=opts)
     got: dict = {}
     th = threading.Thread(target=lambda: got.setdefault("c", srv.accept()[0]))
     th.start()
-    cli = rsock.create_connection((addr, port), protocol="rsocket", options=opts)
+    cli = rsock.create_connection((addr, port), protocol="rsocket",
+                                  options=client_opts or opts)
     th.join()
     srv.close()
     return cli, got["c"]
@@ -209,9 +211,13 @@ def close(addr: str, port: int) -> None:
 
 
 def _lost_close_ack(addr: str, port: int) -> None:
+    """The active closer (the client) retransmits on rdma_cm's default ACK timeout (19,
+    2.1 s) as rxe does; the passive one's own QP uses 16 (268 ms): TIME_WAIT must follow
+    the peer's period, not its own."""
     from softrdma.verbs_api.device import get_soft_device
     from softrdma.wire.opcodes import Opcode
-    cli, srv = _pair(addr, port)
+    cli, srv = _pair(addr, port, RSOptions(ack_timeout=16), RSOptions(ack_timeout=None))
+    assert cli._conn.qp.query(0x200)[0].timeout == 19
     cli.sendall(b"ping")
     assert recv_exact(srv, 4) == b"ping"
     dev = get_soft_device()
