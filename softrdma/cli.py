@@ -45,6 +45,14 @@ TOOLS = (dissect, check, replay, devinfo, pingpong, perf, rping, cmatose, udaddy
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="softrdma", description="A pure-Python software RoCEv2 stack.")
     p.add_argument("--version", action="version", version=f"softrdma {__version__}")
+    t = p.add_argument_group("tracing (any tool; anywhere on the line; docs/trace.md)")
+    t.add_argument("--trace", metavar="KINDS", nargs="?", const="all",
+                   help="trace what the devices do: all, or a comma list of "
+                        "verbs,wqe,packet,ack,timer,retry,qp,cq,event,drop")
+    t.add_argument("--trace-format", choices=("text", "json"), help="text lines (default) "
+                   "or JSON lines")
+    t.add_argument("--trace-file", metavar="FILE", help="write the trace here, not stderr")
+    t.add_argument("--trace-qpn", metavar="QPN[,QPN]", help="only these QPs' events")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for tool in TOOLS:
         tool.add_parser(sub)
@@ -53,12 +61,65 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_TRACE_OPTS = ("--trace", "--trace-format", "--trace-file", "--trace-qpn")
+
+
+def _take_trace_options(argv: list[str]) -> list[str]:
+    """Remove the tracing options from anywhere on the line (they belong to every tool)
+    and turn tracing on; ValueError names a bad value."""
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        name, eq, value = a.partition("=")
+        if name in _TRACE_OPTS:
+            if not eq:
+                takes = name != "--trace" or (i + 1 < len(argv) and
+                                              not argv[i + 1].startswith("-") and
+                                              _looks_like_kinds(argv[i + 1]))
+                if takes:
+                    if i + 1 >= len(argv):
+                        raise ValueError(f"{name}: expected a value")
+                    value = argv[i + 1]
+                    i += 1
+                else:
+                    value = "all"
+            found[name] = value
+        else:
+            rest.append(a)
+        i += 1
+    if not found:
+        return argv
+    from . import trace
+    fmt = found.get("--trace-format", "text")
+    if fmt not in ("text", "json"):
+        raise ValueError(f"--trace-format: {fmt!r} is not text or json")
+    try:
+        qpns = [int(x, 0) for x in found["--trace-qpn"].split(",")] \
+            if "--trace-qpn" in found else None
+    except ValueError:
+        raise ValueError(f"--trace-qpn: {found['--trace-qpn']!r} is not a QP number list")
+    trace.enable(found.get("--trace", "all"), fmt=fmt, path=found.get("--trace-file"),
+                 qpns=qpns)
+    return rest
+
+
+def _looks_like_kinds(text: str) -> bool:
+    from .trace import KINDS
+    return all(k in KINDS or k == "all" for k in text.split(",") if k)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:  # everything after "run" belongs to the program
         from .run import main as run_main
         return run_main(argv[1:])
     parser = build_parser()
+    try:
+        argv = _take_trace_options(argv)
+    except ValueError as e:
+        parser.error(str(e))
     args, extra = parser.parse_known_args(argv)
     # rdma-core tools take the server name after the options: "pingpong rc -n 5 HOST"
     if extra and getattr(args, "servername", "x") is None and len(extra) == 1 \

@@ -95,13 +95,18 @@ class Counters:
     gsi_mads_sent: int = 0  # MADs QP1 handed to the send path
     gsi_handler_errors: int = 0  # exceptions the MAD handler raised (logged, survived)
     drops: dict[str, int] = field(default_factory=dict)
+    # (tracer, device) while drops are traced (softrdma.trace), else None; not a counter
+    trace = None
 
     def drop(self, reason: Drop) -> None:
         self.dropped_pkts += 1
         key = reason.value
         self.drops[key] = self.drops.get(key, 0) + 1
+        if self.trace is not None:
+            tracer, dev = self.trace
+            tracer.emit(dev, "drop", None, f"dropped: {key}", reason=key)
 
     def as_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k != "drops"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("drops", "trace")}
         d.update({f"drop_{k}": v for k, v in sorted(self.drops.items())})
         return d

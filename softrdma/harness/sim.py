@@ -26,6 +26,18 @@ from ..verbs_api.device import add_device, unregister_device
 __all__ = ["SimNetwork", "LinkProfile"]
 
 
+def _trace_net(src: SoftDevice, data: bytes, what: str, reason: str) -> None:
+    """The trace's line for what the network did to a packet ``src`` sent."""
+    from ..wire.packet import parse
+    try:
+        pkt = parse(data)
+    except Exception:
+        return
+    src.trace.emit(src, "drop", None, f"{pkt.info.name} PSN {pkt.psn} to QP "
+                                      f"0x{pkt.dest_qp:x}: {what}", reason=reason,
+                   psn=pkt.psn, opcode=pkt.info.name, dest_qp=pkt.dest_qp)
+
+
 @dataclass
 class LinkProfile:
     loss: float = 0.0  # probability a packet is dropped
@@ -85,10 +97,14 @@ class SimNetwork:
             return
         if p.loss and rng.random() < p.loss:
             self.stats["lost"] += 1
+            if src.trace is not None:
+                _trace_net(src, data, "lost on the simulated network", "sim_loss")
             return
         copies = 2 if p.duplicate and rng.random() < p.duplicate else 1
         if copies == 2:
             self.stats["duplicated"] += 1
+            if src.trace is not None:
+                _trace_net(src, data, "duplicated by the simulated network", "sim_duplicate")
         for _ in range(copies):
             pkt = data
             if p.corrupt and rng.random() < p.corrupt:

@@ -268,11 +268,21 @@ class Completer:
 
     def error_retry(self, wqe: SendWqe, timeout: bool) -> None:
         eng = self.eng
+        why = "timeout" if timeout else "PSN sequence NAK"
         if self.started_retry and not timeout:
+            if eng.device.trace is not None:
+                eng.trace("retry", f"{why} for PSN {self.psn} ignored: a retry is already "
+                                   "under way (rxe: comp.started_retry)", why=why,
+                          psn=self.psn, action="ignored")
             return  # one retry sequence at a time, unless the timer says it failed
         if self.retry_cnt > 0:
             if self.retry_cnt != 7:  # rxe treats 7 as infinite, like rnr_retry
                 self.retry_cnt -= 1
+            if eng.device.trace is not None:
+                left = "unlimited" if self.retry_cnt == 7 else str(self.retry_cnt)
+                eng.trace("retry", f"go back to PSN {self.psn}: {why} (retries left: {left})",
+                          why=why, psn=self.psn, retries_left=self.retry_cnt,
+                          action="go-back-n")
             if psn_diff(eng.req.psn, self.psn) > 0:
                 eng.device.counters.completer_retry_err += 1
                 eng.req.need_retry = True
@@ -280,6 +290,9 @@ class Completer:
                 eng.req_wake()
             return
         eng.device.counters.retry_exceeded_err += 1
+        if eng.device.trace is not None:
+            eng.trace("retry", f"{why}: retry_cnt exhausted, the WQE fails with "
+                               "RETRY_EXC_ERR", why=why, psn=self.psn, action="exhausted")
         self._fail(wqe, WCS.IBV_WC_RETRY_EXC_ERR)
 
     def rnr_retry_step(self, wqe: SendWqe, timer_code: int) -> None:
@@ -287,8 +300,17 @@ class Completer:
         if self.rnr_retry > 0:
             if self.rnr_retry != 7:
                 self.rnr_retry -= 1
+            if eng.device.trace is not None:
+                eng.trace("retry", f"RNR NAK for PSN {self.psn}: wait "
+                                   f"{rnr_nak_seconds(timer_code):.6f} s, then retry",
+                          why="RNR NAK", psn=self.psn, retries_left=self.rnr_retry,
+                          action="rnr-wait")
             eng.req.wait_for_rnr_timer = True
             eng.arm_rnr(rnr_nak_seconds(timer_code))
             return
         eng.device.counters.retry_rnr_exceeded_err += 1
+        if eng.device.trace is not None:
+            eng.trace("retry", "RNR NAK: rnr_retry exhausted, the WQE fails with "
+                               "RNR_RETRY_EXC_ERR", why="RNR NAK", psn=self.psn,
+                      action="exhausted")
         self._fail(wqe, WCS.IBV_WC_RNR_RETRY_EXC_ERR)

@@ -103,6 +103,9 @@ class QpEngine:
         RTR fixes the source port; RTS and SQD let the requester run."""
         old = self.state
         self.state = new
+        if self.device.trace is not None and old != new:
+            self.trace("qp", f"state {S(old).name[8:]} -> {S(new).name[8:]}",
+                       old=S(old).name, new=S(new).name)
         if new == S.IBV_QPS_RESET:
             if fresh_attr is not None:
                 self.attr = fresh_attr
@@ -251,7 +254,22 @@ class QpEngine:
             return a
         return min(a, b)
 
-    def _set_timer(self, which: str, at: float | None) -> None:
+    def trace(self, kind: str, msg: str, **fields: Any) -> None:
+        """One trace event of this QP (callers test ``device.trace`` first: no cost off)."""
+        tr = self.device.trace
+        if tr is not None:
+            tr.emit(self.device, kind, self.qp_num, msg, **fields)
+
+    def _set_timer(self, which: str, at: float | None, fired: bool = False) -> None:
+        if self.device.trace is not None and not fired and \
+                (at is None) != (getattr(self, which) is None):
+            name = "retransmit" if which == "retrans_at" else "RNR"
+            if at is None:
+                self.trace("timer", f"{name} timer stopped", timer=name, action="stop")
+            else:
+                self.trace("timer", f"{name} timer armed: fires in "
+                                    f"{at - self.device.now:.6f} s", timer=name,
+                           action="arm", at=at)
         setattr(self, which, at)
         self.device.timer_changed(self)
 
@@ -285,12 +303,18 @@ class QpEngine:
     def on_timer(self, now: float) -> None:
         try:
             if self.rnr_at is not None and now >= self.rnr_at:
-                self._set_timer("rnr_at", None)
+                if self.device.trace is not None:
+                    self.trace("timer", "RNR timer fired: the requester retries",
+                               timer="RNR", action="fire")
+                self._set_timer("rnr_at", None, fired=True)
                 self.req.need_retry = True
                 self.req.wait_for_rnr_timer = False
                 self.req.run()
             if self.retrans_at is not None and now >= self.retrans_at:
-                self._set_timer("retrans_at", None)
+                if self.device.trace is not None:
+                    self.trace("timer", "retransmit timer fired: no ACK in time",
+                               timer="retransmit", action="fire")
+                self._set_timer("retrans_at", None, fired=True)
                 self.comp.on_timeout()
                 self._rearm_retrans()
         except Exception as e:  # contained: see fault()

@@ -45,6 +45,7 @@ class DeviceServices(Protocol):
     keys: KeyTable  # every memory access goes through it
     active_mtu: int  # the port's MTU (UD QPs use it)
     limits: Any  # rxe's device limits
+    trace: Any  # a softrdma.trace.Tracer while tracing, else None (test it before emitting)
 
     @property
     def now(self) -> float:

@@ -140,6 +140,9 @@ class Requester:
             if self.need_retry and not self.wait_for_rnr_timer:
                 self.retry()
                 self.need_retry = False
+                if eng.device.trace is not None:
+                    eng.trace("retry", f"retransmitting from PSN {self.psn}",
+                              psn=self.psn, action="retransmit")
             if self.wqe_index >= len(sq):
                 self._check_drained()
                 return

@@ -162,7 +162,23 @@ class Responder:
         self.eng.device.send_packet(qp, pkt, self.eng.dst_ip)
 
     def send_ack(self, syndrome: int, psn: int) -> None:
+        if self.eng.device.trace is not None:
+            self._trace_ack(syndrome, psn)
         self._send(O.RC_ACKNOWLEDGE, psn, syndrome)
+
+    def _trace_ack(self, syndrome: int, psn: int) -> None:
+        kind = syndrome & 0x60
+        if kind == int(AethType.ACK):
+            what = f"ACK PSN {psn} MSN {self.msn}"
+        elif kind == int(AethType.RNR_NAK):
+            what = f"RNR NAK PSN {psn}: no receive WQE (min_rnr_timer {syndrome & 0x1F})"
+        else:
+            try:
+                code = NakCode(syndrome).name
+            except ValueError:
+                code = f"0x{syndrome:02x}"
+            what = f"NAK {code} PSN {psn}"
+        self.eng.trace("ack", what, psn=psn, msn=self.msn, syndrome=syndrome)
 
     # -- the state machine ---------------------------------------------------------------
     def on_request(self, pkt: Any, ip_header: bytes) -> None:
@@ -180,6 +196,10 @@ class Responder:
                 if not self.sent_psn_nak:
                     # rxe counts RXE_CNT_OUT_OF_SEQ_REQ once per NAK, not per packet
                     dev.counters.out_of_seq_request += 1
+                    if dev.trace is not None:
+                        self.eng.trace("ack", f"PSN {pkt.psn} arrived, {self.psn} expected: "
+                                              "a gap (one NAK, later packets dropped)",
+                                       psn=pkt.psn, expected=self.psn)
                     self.sent_psn_nak = True
                     self.send_ack(NakCode.PSN_SEQ_ERROR, self.psn)
                 else:
@@ -188,6 +208,10 @@ class Responder:
             if diff < 0:
                 dev.counters.duplicate_request += 1
                 self.duplicates += 1
+                if dev.trace is not None:
+                    self.eng.trace("ack", f"duplicate request PSN {pkt.psn} (expected "
+                                          f"{self.psn}): answered, not executed again",
+                                   psn=pkt.psn, duplicate=True)
                 self._duplicate(pkt)
                 return
             self.sent_psn_nak = False

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..completion import AsyncEvent
+from .. import trace as _trace
 from ..counters import Counters, Drop
 from ..enums import bytes_to_mtu, ibv_event_type, ibv_mtu
 from ..qp.engine import QpEngine
@@ -37,7 +38,7 @@ from .capture import PacketCapture
 from .gsi import GsiEndpoint
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
 from .progress import Progress, poll_once
-from .rx import receive_packet
+from .rx import receive_packet, trace_packet
 from .udp import TransportError, UdpTransport
 
 __all__ = ["SoftDevice", "DeviceLimits", "DeviceFailed", "RXE_MAX_HDR_LENGTH",
@@ -136,6 +137,8 @@ class SoftDevice:
             strict = os.environ.get("SOFTRDMA_STRICT", "") not in ("", "0")
         self.strict = strict
         self.counters = Counters()
+        self.trace: Any = None  # a softrdma.trace.Tracer while tracing: every hook tests it
+        _trace.attach(self)
         self.lock = threading.RLock()
         self.contexts: int = 0
         # objects in use per kind, against the limits (rxe's rxe_pool counts)
@@ -257,6 +260,8 @@ class SoftDevice:
             self.counters.drop(Drop.INJECTED_LOSS)
             return
         self.counters.sent_pkts += 1
+        if self.trace is not None:
+            trace_packet(self, "tx", data, qpn=getattr(qp, "qp_num", None))
         if self.capture is not None:
             self.capture.record(data, self.ip_packed, dst_ip, sport)
         self.transmit(data, dst_ip, sport)
@@ -455,6 +460,9 @@ class SoftDevice:
         return len(due)
 
     def emit_async(self, event: Any) -> None:
+        if self.trace is not None:
+            self.trace.emit(self, "event", getattr(getattr(event, "element", None), "qp_num",
+                                                   None), f"async event {event}")
         for fn in list(self.async_listeners):
             fn(event)
 

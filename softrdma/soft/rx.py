@@ -20,7 +20,7 @@ from ..wire.opcodes import Transport
 from ..wire.packet import DecodeError, parse
 from ..counters import Drop
 
-__all__ = ["receive_packet", "synth_ip_header"]
+__all__ = ["receive_packet", "synth_ip_header", "trace_packet"]
 
 _MALFORMED = {"truncated": Drop.MALFORMED_TRUNCATED, "unknown_opcode": Drop.MALFORMED_UNKNOWN_OPCODE,
               "bad_pad": Drop.MALFORMED_BAD_PAD}  # DecodeError.reason -> drop reason
@@ -42,6 +42,26 @@ def synth_ip_header(src: bytes, dst: bytes, payload_len: int, ip_id: int = 0) ->
     return struct.pack("!IHBB16s16s", 6 << 28, 8 + payload_len, 17, 64, src, dst)
 
 
+def trace_packet(dev: Any, direction: str, data: Any, pkt: Any = None,
+                 qpn: int | None = None) -> None:
+    """The trace's line for a packet sent (``tx``, by local QP ``qpn``) or received
+    (``rx``, for the QP its BTH names): the dissector's line."""
+    tr = dev.trace
+    if pkt is None:
+        try:
+            pkt = parse(data)
+        except DecodeError:
+            return
+    if qpn is None:
+        qpn = pkt.dest_qp
+    if not tr.wants("packet", qpn):
+        return
+    from ..wire.dissect import packet_line
+    tr.emit(dev, "packet", qpn, f"{direction} {packet_line(pkt)}", dir=direction,
+            opcode=pkt.info.name, psn=pkt.psn, ackreq=pkt.ackreq,
+            syndrome=pkt.syndrome, msn=pkt.msn, len=pkt.payload_len)
+
+
 def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int,
                    ip_header: bytes | None, sport: int, verify: bool) -> None:
     c = dev.counters
@@ -52,6 +72,8 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         c.malformed_pkts += 1
         c.drop(_MALFORMED[e.reason])
         return
+    if dev.trace is not None:
+        trace_packet(dev, "rx", data, pkt)
     if verify:
         roce = pkt.buf
         if len(src_ip) == 4:

@@ -31,3 +31,9 @@ __all__ = [
     "get_device_list", "get_soft_device", "remove_device", "set_backend", "get_backend", "MR", "MW", "MWBind", "PD", "QP", "SRQ", "SGE", "WC",
     "MWBindInfo", "RecvWR", "SendWR",
 ] + list(_enum_names)
+
+# the "verbs" trace kind wraps the classes above while it is on (softrdma.trace)
+from .. import trace as _trace  # noqa: E402
+from . import tracing as _tracing  # noqa: E402
+
+_trace.on_change(_tracing.install)

@@ -35,6 +35,19 @@ from .wr import WC
 __all__ = ["CQ", "CompChannel", "ring_size"]
 
 
+def _trace_wc(dev: Any, wc: WC) -> None:
+    """The trace's line for a completion (softrdma.trace, kind ``cq``)."""
+    from .enums import ibv_wc_opcode, ibv_wc_status
+    try:
+        op = ibv_wc_opcode(wc.opcode).name[7:]
+    except ValueError:
+        op = str(wc.opcode)
+    st = ibv_wc_status(wc.status).name[7:]
+    dev.trace.emit(dev, "cq", wc.qp_num, f"completion {op} wr_id={wc.wr_id} {st} "
+                                         f"byte_len={wc.byte_len}", wr_id=wc.wr_id,
+                   status=st, opcode=op, byte_len=wc.byte_len)
+
+
 def ring_size(n: int) -> int:
     """rxe_queue_init: slots = roundup_pow_of_two(n + 1); usable = slots - 1."""
     return (1 << n.bit_length()) - 1 if n > 0 else 0
@@ -139,6 +152,8 @@ class CQ(Resource):
                 self.device.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_CQ_ERR, self))
             return False
         self._wcs.append(wc)
+        if self.device.trace is not None:
+            _trace_wc(self.device, wc)
         if self._armed == 1 or (self._armed == 2 and solicited):
             self._armed = 0
             if self.channel is not None and not self.channel.closed:

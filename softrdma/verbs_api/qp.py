@@ -390,6 +390,10 @@ class QP(Resource):
                         self.flush()  # the WRs before the bad one are posted: flush them too
                     raise
                 self.rq.append(wqe)
+                if self.device.trace is not None:
+                    self.engine.trace("wqe", f"post_recv wr_id={wqe.wr_id} "
+                                             f"len={wqe.length}", queue="rq",
+                                      wr_id=wqe.wr_id, len=wqe.length)
             if self.state == S.IBV_QPS_ERR:
                 self.flush()
 
@@ -413,6 +417,12 @@ class QP(Resource):
                         self.engine.kick()  # ... or start them
                     raise
                 self.sq.append(wqe)
+                if self.device.trace is not None:
+                    self.engine.trace("wqe", f"post_send {W(wqe.opcode).name[7:]} "
+                                             f"wr_id={wqe.wr_id} len={wqe.length}"
+                                             f"{' signaled' if wqe.signaled else ''}",
+                                      queue="sq", wr_id=wqe.wr_id, len=wqe.length,
+                                      opcode=W(wqe.opcode).name)
             if self.state == S.IBV_QPS_ERR:
                 self.flush()
             else:

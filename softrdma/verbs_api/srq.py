@@ -75,6 +75,10 @@ class SRQ(Resource):
                         bad_wr.__dict__.update(w.__dict__)
                     raise
                 self.rq.append(wqe)
+                if self.device.trace is not None:
+                    self.device.trace.emit(self.device, "wqe", None,
+                                           f"post_srq_recv wr_id={wqe.wr_id} len={wqe.length}",
+                                           queue="srq", wr_id=wqe.wr_id, len=wqe.length)
 
     def take(self) -> RecvWqe | None:
         """Pop the next receive for a QP's responder, raising the limit event if due."""

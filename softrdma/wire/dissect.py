@@ -19,7 +19,7 @@ from .opcodes import lookup
 from .packet import DecodeError, RocePacket, parse
 from .pcap import PcapRecord
 
-__all__ = ["DissectStats", "PayloadDissector", "frame_record", "format_record",
+__all__ = ["DissectStats", "PayloadDissector", "frame_record", "format_record", "packet_line",
            "dissect_records"]
 
 
@@ -95,6 +95,34 @@ def frame_record(index: int, ts: float, frame: Frame, pkt: RocePacket,
     return rec
 
 
+def _ext_headers(opcode: int, value: Any) -> list[str]:
+    """The extension headers' text, as the dissector shows them (``value(h, f)`` reads a
+    field)."""
+    parts = []
+    for hdr, _ in lookup(opcode).headers:
+        h = HEADERS[hdr]
+        shown = [h.label] if h.label else []
+        for f in h.fields:
+            if f.attr is not None:
+                v = value(h, f)
+                text = f.describe(v) if f.describe else f.show(v)
+                label = f.name if f.text is None else f.text
+                shown.append(f"{label}={text}" if label else text)
+        if shown:  # the CNP's reserved bytes show nothing
+            parts.append(" ".join(shown))
+    return parts
+
+
+def packet_line(pkt: RocePacket) -> str:
+    """The dissector's line for a packet without its frame (no index, addresses or ICRC
+    verdict): what the trace prints for each packet sent or received."""
+    flags = ("A" if pkt.ackreq else "-") + ("S" if pkt.se else "-")
+    parts = [f"{pkt.info.name:<34}", f"qpn=0x{pkt.dest_qp:06x}", f"psn={pkt.psn:<8d}", flags]
+    parts += _ext_headers(pkt.opcode, lambda h, f: getattr(pkt, f.attr))
+    parts.append(f"len={pkt.payload_len}")
+    return " ".join(parts)
+
+
 def format_record(rec: dict[str, Any], payload: Sequence[PayloadDissector] = ()) -> str:
     """One human line for a record made by :func:`frame_record`; a payload dissector's
     text follows after `` | ``."""
@@ -102,17 +130,7 @@ def format_record(rec: dict[str, Any], payload: Sequence[PayloadDissector] = ())
     flags = ("A" if rec["ackreq"] else "-") + ("S" if rec["se"] else "-")
     parts = [f"{rec['index']:5d}", f"{ends:<32}", f"{rec['opcode_name']:<34}",
              f"qpn=0x{rec['qpn']:06x}", f"psn={rec['psn']:<8d}", flags]
-    for hdr, _ in lookup(rec["opcode"]).headers:
-        h = HEADERS[hdr]
-        shown = [h.label] if h.label else []
-        for f in h.fields:
-            if f.attr is not None:
-                v = rec[h.record_key(f)]
-                text = f.describe(v) if f.describe else f.show(v)
-                label = f.name if f.text is None else f.text
-                shown.append(f"{label}={text}" if label else text)
-        if shown:  # the CNP's reserved bytes show nothing
-            parts.append(" ".join(shown))
+    parts += _ext_headers(rec["opcode"], lambda h, f: rec[h.record_key(f)])
     parts.append(f"len={rec['payload_len']}")
     parts.append("icrc=ok" if rec["icrc_ok"] else f"icrc=BAD({rec['icrc']}!={rec['icrc_expected']})")
     for d in payload:
