@@ -61,6 +61,7 @@ class Wire:
                 self.keys = KeyTable(random.Random(name))
                 self.active_mtu = IBV_MTU_1024
                 self.limits = SimpleNamespace()
+                self.trace = None  # no tracing (softrdma.trace)
 
             @property
             def now(self) -> float:
