@@ -1,5 +1,6 @@
 """softrdma's pytest plugin (softrdma/pytest_plugin.py), used as a user uses it: test files
-written into a fresh directory and run by pytest in a subprocess (pytest's own ``pytester``),
+written into a fresh directory and run by pytest (pytest's own ``pytester``; in a subprocess
+but for the lab checks, which fake the prerequisite check in this process),
 with the plugin loaded through the installed ``pytest11`` entry point and nothing else."""
 
 from __future__ import annotations
