@@ -173,44 +173,12 @@ def soft_device(softrdma_seed: int, softrdma_capture: Any) -> Iterator[Any]:
     close_device(dev, ctx)
 
 
-class Replay:
-    """Replays of real captures with softrdma standing in for one endpoint
-    (:func:`softrdma.harness.replay.replay_side`)."""
-
-    def run(self, pcap: str | os.PathLike[str], ip: str, **kw: Any) -> Any:
-        """Replay softrdma as ``ip`` in ``pcap``; a
-        :class:`~softrdma.harness.replaydiff.ReplayDiff` (``.ok``, ``.packets``,
-        ``.format()``). ``kw`` go to ``replay_side`` (``inline``, ``rx_depth``, ...)."""
-        from softrdma.harness.fixtures import device_names
-        from softrdma.harness.replay import load_capture, replay_side
-        from softrdma.harness.replaydiff import diff_replay
-        res = replay_side(load_capture(str(pcap)), ip, device_name=next(device_names("replay")),
-                          **kw)
-        return diff_replay(res, ip, str(pcap))
-
-    def assert_matches(self, pcap: str | os.PathLike[str], ip: str, *, limit: int = 3,
-                       **kw: Any) -> Any:
-        """Fail unless softrdma, as ``ip``, sends exactly the packets ``pcap`` shows ``ip``
-        sending; the failure shows the first ``limit`` differing packets field by field."""
-        __tracebackhide__ = True
-        diff = self.run(pcap, ip, **kw)
-        if not diff.ok:
-            raise ReplayMismatch(diff.format(limit), diff)
-        return diff
-
-
-class ReplayMismatch(AssertionError):
-    """softrdma did not send what the capture shows; ``.diff`` has the details."""
-
-    def __init__(self, text: str, diff: Any) -> None:
-        super().__init__(text)
-        self.diff = diff
-
-
 @pytest.fixture
-def softrdma_replay() -> Replay:
+def softrdma_replay() -> Any:
     """``softrdma_replay.assert_matches("rc_pingpong.pcap", "10.77.0.11")``: replay a real
-    capture with softrdma as one endpoint; a difference fails with a readable diff."""
+    capture with softrdma as one endpoint; a difference fails with a readable diff
+    (:class:`~softrdma.harness.fixtures.Replay`; ``.run(pcap, ip)`` returns the diff)."""
+    from softrdma.harness.fixtures import Replay
     return Replay()
 
 

@@ -246,3 +246,32 @@ def test_rxe_lab_that_cannot_start_skips_with_the_labs_reason(pytester, monkeypa
     r = pytester.runpytest("-p", "no:cacheprovider", "-rs")
     r.assert_outcomes(skipped=1)
     r.stdout.fnmatch_lines(["*rxe_lab did not start: guest 0 did not boot in 240 s"])
+
+
+def test_a_replay_diff_names_missing_and_extra_packets_and_stops_at_the_limit(tmp_path):
+    """Without pytester: the Replay helper behind the fixture, on a capture that lacks the
+    server's first ACK, so every later ACK of softrdma's pairs with the capture's next one
+    and softrdma's last has no partner."""
+    from softrdma.harness.fixtures import Replay
+    from softrdma.harness.replaydiff import ReplayMismatch
+
+    path = tmp_path / "no-first-ack.pcap"
+    path.write_bytes(m.to_bytes(m.drop(m.load(PCAPS / "rc_pingpong.pcap"), 6)))
+    d = Replay().run(path, SERVER)
+    assert (d.ok, d.n_expected, d.n_sent) == (False, 32, 33)
+    assert [(p.kind, p.frame) for p in d.packets][:2] == [("response", 14), ("response", 24)]
+    assert [f.name for f in d.packets[0].differing] == ["psn", "msn", "icrc"]
+    last = d.packets[-1]
+    assert (last.frame, last.expected_line) == (None, None)
+    text = d.format(limit=2)
+    assert "! psn: expected 13095505, got 13095501" in text and "! msn: expected 2, got 1" in text
+    assert text.endswith(f"... and {len(d.packets) - 2} more")
+    full = d.format(limit=len(d.packets))
+    assert "response 8: softrdma sent one more response than the capture has" in full
+    try:
+        Replay().assert_matches(path, SERVER, limit=1)
+    except ReplayMismatch as e:
+        assert e.diff.packets == d.packets and str(e) == d.format(limit=1)
+    else:
+        raise AssertionError("no ReplayMismatch")
+    assert Replay().assert_matches(PCAPS / "rc_pingpong.pcap", "10.77.0.12").ok

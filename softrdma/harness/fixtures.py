@@ -27,22 +27,26 @@ from ..verbs_api import Context, QPCap
 from ..verbs_api.device import find_device, register_device, unregister_device
 from ..wire.frames import encode_frame
 from ..wire.pcap import PcapWriter
+from .replay import load_capture, replay_side
+from .replaydiff import ReplayDiff, ReplayMismatch, diff_replay
 from .sim import SimNetwork
 from .testing import Endpoint, connect, connected_pair
 
-__all__ = ["PacketTap", "TappedSimNetwork", "QpPair", "live_device", "make_pair",
+__all__ = ["PacketTap", "TappedSimNetwork", "QpPair", "Replay", "live_device", "make_pair",
            "close_device", "device_names"]
 
 # Each process starts in its own block of 127.64.0.0/10 (by PID), so concurrent test
 # processes rarely probe the same addresses; a taken one is skipped by the device itself
 # (auto_address: the next address up), so a collision costs a retry, never a failure.
 _LOOPBACK_BASE = int(ipaddress.ip_address("127.64.0.0")) + (os.getpid() % 16384) * 256
-_loopback_seq = itertools.count(1)
+_loopback_seq = itertools.count()
 _name_seq = itertools.count()
 
 
 def _next_loopback() -> str:
-    return str(ipaddress.ip_address(_LOOPBACK_BASE + next(_loopback_seq) % 0xFFFF))
+    """The next address of this process's block (.1 to .254, then around again: by then
+    the first devices are long closed, and one still bound is stepped over)."""
+    return str(ipaddress.ip_address(_LOOPBACK_BASE + 1 + next(_loopback_seq) % 254))
 
 
 def device_names(prefix: str = "pytest") -> Iterator[str]:
@@ -226,3 +230,28 @@ def make_pair(qp_type: str = "RC", transport: str = "sim", *, net: SimNetwork | 
             close_device(dev, ctx)
         raise
     return QpPair(a, b, "udp", None, [da, db])
+
+
+class Replay:
+    """Replays of real captures with softrdma standing in for one endpoint
+    (:func:`~softrdma.harness.replay.replay_side`), judged by
+    :func:`~softrdma.harness.replaydiff.diff_replay`."""
+
+    def run(self, pcap: str | os.PathLike[str], ip: str, **kw: Any) -> ReplayDiff:
+        """Replay softrdma as ``ip`` in ``pcap``; the :class:`ReplayDiff` (``.ok``,
+        ``.packets``, ``.format()``). ``kw`` go to ``replay_side`` (``inline``, ``rx_depth``,
+        ``max_rd_atomic``, ``max_dest_rd_atomic``)."""
+        res = replay_side(load_capture(str(pcap)), ip, device_name=next(device_names("replay")),
+                          **kw)
+        return diff_replay(res, ip, str(pcap))
+
+    def assert_matches(self, pcap: str | os.PathLike[str], ip: str, *, limit: int = 3,
+                       **kw: Any) -> ReplayDiff:
+        """Raise :class:`ReplayMismatch` (an AssertionError) unless softrdma, as ``ip``,
+        sends exactly the packets ``pcap`` shows ``ip`` sending; its message shows the first
+        ``limit`` differing packets field by field."""
+        __tracebackhide__ = True  # pytest: the failure points at the caller's line
+        diff = self.run(pcap, ip, **kw)
+        if not diff.ok:
+            raise ReplayMismatch(diff, limit)
+        return diff

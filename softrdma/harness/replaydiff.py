@@ -27,6 +27,7 @@ send ID 0), so an ICRC difference is a difference in the covered bytes, not the 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +38,14 @@ from ..wire.opcodes import lookup
 from ..wire.packet import RocePacket, parse
 from .replay import CapturedPacket, ReplayResult
 
-__all__ = ["FieldDiff", "PacketDiff", "ReplayDiff", "diff_replay", "packet_fields"]
+__all__ = ["FieldDiff", "PacketDiff", "ReplayDiff", "ReplayMismatch", "diff_replay",
+           "packet_fields", "opcode_name"]
 
-#: fields shown in hex (keys, addresses, QPNs, immediates, checksums); the rest in decimal
-_HEX = {"dest_qp", "va", "rkey", "imm", "ieth_rkey", "qkey", "src_qp", "syndrome", "icrc",
-        "pkey", "swap_add", "compare", "orig", "feth"}
+#: fields shown in hex, with their digits (keys, addresses, QPNs, immediates, checksums);
+#: the rest in decimal
+_HEX = {"dest_qp": 6, "src_qp": 6, "syndrome": 2, "pkey": 4, "va": 8, "rkey": 8, "imm": 8,
+        "ieth_rkey": 8, "qkey": 8, "icrc": 8, "swap_add": 8, "compare": 8, "orig": 8,
+        "feth": 8}
 #: BTH bits that are constant in practice: shown only when they differ
 _QUIET = {"tver", "pkey", "fecn", "becn", "resv6", "resv7", "migreq", "pad"}
 
@@ -63,14 +67,13 @@ class FieldDiff:
         if v is None:
             return "-"
         if self.name == "opcode":
-            return f"{parse_name(v)} (0x{v:02x})"
+            return f"{opcode_name(v)} (0x{v:02x})"
         if self.name == "payload":
             return f"{len(v)} bytes"
         if isinstance(v, bool):
             return str(int(v))
         if isinstance(v, int) and self.name in _HEX:
-            return f"0x{v:0{6 if self.name in ('dest_qp', 'src_qp') else 8}x}" \
-                if self.name != "syndrome" else f"0x{v:02x}"
+            return f"0x{v:0{_HEX[self.name]}x}"
         return str(v)
 
     def line(self) -> str:
@@ -84,7 +87,7 @@ class FieldDiff:
         return f"! {self.name}: expected {self.show(self.expected)}, got {self.show(self.got)}"
 
 
-def parse_name(opcode: int) -> str:
+def opcode_name(opcode: int) -> str:
     info = lookup(opcode)
     return info.name if info is not None else f"opcode 0x{opcode:02x}"
 
@@ -97,6 +100,7 @@ class PacketDiff:
     kind: str  # "request" or "response"
     index: int  # n among packets of its kind
     frame: int | None  # the capture's frame number of the expected packet
+    name: str  # the opcode's name (the capture's packet's, if there is one)
     expected_line: str | None
     got_line: str | None
     fields: list[FieldDiff] = field(default_factory=list)
@@ -113,13 +117,14 @@ class PacketDiff:
             head = f"{where}: softrdma sent one more {self.kind} than the capture has"
         else:
             n = len(self.differing)
-            head = f"{where} ({self.fields[0].show(self.fields[0].expected).split()[0]}): " \
-                   f"{n} field{'s' if n != 1 else ''} differ{'s' if n == 1 else ''}"
+            head = f"{where} ({self.name}): {n} field{'s' if n != 1 else ''} " \
+                   f"differ{'s' if n == 1 else ''}"
         lines = [head,
                  f"    capture : {self.expected_line or '-'}",
                  f"    softrdma: {self.got_line or '-'}"]
-        lines += ["    " + f.line() for f in self.fields
-                  if f.differs or f.name not in _QUIET]
+        if self.expected_line is not None and self.got_line is not None:
+            lines += ["    " + f.line() for f in self.fields
+                      if f.differs or f.name not in _QUIET]
         return "\n".join(lines)
 
 
@@ -170,21 +175,21 @@ def _line(roce: bytes, src: bytes, dst: bytes, sport: int, ip_id: int, index: in
 
 
 def _pair(kind: str, i: int, ours: tuple[bytes, int] | None,
-          theirs: CapturedPacket | None, ip_packed: bytes) -> PacketDiff | None:
-    """The diff of one pair, or None when softrdma's packet is the captured one."""
+          theirs: CapturedPacket | None, ends: tuple[bytes, bytes]) -> PacketDiff | None:
+    """The diff of one pair, or None when softrdma's packet is the captured one. ``ends``:
+    the replayed endpoint's address and its peer's."""
     if theirs is None:
         assert ours is not None
         ob, sport = ours
         p = parse(ob)
-        return PacketDiff(kind, i, None, None, _line(ob, ip_packed, b"\0" * len(ip_packed),
-                                                     sport, 0, 0),
+        return PacketDiff(kind, i, None, p.name, None, _line(ob, *ends, sport, 0, 0),
                           [FieldDiff(k, None, v) for k, v in packet_fields(p).items()])
     exp = packet_fields(theirs.pkt)
     exp["udp_sport"] = theirs.sport
     exp_line = _line(theirs.roce, theirs.src, theirs.dst, theirs.sport, theirs.ip_id,
                      theirs.index)
     if ours is None:
-        return PacketDiff(kind, i, theirs.index, exp_line, None,
+        return PacketDiff(kind, i, theirs.index, theirs.pkt.name, exp_line, None,
                           [FieldDiff(k, v, None) for k, v in exp.items()])
     ob, sport = ours
     got = packet_fields(parse(ob))
@@ -197,24 +202,35 @@ def _pair(kind: str, i: int, ours: tuple[bytes, int] | None,
     if got == exp:
         return None
     names = list(exp) + [k for k in got if k not in exp]
-    return PacketDiff(kind, i, theirs.index, exp_line,
+    return PacketDiff(kind, i, theirs.index, theirs.pkt.name, exp_line,
                       _line(ob, theirs.src, theirs.dst, sport, 0, theirs.index),
                       [FieldDiff(k, exp.get(k), got.get(k)) for k in names])
 
 
-def diff_replay(res: ReplayResult, ip: str = "?", source: str = "the capture") -> ReplayDiff:
-    """Compare ``res.sent`` with ``res.expected``: requests with requests and responses with
-    responses, in order."""
+def diff_replay(res: ReplayResult, ip: str, source: str = "the capture") -> ReplayDiff:
+    """Compare ``res.sent`` with ``res.expected`` (softrdma replayed as ``ip`` in ``source``):
+    requests with requests and responses with responses, in order."""
     ours = list(zip(res.sent, res.sports))
-    ip_packed = res.expected[0].src if res.expected else b"\0\0\0\0"
+    me = ipaddress.ip_address(ip).packed
+    peer = res.expected[0].dst if res.expected else bytes(len(me))
+    ends = (me, peer)
     diffs: list[PacketDiff] = []
     for kind, is_req in (("request", True), ("response", False)):
         o = [x for x in ours if parse(x[0]).info.is_request == is_req]
         t = [c for c in res.expected if c.pkt.info.is_request == is_req]
         for i in range(max(len(o), len(t))):
             d = _pair(kind, i, o[i] if i < len(o) else None, t[i] if i < len(t) else None,
-                      ip_packed)
+                      ends)
             if d is not None:
                 diffs.append(d)
     diffs.sort(key=lambda d: d.frame if d.frame is not None else 1 << 62)
     return ReplayDiff(ip, source, len(res.expected), len(res.sent), diffs, res.completions)
+
+
+class ReplayMismatch(AssertionError):
+    """softrdma did not send what the capture shows: the message is :meth:`ReplayDiff.format`,
+    ``.diff`` the :class:`ReplayDiff` itself."""
+
+    def __init__(self, diff: ReplayDiff, limit: int = 3) -> None:
+        super().__init__(diff.format(limit))
+        self.diff = diff
