@@ -207,7 +207,8 @@ def test_keep_captures_writes_a_pcap_for_each_failed_test_only(pytester, tmp_pat
     assert all(f.src.startswith("10.200.") and parse(bytes(f.payload)).icrc == f.icrc()
                for f in sim)  # as sent: ICRC good
     udp = roce_frames(out / "test_keep.py_test_udp_fails.pcap")
-    assert [parse(bytes(f.payload)).name for f in udp] == sent
+    names = [parse(bytes(f.payload)).name for f in udp]  # real time: a retry may be there too
+    assert names[:3] == sent[:3] and "RC_ACKNOWLEDGE" in names, names
     assert all(f.src.startswith("127.") for f in udp)
 
 
