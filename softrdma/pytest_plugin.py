@@ -79,7 +79,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     names = getattr(item, "fixturenames", ())
     if rep.failed and rep.when in ("setup", "call") and "softrdma_seed" in names:
         seed = _seed_of(item)
-        text = f"seed {seed}: rerun with --softrdma-seed {seed}"
+        text = f"seed {seed}: rerun with --softrdma-seed {seed}" \
+            if item.get_closest_marker("softrdma_seed") is None else \
+            f"seed {seed}, pinned by @pytest.mark.softrdma_seed"
         path = _capture_path(item)
         if path is not None and "softrdma_capture" in names:
             text += f"\ncapture of the test's packets: {path}"

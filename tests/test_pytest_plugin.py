@@ -143,6 +143,10 @@ SEEDED = """
     def test_marker(softrdma_seed):
         assert softrdma_seed == 42
 
+    @pytest.mark.softrdma_seed(43)
+    def test_marker_fails(softrdma_seed):
+        assert softrdma_seed == -1
+
     def test_fails(qp_pair):
         qp_pair("RC")
         assert False, "deliberately"
@@ -154,9 +158,10 @@ def test_the_seed_option_changes_the_run_and_the_same_seed_repeats_it(pytester):
 
     def run(seed: int) -> str:
         r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", f"--softrdma-seed={seed}")
-        r.assert_outcomes(passed=2, failed=1)
+        r.assert_outcomes(passed=2, failed=2)
         r.stdout.fnmatch_lines([f"softrdma: seed {seed} (--softrdma-seed N to change)"])
-        r.stdout.fnmatch_lines(["*- softrdma -*", f"seed {seed}: rerun with --softrdma-seed {seed}"])
+        r.stdout.fnmatch_lines(["*- softrdma -*", "seed 43, pinned by @pytest.mark.softrdma_seed",
+                                "*- softrdma -*", f"seed {seed}: rerun with --softrdma-seed {seed}"])
         (line,) = [x[x.index("RUN "):] for x in r.outlines if "RUN seed=" in x]
         return line
 
