@@ -34,10 +34,13 @@ from __future__ import annotations
 import ipaddress
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from ..wire.opcodes import Transport
 from .replay import CapturedPacket, ReplayResult, replay_side
+
+if TYPE_CHECKING:
+    from .replaydiff import ReplayDiff
 
 __all__ = ["Conversation", "SideReplay", "conversations", "replay_conversations"]
 
@@ -179,6 +182,13 @@ class SideReplay:
     @property
     def ok(self) -> bool:
         return self.result is not None and not self.result.mismatches
+
+    def diff(self) -> "ReplayDiff | None":
+        """The differences field by field (:mod:`softrdma.harness.replaydiff`)."""
+        if self.result is None:
+            return None
+        from .replaydiff import diff_replay
+        return diff_replay(self.result, self.side[0])
 
 
 def replay_conversations(capture: list[CapturedPacket], *, ip: str | None = None,

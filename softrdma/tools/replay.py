@@ -72,40 +72,44 @@ def _side_json(r: Any) -> dict[str, Any]:
         out.update(status="refused", reason=cv.refused)
         return out
     res = r.result
+    diff = r.diff()
     out.update(status="identical" if r.ok else "different", sent=len(res.sent),
                expected=len(res.expected), after_capture=len(res.after_capture),
                differences=[{"kind": d.kind, "index": d.index, "frame": d.frame,
-                             "fields": [{"field": f, "expected": e, "got": g}
-                                        for f, e, g in d.fields]}
-                            for d in res.differences])
+                             "opcode": d.name,
+                             "sent_by": ("both" if d.expected_line and d.got_line else
+                                         "capture" if d.expected_line else "softrdma"),
+                             "fields": [{"field": f.name, "expected": f.show(f.expected),
+                                         "got": f.show(f.got)} for f in d.differing]}
+                            for d in diff.packets])
     return out
 
 
 def _side_text(r: Any, max_diffs: int) -> list[str]:
     """The lines for one side (the conversation's own line is written once, before)."""
-    from ..harness.packetdiff import format_diff
-    from ..wire.opcodes import Opcode
     who = f"as {r.side[0]} qpn {'?' if r.side[1] is None else hex(r.side[1])}"
     res = r.result
-    lines: list[str] = []
     if r.ok:
         tail = (f"; {len(res.after_capture)} answer(s) after the capture's end not compared"
                 if res.after_capture else "")
-        lines.append(f"  {who}: identical ({len(res.sent)} packets){tail}")
-        return lines
-    lines.append(f"  {who}: DIFFERENT ({len(res.differences)} difference(s); "
-                 f"softrdma sent {len(res.sent)} packets, the captured endpoint {len(res.expected)})")
-    for d in res.differences[:max_diffs]:
-        pkt = d.expected.pkt if d.expected is not None else None
-        try:
-            op = Opcode(pkt.opcode).name if pkt is not None else "-"
-        except ValueError:
-            op = hex(pkt.opcode)
-        where = f"frame {d.frame}" if d.frame is not None else "after the capture"
-        lines.append(f"  {d.kind} {d.index} ({where}, {op}):")
-        lines.extend(format_diff(d.fields, indent="    "))
-    if len(res.differences) > max_diffs:
-        lines.append(f"  ... {len(res.differences) - max_diffs} more (--max-diffs)")
+        return [f"  {who}: identical ({len(res.sent)} packets){tail}"]
+    diff = r.diff()
+    lines = [f"  {who}: DIFFERENT ({len(diff.packets)} packet(s) differ; softrdma sent "
+             f"{len(res.sent)} packets, the captured endpoint {len(res.expected)})"]
+    for d in diff.packets[:max_diffs]:
+        where = f"{d.kind} {d.index}" + (f", frame {d.frame}" if d.frame else "")
+        if d.got_line is None:
+            lines.append(f"  {where} ({d.name}): softrdma sent nothing in its place")
+        elif d.expected_line is None:
+            lines.append(f"  {where}: softrdma sent one more {d.kind} than the endpoint")
+        else:
+            lines.append(f"  {where} ({d.name}):")
+        lines.append(f"    capture : {d.expected_line or '-'}")
+        lines.append(f"    softrdma: {d.got_line or '-'}")
+        if d.expected_line and d.got_line:
+            lines.extend("    " + f.line() for f in d.differing)
+    if len(diff.packets) > max_diffs:
+        lines.append(f"  ... {len(diff.packets) - max_diffs} more (--max-diffs)")
     return lines
 
 
