@@ -174,12 +174,14 @@ def _wait(cond, timeout=10.0):
     return True
 
 
-def _pair(da, db, a_psn=5, b_psn=0xFFFFFE, b_expects=None):
-    """An RC pair; a sends from ``a_psn``, b expects ``b_expects`` (default: the same)."""
+def _pair(da, db, a_psn=5, b_psn=0xFFFFFE, b_expects=None, timeout=14):
+    """An RC pair; a sends from ``a_psn``, b expects ``b_expects`` (default: the same).
+    ``timeout`` 14 is 67 ms; 18 (1.07 s) where a test counts packets exactly and a busy
+    host must not fire the retransmission timer on its own."""
     a = Endpoint(Context(name=da.name), "RC", 1 << 18, CAP, 256)
     b = Endpoint(Context(name=db.name), "RC", 1 << 18, CAP, 256)
-    connect(a, b, a_psn, b_psn)
-    connect(b, a, b_psn, a_psn if b_expects is None else b_expects)
+    connect(a, b, a_psn, b_psn, timeout=timeout)
+    connect(b, a, b_psn, a_psn if b_expects is None else b_expects, timeout=timeout)
     return a, b
 
 
@@ -198,7 +200,7 @@ def test_lost_read_response_is_reread_from_its_psn_and_offset(devices, tmp_path,
     pcap = tmp_path / "a.pcap"
     da = devices("127.0.16.1", "f-ra", capture=str(pcap))
     db = devices("127.0.16.2", "f-rb")
-    a, b = _pair(da, db)
+    a, b = _pair(da, db, timeout=18)
     rule = da.faults.rx.drop(opcode)
     size = 5 * MTU - 100  # FIRST, MIDDLE x3, LAST
     data = bytes((i * 7) & 0xFF for i in range(size))
@@ -262,7 +264,7 @@ def test_corrupted_psn_is_a_sequence_error_that_the_protocol_recovers(devices):
     PSN ahead of the one it expects, NAKs, and the requester resends from the NAKed PSN."""
     da = devices("127.0.16.7", "f-pa")
     db = devices("127.0.16.8", "f-pb")
-    a, b = _pair(da, db)
+    a, b = _pair(da, db, timeout=18)
     rule = da.faults.tx.corrupt("RC_SEND_FIRST", field="psn", value=5 + 2)
     size = 3 * MTU
     b.post_recv(b.sge(0, size), 1)
@@ -277,29 +279,40 @@ def test_corrupted_psn_is_a_sequence_error_that_the_protocol_recovers(devices):
     a.close(), b.close()
 
 
-def test_delayed_acks_still_complete_in_order(devices):
+@pytest.mark.parametrize("seconds", [0.01, 0.12])
+def test_delayed_acks_still_complete_in_order(devices, seconds):
+    """ACKs held 10 ms (under the 67 ms timeout) or 120 ms (over it: the requester times
+    out and resends, the responder answers the duplicates); every SEND completes, in order,
+    and is delivered once."""
     da = devices("127.0.16.9", "f-da")
     db = devices("127.0.16.10", "f-db")
     a, b = _pair(da, db)
-    rule = db.faults.tx.delay("ACKNOWLEDGE", seconds=0.02, count=0)
+    rule = db.faults.tx.delay("ACKNOWLEDGE", seconds=seconds, count=0)
     for i in range(5):
         b.post_recv(b.sge(100 * i, 100), 10 + i)
+    b.post_recv(b.sge(1000, 100), 99)  # must stay unused: duplicates are not delivered
     for i in range(5):
-        a.mr.write(bytes([i]) * 100, 100, 100 * i)
+        a.mr.write(bytes([i + 1]) * 100, 100, 100 * i)
         a.post_send(IBV_WR_SEND, a.sge(100 * i, 100), i)
     wcs = []
     assert _wait(lambda: wcs.extend(a.cq.poll_all()) or len(wcs) >= 5)
     assert [(w.wr_id, w.status) for w in wcs] == [(i, 0) for i in range(5)]
     assert len(rule.hits) >= 1 and db.counters.faults["tx_delay"] == len(rule.hits)
-    assert len(db.faults.line) == 0  # every delayed ACK left
-    assert [b.mr.read(100, 100 * i) for i in range(5)] == [bytes([i]) * 100 for i in range(5)]
+    assert db.faults.line.held == len(rule.hits)  # each went through the delay line ...
+    assert _wait(lambda: len(db.faults.line) == 0)  # ... and left it
+    if seconds > 0.067:
+        assert da.counters.completer_retry_err >= 1 and db.counters.duplicate_request >= 1
+    rwc = []
+    assert _wait(lambda: rwc.extend(b.cq.poll_all()) or len(rwc) >= 5)
+    assert [w.wr_id for w in rwc] == [10 + i for i in range(5)]
+    assert [b.mr.read(100, 100 * i) for i in range(5)] == [bytes([i + 1]) * 100 for i in range(5)]
     a.close(), b.close()
 
 
 def test_duplicated_request_is_answered_and_delivered_once(devices):
     da = devices("127.0.16.11", "f-ua")
     db = devices("127.0.16.12", "f-ub")
-    a, b = _pair(da, db)
+    a, b = _pair(da, db, timeout=18)
     rule = da.faults.tx.duplicate("RC_SEND_ONLY")
     b.post_recv(b.sge(0, 100), 1)
     b.post_recv(b.sge(100, 100), 2)  # a second receive the duplicate must not consume
@@ -376,7 +389,9 @@ def test_targeted_rules_on_the_simulated_network():
         assert a.mr.read(size, 0) == data
         assert [h.opcode for h in rule.hits] == ["RC_RDMA_READ_RESPONSE_MIDDLE"]
         assert rule.hits[0].psn == 101  # the second response of the READ sent with PSN 100
-        assert len(slow.hits) >= 1 and b.device.counters.duplicate_request >= 1
+        # every ACK held 0.5 s, beyond the 67 ms timeout: the requester resent on its timer
+        assert len(slow.hits) >= 1 and b.device.faults.line.held == len(slow.hits)
+        assert a.device.counters.completer_retry_err >= 1 and net.now >= 0.5
         assert b.cq.poll_all()[0].byte_len == 100
         a.close(), b.close()
 

@@ -114,6 +114,7 @@ class DelayLine:
     def __init__(self, device: Any) -> None:
         self.device = device
         self.deadline: float | None = None
+        self.held = 0  # packets it has held, ever
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
 
@@ -122,6 +123,7 @@ class DelayLine:
 
     def push(self, due: float, fn: Callable[..., None], *args: Any) -> None:
         heapq.heappush(self._heap, (due, next(self._seq), fn, args))
+        self.held += 1
         if self.deadline is None or due < self.deadline:
             self.deadline = due
             self.device.timer_changed(self)
