@@ -433,6 +433,9 @@ def test_bad_env_spec_fails_the_attach_naming_the_token(monkeypatch):
         with pytest.raises(FaultError, match="SOFTRDMA_FAULTS: .*'nht'"):
             d.attach_udp()
         assert d.udp is None and d.progress_thread is None
+        assert d.faults.rules == []  # nothing of the spec applied
+        with pytest.raises(FaultError, match="'nht'"):  # and it still fails: not skipped
+            d.attach_udp()
     finally:
         unregister_device(d.name)
 

@@ -470,16 +470,11 @@ class SoftDevice:
         file that gets every packet sent and received."""
         if self.udp is not None:
             return self.udp
+        # SOFTRDMA_FAULTS and the old SOFTRDMA_TX_LOSS[_KIND], once per device; a bad spec
+        # (FaultError) fails the attach before anything is bound
+        self.faults.load_env(os.environ)
         self.udp = UdpTransport(self, raw_rx=raw_rx)
         self.clock = time.monotonic
-        try:  # SOFTRDMA_FAULTS and the old SOFTRDMA_TX_LOSS[_KIND], once per device
-            self.faults.load_env(os.environ)
-        except ValueError:
-            self.udp.close()
-            self.udp = None
-            self.clock = None
-            self.transmit = self._loopback
-            raise
         path = capture or os.environ.get("SOFTRDMA_PCAP")
         if path:
             self.capture = PacketCapture(path.replace("{name}", self.name))

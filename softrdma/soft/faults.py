@@ -310,10 +310,10 @@ class Faults:
 
     def load_env(self, env: Mapping[str, str]) -> None:
         """The environment's faults, once per device: SOFTRDMA_TX_LOSS (``tx:loss=``),
-        SOFTRDMA_TX_LOSS_KIND=requests (``tx:loss_kind=requests``), then SOFTRDMA_FAULTS."""
+        SOFTRDMA_TX_LOSS_KIND=requests (``tx:loss_kind=requests``), then SOFTRDMA_FAULTS
+        (parsed whole before any of it applies). FaultError names the variable and token."""
         if self.env_loaded:
             return
-        self.env_loaded = True
         loss = env.get("SOFTRDMA_TX_LOSS", "")
         if loss.strip():
             try:
@@ -331,6 +331,7 @@ class Faults:
                 self.load(text)
             except FaultError as e:
                 raise FaultError(f"{ENV_FAULTS}: {e}") from None
+        self.env_loaded = True  # only once it all applied: a failed attach fails again
 
     def direction(self, name: str) -> Direction:
         if name not in ("tx", "rx"):
