@@ -8,9 +8,11 @@ No assertion here is about time: waits poll a condition with a generous bound.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from argparse import Namespace
 
 import pytest
 from scapy.layers.inet import IP, UDP
@@ -22,6 +24,7 @@ from softrdma.harness.testing import Endpoint, connect, connected_pair
 from softrdma.soft.device import SoftDevice
 from softrdma.soft.faults import FaultError, Faults, Hit
 from softrdma.soft.faultspec import parse_spec
+from softrdma.tools.common import apply_fault_options
 from softrdma.verbs_api import Context, QPCap
 from softrdma.verbs_api.device import add_device, unregister_device
 from softrdma.wire.frames import decode_frame
@@ -332,6 +335,35 @@ def test_duplicated_request_is_answered_and_delivered_once(devices):
     a.close(), b.close()
 
 
+def test_random_impairments_both_ways_on_live_devices(devices):
+    """Every random impairment at once, both directions, both devices (ICRCs verified:
+    raw receive): the messages all complete, in order, with their data, and each kind of
+    fault was injected."""
+    da = devices("127.0.16.17", "f-xa", raw_rx=True)
+    db = devices("127.0.16.18", "f-xb", raw_rx=True)
+    a, b = _pair(da, db)
+    spec = ("both:loss=0.03, duplicate=0.1, reorder=0.1, reorder_delay=1ms, corrupt=0.03, "
+            "delay=200us, jitter=500us; seed=11")
+    da.faults.load(spec)
+    db.faults.load(spec)
+    n, size = 40, 2500  # three packets each
+    for i in range(n):
+        b.post_recv(b.sge(size * i, size), i)
+    for i in range(n):
+        a.mr.write(bytes([i + 1]) * size, size, size * i)
+        a.post_send(IBV_WR_SEND, a.sge(size * i, size), i)
+    wcs, rwcs = [], []
+    assert _wait(lambda: wcs.extend(a.cq.poll_all()) or len(wcs) >= n, timeout=60)
+    assert _wait(lambda: rwcs.extend(b.cq.poll_all()) or len(rwcs) >= n, timeout=60)
+    assert [(w.wr_id, w.status) for w in wcs] == [(i, 0) for i in range(n)]
+    assert [(w.wr_id, w.status, w.byte_len) for w in rwcs] == [(i, 0, size) for i in range(n)]
+    assert all(b.mr.read(size, size * i) == bytes([i + 1]) * size for i in range(n))
+    seen = {k.split("_", 1)[1] for d in (da, db) for k in d.counters.faults}
+    assert {"loss", "duplicate", "reorder", "corrupt", "delay"} <= seen, seen
+    assert da.counters.icrc_err + db.counters.icrc_err >= 1  # the corruption was caught
+    a.close(), b.close()
+
+
 def test_inject_scapy_packets_into_a_live_device(devices):
     da = devices("127.0.16.13", "f-ja")
     db = devices("127.0.16.14", "f-jb")
@@ -446,6 +478,14 @@ def test_fault_option_is_a_one_line_usage_error(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'ACK'" in err and "--fault" in err
+
+
+def test_fault_options_join_the_environment(monkeypatch):
+    monkeypatch.setenv("SOFTRDMA_FAULTS", "tx:loss=0.1")
+    apply_fault_options(Namespace(fault=["rx:drop(ACKNOWLEDGE)", "seed=4"]))
+    assert os.environ["SOFTRDMA_FAULTS"] == "tx:loss=0.1;rx:drop(ACKNOWLEDGE);seed=4"
+    apply_fault_options(Namespace(fault=[]))  # no option: the environment as it was
+    assert os.environ["SOFTRDMA_FAULTS"] == "tx:loss=0.1;rx:drop(ACKNOWLEDGE);seed=4"
 
 
 def test_fault_option_reaches_the_tool_device():
