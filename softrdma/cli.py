@@ -23,7 +23,7 @@ from .tools import (
     bench, check, cmatose, demo, devinfo, dissect, fuzz, labcmd, mq, perf, pingpong, replay,
     rping, udaddy,
 )
-from .tools.common import ToolError, UsageError
+from .tools.common import ToolError, UsageError, apply_fault_options
 
 __all__ = ["main"]
 
@@ -131,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        apply_fault_options(args)
         return args.func(args)
     except UsageError as e:
         print(f"softrdma {args.command}: {e}", file=sys.stderr)

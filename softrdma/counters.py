@@ -58,7 +58,7 @@ class Drop(str, enum.Enum):
     # transmit (softrdma.soft.device, softrdma.soft.udp)
     NO_PATH = "no_path"  # the QP has no destination yet
     NO_TRANSPORT = "no_transport"  # a manual device cannot reach another address
-    INJECTED_LOSS = "injected_loss"  # fault injection (SOFTRDMA_TX_LOSS)
+    INJECTED_LOSS = "injected_loss"  # fault injection: lost or dropped on purpose, tx or rx
     TX_QUEUE_FULL = "tx_queue_full"  # the socket's send buffer is full
     TX_ERROR = "tx_error"  # sendto failed (counted in send_err too)
 
@@ -95,6 +95,9 @@ class Counters:
     gsi_mads_sent: int = 0  # MADs QP1 handed to the send path
     gsi_handler_errors: int = 0  # exceptions the MAD handler raised (logged, survived)
     drops: dict[str, int] = field(default_factory=dict)
+    # injected faults by direction and kind ("tx_loss", "rx_drop", "rx_injected"...;
+    # softrdma.soft.faults): shown as fault_<key>
+    faults: dict[str, int] = field(default_factory=dict)
     # (tracer, device) while drops are traced (softrdma.trace), else None; not a counter
     trace = None
 
@@ -107,6 +110,7 @@ class Counters:
             tracer.emit(dev, "drop", None, f"dropped: {key}", reason=key)
 
     def as_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("drops", "trace")}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("drops", "faults", "trace")}
         d.update({f"drop_{k}": v for k, v in sorted(self.drops.items())})
+        d.update({f"fault_{k}": v for k, v in sorted(self.faults.items())})
         return d

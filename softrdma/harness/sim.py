@@ -9,7 +9,10 @@ can be exercised exactly and instantly.
     net.run_until(lambda: len(cq) >= 1, timeout=10.0)   # virtual seconds
 
 Every random choice comes from one ``random.Random(seed)``: the same seed and the same
-traffic give the same run, packet for packet.
+traffic give the same run, packet for packet. The link's impairments are
+:class:`softrdma.soft.faults.Impairments`, the ones a live device applies per direction
+(``dev.faults.tx``/``rx``); the devices' targeted faults (``dev.faults.rx.drop(...)``,
+docs/faults.md) work here too, their delays on the virtual clock.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..soft.device import SoftDevice
+from ..soft.faults import Impairments
 from ..verbs_api.device import add_device, unregister_device
 
 __all__ = ["SimNetwork", "LinkProfile"]
+
+_STAT = {"loss": "lost", "duplicate": "duplicated", "corrupt": "corrupted",
+         "reorder": "reordered"}  # Impairments' notes -> SimNetwork.stats keys
 
 
 def _trace_net(src: SoftDevice, data: bytes, what: str, reason: str) -> None:
@@ -39,14 +46,11 @@ def _trace_net(src: SoftDevice, data: bytes, what: str, reason: str) -> None:
 
 
 @dataclass
-class LinkProfile:
-    loss: float = 0.0  # probability a packet is dropped
-    duplicate: float = 0.0  # probability it is delivered twice
-    reorder: float = 0.0  # probability it is held back by ``reorder_delay``
-    corrupt: float = 0.0  # probability one bit is flipped (the ICRC must catch it)
+class LinkProfile(Impairments):
+    """The link between every two devices (both ways): :class:`Impairments` with a 10 us
+    one-way delay by default."""
+
     delay: float = 10e-6  # one-way delay, seconds
-    jitter: float = 0.0  # extra uniform random delay
-    reorder_delay: float = 200e-6
 
 
 class SimNetwork:
@@ -87,36 +91,25 @@ class SimNetwork:
         dev.now = self.now
         dev.transmit = lambda data, dst, sport, _src=dev: self._send(_src, data, dst, sport)
 
+    def _note(self, kind: str) -> None:
+        self.stats[_STAT[kind]] += 1
+
+    def _traced_note(self, kind: str, src: SoftDevice, data: bytes) -> None:
+        self._note(kind)
+        what = {"loss": "lost on the simulated network", "duplicate": "duplicated by the "
+                "simulated network", "corrupt": "corrupted by the simulated network",
+                "reorder": "held back (reordered) by the simulated network"}[kind]
+        _trace_net(src, data, what, f"sim_{kind}")
+
     def _send(self, src: SoftDevice, data: bytes, dst_ip: bytes, sport: int) -> None:
-        p = self.profile
-        rng = self.rng
         self.stats["sent"] += 1
         dst = self.devices.get(dst_ip)
         if dst is None:
             self.stats["unroutable"] += 1
             return
-        if p.loss and rng.random() < p.loss:
-            self.stats["lost"] += 1
-            if src.trace is not None:
-                _trace_net(src, data, "lost on the simulated network", "sim_loss")
-            return
-        copies = 2 if p.duplicate and rng.random() < p.duplicate else 1
-        if copies == 2:
-            self.stats["duplicated"] += 1
-            if src.trace is not None:
-                _trace_net(src, data, "duplicated by the simulated network", "sim_duplicate")
-        for _ in range(copies):
-            pkt = data
-            if p.corrupt and rng.random() < p.corrupt:
-                b = bytearray(data)
-                i = rng.randrange(len(b))
-                b[i] ^= 1 << rng.randrange(8)
-                pkt = bytes(b)
-                self.stats["corrupted"] += 1
-            t = self.now + p.delay + (rng.random() * p.jitter if p.jitter else 0.0)
-            if p.reorder and rng.random() < p.reorder:
-                t += p.reorder_delay
-                self.stats["reordered"] += 1
+        note = self._note if src.trace is None else \
+            (lambda kind: self._traced_note(kind, src, data))
+        for t, pkt in self.profile.impair(self.rng, data, self.now, note):
             heapq.heappush(self._events, (t, next(self._seq), dst, pkt, src.ip_packed, dst_ip, sport))
 
     def _set_now(self, t: float) -> None:

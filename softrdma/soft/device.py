@@ -33,8 +33,9 @@ from ..enums import bytes_to_mtu, ibv_event_type, ibv_mtu
 from ..qp.engine import QpEngine
 from ..qp.memory import KeyTable
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
-from ..wire.opcodes import OPCODES as _OPCODES
+from ..wire.opcodes import BTH_SIZE
 from .capture import PacketCapture
+from .faults import Direction, Faults, with_icrc
 from .gsi import GsiEndpoint
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
 from .progress import Progress, poll_once
@@ -53,7 +54,6 @@ class DeviceFailed(OSError):
     """The device's progress machinery stopped; nothing on it can complete any more."""
 
 
-_RESPONSE_OPCODES = frozenset(op for op, i in _OPCODES.items() if i.is_response)
 RXE_MAX_HDR_LENGTH = 80  # rxe subtracts this from the netdev MTU before picking an IB MTU
 RXE_MIN_QP_INDEX = 16  # first QPN handed to users; 0 (SMI) and 1 (GSI) are reserved
 RXE_MAX_QPN = 0xFFFFFE  # 0xFFFFFF is the multicast QPN
@@ -157,10 +157,11 @@ class SoftDevice:
         self._rxq: deque[tuple[bytes, bytes, bytes, int]] = deque()  # loopback deliveries
         self.capture: Any = None  # a PacketCapture, when capturing
         self.verify_icrc = True  # transports that cannot see the IPv4 ID switch this off
-        # fault injection: drop this fraction of outgoing packets (seeded; counted as
-        # drops["injected_loss"]); SOFTRDMA_TX_LOSS sets it for devices bound to UDP
-        self.tx_loss = 0.0
-        self.tx_loss_requests_only = False  # SOFTRDMA_TX_LOSS_KIND=requests: spare ACKs
+        # fault injection (soft/faults.py, docs/faults.md): ``faults.tx`` / ``faults.rx``;
+        # the data path tests fault_tx / fault_rx, set only while a direction has work
+        self.fault_tx: Direction | None = None
+        self.fault_rx: Direction | None = None
+        self.faults = Faults(self, None if seed is None else f"softrdma-faults-{seed}")
 
     # -- addressing ------------------------------------------------------------------
     def set_address(self, ip: str, netdev: NetdevInfo | None = None) -> None:
@@ -255,9 +256,8 @@ class SoftDevice:
             c = icrc_ipv6(pkt, self.ip_packed, dst_ip, sport)
         pkt[n - 4:] = c.to_bytes(4, "little")
         data = bytes(pkt)
-        if self.tx_loss and self.rng.random() < self.tx_loss and not (
-                self.tx_loss_requests_only and data[0] in _RESPONSE_OPCODES):
-            self.counters.drop(Drop.INJECTED_LOSS)
+        if self.fault_tx is not None:
+            self.faults.send(data, dst_ip, sport)
             return
         self.counters.sent_pkts += 1
         if self.trace is not None:
@@ -265,6 +265,34 @@ class SoftDevice:
         if self.capture is not None:
             self.capture.record(data, self.ip_packed, dst_ip, sport)
         self.transmit(data, dst_ip, sport)
+
+    def wire_send(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+        """Put one finished packet on the wire (counted and captured): the tail of
+        :meth:`send_packet`, which the fault injector calls for each copy it lets out."""
+        self.counters.sent_pkts += 1
+        if self.capture is not None:
+            self.capture.record(data, self.ip_packed, dst_ip, sport)
+        self.transmit(data, dst_ip, sport)
+
+    # the old names of the transmit loss (SOFTRDMA_TX_LOSS, SOFTRDMA_TX_LOSS_KIND)
+    @property
+    def tx_loss(self) -> float:
+        """``faults.tx.random.loss``: the fraction of outgoing packets dropped at random."""
+        return self.faults.tx.random.loss
+
+    @tx_loss.setter
+    def tx_loss(self, value: float) -> None:
+        self.faults.tx.random.loss = value
+
+    @property
+    def tx_loss_requests_only(self) -> bool:
+        """``faults.tx.random.loss_kind == "requests"``: random loss spares ACKs and
+        responses."""
+        return self.faults.tx.random.loss_kind == "requests"
+
+    @tx_loss_requests_only.setter
+    def tx_loss_requests_only(self, value: bool) -> None:
+        self.faults.tx.random.loss_kind = "requests" if value else "all"
 
     def set_mad_handler(self, handler: Callable[..., Any] | None) -> None:
         """QP1: hand every MAD that passes rxe's checks to ``handler(mad, source)``
@@ -287,9 +315,57 @@ class SoftDevice:
                 ip_id: int = 0, ip_header: bytes | None = None, sport: int = 0,
                 verify_icrc: bool | None = None) -> None:
         """A RoCE packet (BTH .. ICRC) arrived from ``src_ip`` for ``dst_ip``."""
+        verify = self.verify_icrc if verify_icrc is None else verify_icrc
         with self.lock:
-            receive_packet(self, data, src_ip, dst_ip, ip_id, ip_header, sport,
-                           self.verify_icrc if verify_icrc is None else verify_icrc)
+            if self.fault_rx is not None:
+                self.faults.receive(data, src_ip, dst_ip, ip_id, ip_header, sport, verify,
+                                    self._deliver_received)
+            else:
+                receive_packet(self, data, src_ip, dst_ip, ip_id, ip_header, sport, verify)
+
+    def _deliver_received(self, data: bytes, src_ip: bytes, dst_ip: bytes, ip_id: int,
+                          ip_header: bytes | None, sport: int, verify: bool) -> None:
+        receive_packet(self, data, src_ip, dst_ip, ip_id, ip_header, sport, verify)
+
+    def inject(self, packet: Any, *, src: str | bytes | None = None, sport: int | None = None,
+               fix_icrc: bool = True) -> None:
+        """Feed a crafted packet to the receive path as if it had arrived from the network.
+
+        ``packet`` is the RoCE part (BTH .. ICRC) as bytes, or a scapy packet built with
+        softrdma.wire.scapy_layers (with or without IP/UDP under the BTH). ``src`` and
+        ``sport`` default to the scapy packet's IP source and UDP source port, else to this
+        device's own address and 0xC000. ``fix_icrc`` writes the ICRC the receive check
+        expects for them (False: the packet's own, right or wrong, as a peer sent it).
+        The packet meets the rx faults and every receive check, like any arrival, and is
+        counted in ``counters.faults["rx_injected"]``; whatever it provokes is sent at once
+        (the answers of a device with no transport wait for :meth:`progress`)."""
+        if isinstance(packet, (bytes, bytearray, memoryview)):
+            data = bytes(packet)
+        else:  # a scapy packet: the BTH and what follows, addresses from IP/UDP if present
+            bth = packet.getlayer("BTH")
+            if bth is None:
+                raise ValueError("inject: the scapy packet has no BTH layer")
+            ip = packet.getlayer("IP") or packet.getlayer("IPv6")
+            udp = packet.getlayer("UDP")
+            whole = bytes(packet)
+            data = whole[len(whole) - len(bytes(bth)):]
+            if src is None and ip is not None:
+                src = ip.src
+            if sport is None and udp is not None:
+                sport = int(udp.sport)
+        if src is None:
+            src_ip = self.ip_packed
+        elif isinstance(src, (bytes, bytearray)):
+            src_ip = bytes(src)
+        else:
+            src_ip = ipaddress.ip_address(src).packed
+        sport = 0xC000 if sport is None else sport
+        if fix_icrc and len(data) >= BTH_SIZE + 4:
+            data = with_icrc(data, src_ip, self.ip_packed, sport)
+        with self.lock:
+            self.faults.count("rx", "injected")
+            self.receive(data, src_ip, self.ip_packed, sport=sport)
+            self.after_post()
 
     def progress(self) -> int:
         """Deliver looped-back packets and fire due timers at ``self.now``; return how many
@@ -399,10 +475,11 @@ class SoftDevice:
         file that gets every packet sent and received."""
         if self.udp is not None:
             return self.udp
+        # SOFTRDMA_FAULTS and the old SOFTRDMA_TX_LOSS[_KIND], once per device; a bad spec
+        # (FaultError) fails the attach before anything is bound
+        self.faults.load_env(os.environ)
         self.udp = UdpTransport(self, raw_rx=raw_rx)
         self.clock = time.monotonic
-        self.tx_loss = float(os.environ.get("SOFTRDMA_TX_LOSS", self.tx_loss) or 0.0)
-        self.tx_loss_requests_only = os.environ.get("SOFTRDMA_TX_LOSS_KIND") == "requests"
         path = capture or os.environ.get("SOFTRDMA_PCAP")
         if path:
             self.capture = PacketCapture(path.replace("{name}", self.name))

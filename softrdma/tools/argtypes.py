@@ -13,7 +13,11 @@ import ipaddress
 import math
 from typing import Callable
 
-__all__ = ["c_int", "int_range", "choice_int", "positive_float", "ip_address", "perftest_size"]
+from ..soft.faultrules import FaultError
+from ..soft.faultspec import parse_spec
+
+__all__ = ["c_int", "int_range", "choice_int", "positive_float", "ip_address", "perftest_size",
+           "fault_spec"]
 
 
 def c_int(text: str) -> int:
@@ -100,3 +104,14 @@ def perftest_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"Message Size should be between 1 and {PERFTEST_MAX_SIZE_ARG} (got {text})")
     return v
+
+
+def fault_spec(text: str) -> str:
+    """A fault spec (``tx:loss=0.05;seed=7``, docs/faults.md), checked now so that a bad
+    one is a one-line usage error naming the token; kept as text (each device parses it
+    again: rules count per device)."""
+    try:
+        parse_spec(text)
+    except FaultError as e:
+        raise argparse.ArgumentTypeError(f"bad fault spec: {e}") from None
+    return text

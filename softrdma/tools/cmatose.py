@@ -32,7 +32,7 @@ from ..rdmacm import (
 )
 from ..rdmacm.enums import rdma_cm_event_type as E
 from .argtypes import c_int
-from .common import ToolError, cm_device_for
+from .common import ToolError, add_fault_option, cm_device_for
 
 __all__ = ["add_parser", "run"]
 
@@ -50,6 +50,7 @@ def add_parser(sub: Any) -> None:
                     "connections each exchanging -C messages of -S bytes. Interoperates "
                     "with ucmatose on a Linux RDMA host.")
     _common_options(p, port="7471")
+    add_fault_option(p)
     p.set_defaults(func=run)
 
 

@@ -10,11 +10,13 @@ import socket
 import time
 from typing import Any, Iterator
 
+from ..soft.faults import ENV_FAULTS
 from ..soft.udp import TransportError
 from ..verbs_api.device import add_device, find_device, unregister_device
+from .argtypes import fault_spec
 
 __all__ = ["ToolError", "UsageError", "open_device", "tcp_listen", "tcp_connect", "recv_exact",
-           "local_address_towards"]
+           "local_address_towards", "add_fault_option", "apply_fault_options"]
 
 
 class ToolError(Exception):
@@ -41,6 +43,25 @@ def capture_file_errors(path: Any) -> Iterator[None]:
         raise UsageError(f"{path}: permission denied") from None
     except PcapError as e:
         raise UsageError(f"{path}: {e}") from None
+
+
+def add_fault_option(p: Any) -> None:
+    """``--fault SPEC`` (repeatable) for a tool that runs live soft devices: faults on the
+    tool's own devices (docs/faults.md). :func:`apply_fault_options` puts it to work."""
+    p.add_argument("--fault", action="append", default=[], type=fault_spec, metavar="SPEC",
+                   help="inject faults on this side's device, e.g. 'tx:loss=0.05;seed=7' or "
+                        "'rx:drop(READ_RESPONSE_FIRST)' (repeatable; docs/faults.md)")
+
+
+def apply_fault_options(args: Any) -> None:
+    """Hand the tool's ``--fault`` specs to the devices it will bring up: they join
+    SOFTRDMA_FAULTS (after what the environment already says), which every soft device
+    reads when it goes live. Called by ``softrdma``'s main before the tool runs."""
+    specs = list(getattr(args, "fault", None) or [])
+    if not specs:
+        return
+    before = os.environ.get(ENV_FAULTS, "").strip()
+    os.environ[ENV_FAULTS] = ";".join(([before] if before else []) + specs)
 
 
 def local_address_towards(host: str) -> str:

@@ -26,7 +26,7 @@ from ..verbs_api import Context, QPCap
 from ..wire.dissect import DissectStats, dissect_records, format_record
 from ..wire.pcap import read_pcap
 from .argtypes import int_range, ip_address
-from .common import ToolError, UsageError, open_device
+from .common import ToolError, UsageError, add_fault_option, open_device
 
 __all__ = ["add_parser", "run"]
 
@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--pcap", help="where to keep the capture (default: a temporary file)")
     p.add_argument("--size", type=int_range(1, MAX_SIZE), default=10000,
                    help=f"message size, 1..{MAX_SIZE} (10000: several MTUs)")
+    add_fault_option(p)
     p.set_defaults(func=run)
 
 
@@ -145,6 +146,9 @@ def run(a: argparse.Namespace) -> int:
             c = d.counters
             print(f"{d.name}: sent {c.sent_pkts} packets, received {c.rcvd_pkts}, retries "
                   f"{c.completer_retry_err}, dropped {c.dropped_pkts}")
+            if c.faults:  # --fault / SOFTRDMA_FAULTS: what was injected, and where
+                print("  injected faults: " + ", ".join(f"{k} {v}" for k, v in
+                                                          sorted(c.faults.items())))
     except ToolError:
         raise
     finally:

@@ -18,7 +18,7 @@ import ipaddress
 from typing import Any
 
 from .argtypes import int_range, positive_float
-from .common import ToolError, cm_device_for
+from .common import ToolError, add_fault_option, cm_device_for
 
 __all__ = ["add_parser"]
 
@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--count", type=int_range(1, None), help="stop after this many messages")
     r.add_argument("--timeout", type=positive_float, default=None,
                    help="stop after this many seconds without a message")
+    add_fault_option(r)
     r.set_defaults(func=_recv)
     s = m.add_parser("send", help="be a sender: send each MESSAGE")
     s.add_argument("address", type=_address, help="the receiver's IP:PORT")
@@ -52,6 +53,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--frames", action="store_true",
                    help="send the MESSAGEs as the frames of one message")
     s.add_argument("--bind", help="local address (a soft device is made for it)")
+    add_fault_option(s)
     s.set_defaults(func=_send)
 
 

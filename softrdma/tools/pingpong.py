@@ -41,6 +41,7 @@ from ..verbs_api import (
 )
 from .argtypes import c_int, choice_int, int_range, ip_address
 from .common import (
+    add_fault_option,
     ToolError, UsageError, open_device, recv_exact, resolve, tcp_connect, tcp_listen,
 )
 
@@ -111,6 +112,7 @@ def add_parser(sub: Any) -> None:
                    help=f"srq: number of QPs, less than {SRQ_MAX_QP} (16)")
     p.add_argument("--counters", action="store_true",
                    help="print the device's counters at the end (softrdma addition)")
+    add_fault_option(p)
     p.set_defaults(func=run)
 
 

@@ -42,7 +42,7 @@ from ..rdmacm import (
     RAI_PASSIVE, RDMA_PS_TCP, AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam, event_str,
 )
 from ..rdmacm.enums import rdma_cm_event_type as E
-from .common import ToolError, UsageError, cm_device_for
+from .common import ToolError, UsageError, add_fault_option, cm_device_for
 
 __all__ = ["add_parser", "run", "ping_data"]
 
@@ -107,6 +107,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("-P", dest="persistent", action="store_true",
                    help="persistent server mode allowing multiple connections (served one "
                         "after the other)")
+    add_fault_option(p)
     p.set_defaults(func=run)
 
 

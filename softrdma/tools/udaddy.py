@@ -33,7 +33,7 @@ from ..rdmacm import (
 from ..rdmacm.enums import rdma_cm_event_type as E
 from . import cmatose
 from .argtypes import c_int
-from .common import ToolError, UsageError
+from .common import ToolError, UsageError, add_fault_option
 
 __all__ = ["add_parser", "run", "ah_attr_from_wc"]
 
@@ -56,6 +56,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", dest="port", type=cmatose._port, default=UDADDY_PORT,
                    help=f"the port number (udaddy always uses {UDADDY_PORT}; softrdma "
                         f"addition)")
+    add_fault_option(p)
     p.set_defaults(func=run)
 
 

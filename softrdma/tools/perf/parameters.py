@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from ..argtypes import c_int, int_range, ip_address, perftest_size
-from ..common import ToolError
+from ..common import ToolError, add_fault_option
 
 __all__ = ["add_arguments", "force_dependencies", "check_device", "set_mtu"]
 
@@ -104,6 +104,7 @@ def add_arguments(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="verify the data (softrdma on both sides, both with --check)")
     p.add_argument("--counters", action="store_true", help="print the device's counters")
+    add_fault_option(p)
     return p
 
 
