@@ -10,6 +10,12 @@ can be exercised exactly and instantly.
 
 Every random choice comes from one ``random.Random(seed)``: the same seed and the same
 traffic give the same run, packet for packet.
+
+Observers. ``net.observers`` is a list of callables, each called with a :class:`SimEvent`
+for every packet sent (with its fate: the copies that will arrive, none when it was lost),
+every packet delivered and every timer about to fire. It is empty unless someone watches
+(:class:`softrdma.diagram.simrec.SimRecorder` draws the run), and then costs one list test
+per event; observers must not send or step the network.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any, Callable
 from ..soft.device import SoftDevice
 from ..verbs_api.device import add_device, unregister_device
 
-__all__ = ["SimNetwork", "LinkProfile"]
+__all__ = ["SimNetwork", "LinkProfile", "SimEvent", "SimCopy"]
 
 
 @dataclass
@@ -37,6 +43,39 @@ class LinkProfile:
     reorder_delay: float = 200e-6
 
 
+@dataclass(frozen=True)
+class SimCopy:
+    """One copy of a sent packet on its way: ``seq`` names it in the later ``deliver``
+    event; ``data`` is what will arrive (a bit flipped when ``corrupted``)."""
+
+    seq: int
+    arrival: float
+    data: bytes
+    corrupted: bool = False
+    reordered: bool = False
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """What the network did, for observers. ``kind``:
+
+    * ``"send"``: ``src`` sent ``data`` to ``dst`` at ``time``; ``copies`` are what will
+      arrive (empty: lost, or ``unroutable``; two: duplicated);
+    * ``"deliver"``: copy ``seq`` was handed to ``dst``'s device (after it handled it);
+    * ``"timer"``: the devices' due timers fire at ``time`` (called before they do).
+    """
+
+    kind: str
+    time: float
+    src: bytes = b""
+    dst: bytes = b""
+    sport: int = 0
+    data: bytes = b""
+    copies: tuple[SimCopy, ...] = ()
+    seq: int = -1
+    unroutable: bool = False
+
+
 class SimNetwork:
     def __init__(self, seed: int = 0, **profile: Any) -> None:
         self.rng = random.Random(seed)
@@ -48,6 +87,11 @@ class SimNetwork:
         self._made: dict[str, SoftDevice] = {}  # registered by add_device, for close()
         self.stats = {"sent": 0, "lost": 0, "duplicated": 0, "reordered": 0, "corrupted": 0,
                       "delivered": 0, "unroutable": 0}
+        self.observers: list[Callable[[SimEvent], None]] = []  # see the module docstring
+
+    def _notify(self, ev: SimEvent) -> None:
+        for fn in self.observers:
+            fn(ev)
 
     def add_device(self, ip: str, name: str | None = None, mtu: int | None = 1500) -> SoftDevice:
         """Create a soft device whose packets travel over this network. It is registered like
@@ -82,13 +126,19 @@ class SimNetwork:
         dst = self.devices.get(dst_ip)
         if dst is None:
             self.stats["unroutable"] += 1
+            if self.observers:
+                self._notify(SimEvent("send", self.now, src.ip_packed, dst_ip, sport, data,
+                                      unroutable=True))
             return
         if p.loss and rng.random() < p.loss:
             self.stats["lost"] += 1
+            if self.observers:
+                self._notify(SimEvent("send", self.now, src.ip_packed, dst_ip, sport, data))
             return
         copies = 2 if p.duplicate and rng.random() < p.duplicate else 1
         if copies == 2:
             self.stats["duplicated"] += 1
+        sent: list[SimCopy] = []
         for _ in range(copies):
             pkt = data
             if p.corrupt and rng.random() < p.corrupt:
@@ -98,10 +148,17 @@ class SimNetwork:
                 pkt = bytes(b)
                 self.stats["corrupted"] += 1
             t = self.now + p.delay + (rng.random() * p.jitter if p.jitter else 0.0)
-            if p.reorder and rng.random() < p.reorder:
+            late = bool(p.reorder and rng.random() < p.reorder)
+            if late:
                 t += p.reorder_delay
                 self.stats["reordered"] += 1
-            heapq.heappush(self._events, (t, next(self._seq), dst, pkt, src.ip_packed, dst_ip, sport))
+            seq = next(self._seq)
+            heapq.heappush(self._events, (t, seq, dst, pkt, src.ip_packed, dst_ip, sport))
+            if self.observers:
+                sent.append(SimCopy(seq, t, pkt, pkt is not data, late))
+        if self.observers:
+            self._notify(SimEvent("send", self.now, src.ip_packed, dst_ip, sport, data,
+                                  tuple(sent)))
 
     def _set_now(self, t: float) -> None:
         self.now = t
@@ -119,12 +176,16 @@ class SimNetwork:
         if t_pkt is None and t_tmr is None:
             return False
         if t_tmr is None or (t_pkt is not None and t_pkt <= t_tmr):
-            t, _, dev, pkt, src, dst, sport = heapq.heappop(self._events)
+            t, seq, dev, pkt, src, dst, sport = heapq.heappop(self._events)
             self._set_now(max(self.now, t))
             self.stats["delivered"] += 1
             dev.receive(pkt, src, dst, sport=sport, verify_icrc=True)
+            if self.observers:
+                self._notify(SimEvent("deliver", self.now, src, dst, sport, pkt, seq=seq))
         else:
             self._set_now(max(self.now, t_tmr))
+            if self.observers:
+                self._notify(SimEvent("timer", self.now))
             for d in self.devices.values():
                 d.fire_timers(self.now)
         return True
