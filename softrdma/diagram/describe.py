@@ -1,4 +1,5 @@
-"""One packet to one arrow: the label fields and the dissector's one-line text.
+"""One packet to one arrow (the label fields and the dissector's one-line text), and the
+texts of the notes every source writes the same way (completions, QP states).
 
 Both adapters that see bytes (a capture, the simulated network) go through
 :func:`softrdma.wire.dissect.frame_record`, so an arrow's tooltip is exactly the line
@@ -10,13 +11,14 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from ..enums import ibv_qp_state, ibv_wc_opcode, ibv_wc_status
 from ..wire.dissect import format_record, frame_record
 from ..wire.frames import LINKTYPE_RAW, decode_frame, encode_frame
 from ..wire.headers import aeth_syndrome_name
 from ..wire.packet import parse
 from .model import Arrow, Kind, Lane
 
-__all__ = ["arrow_of", "record_of_roce"]
+__all__ = ["arrow_of", "record_of_roce", "completion_text", "state_text"]
 
 
 def arrow_of(rec: dict[str, Any], src: Lane, dst: Lane, send_time: float,
@@ -42,3 +44,18 @@ def record_of_roce(roce: bytes, src_ip: bytes, dst_ip: bytes, sport: int, index:
     frame = decode_frame(raw, LINKTYPE_RAW)
     assert frame is not None  # we framed it ourselves
     return frame_record(index, t, frame, parse(frame.payload))
+
+
+def completion_text(wc: Any) -> str:
+    """A work completion as a note: ``WC RDMA_WRITE SUCCESS wr_id 1``."""
+    try:
+        op = ibv_wc_opcode(wc.opcode).name.removeprefix("IBV_WC_")
+    except ValueError:
+        op = str(wc.opcode)
+    st = ibv_wc_status(wc.status).name.removeprefix("IBV_WC_")
+    return f"WC {op} {st} wr_id {wc.wr_id}"
+
+
+def state_text(state: int) -> str:
+    """A QP state as a note: ``RTS``, ``ERR``."""
+    return ibv_qp_state(state).name.removeprefix("IBV_QPS_")

@@ -36,11 +36,10 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Iterable
 
-from ..enums import ibv_qp_state, ibv_wc_opcode, ibv_wc_status
 from ..harness.sim import SimEvent, SimNetwork
 from ..wire.opcodes import Transport
 from ..wire.packet import parse
-from .describe import arrow_of, record_of_roce
+from .describe import arrow_of, completion_text, record_of_roce, state_text
 from .marks import Marker
 from .model import Arrow, Diagram, Kind, Lane, Note
 
@@ -49,10 +48,6 @@ __all__ = ["SimRecorder"]
 
 def _ip(b: bytes) -> str:
     return str(ipaddress.ip_address(b))
-
-
-def _state_name(s: int) -> str:
-    return ibv_qp_state(s).name.removeprefix("IBV_QPS_")
 
 
 class SimRecorder:
@@ -143,7 +138,7 @@ class SimRecorder:
             st = int(eng.state)
             if self._states.get((ip, qpn)) != st:
                 self._states[(ip, qpn)] = st
-                self.note((ip, qpn), t, _state_name(st), "state")
+                self.note((ip, qpn), t, state_text(st), "state")
 
     def note(self, where: Any, t: float | None, text: str, kind: str = "info") -> None:
         """A note on a lane: ``where`` is a :class:`Lane`, an ``(ip, qpn)`` pair, or an
@@ -155,9 +150,7 @@ class SimRecorder:
     def completions(self, where: Any, wcs: Iterable[Any]) -> None:
         """Note polled work completions on ``where``'s lane: ``WC RDMA_WRITE SUCCESS``."""
         for wc in wcs:
-            op = ibv_wc_opcode(wc.opcode).name.removeprefix("IBV_WC_")
-            st = ibv_wc_status(wc.status).name.removeprefix("IBV_WC_")
-            self.note(where, None, f"WC {op} {st} wr_id {wc.wr_id}", "completion")
+            self.note(where, None, completion_text(wc), "completion")
 
     def poll(self, endpoint: Any) -> list[Any]:
         """Poll every completion of ``endpoint``'s CQ, note them, return them."""

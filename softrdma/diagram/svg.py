@@ -61,7 +61,7 @@ text {{ font-family: {FONT}; font-size: 12px; fill: #222; }}
 .tick, .gap {{ fill: #666; font-size: 11px; }}
 .nak {{ fill: #c62828; font-weight: bold; }}
 /* a white halo, so a label stays readable where an earlier arrow crosses it */
-text.label, .note text {{ paint-order: stroke; stroke: white; stroke-width: 4px;
+text.label {{ paint-order: stroke; stroke: white; stroke-width: 4px;
   stroke-linejoin: round; }}
 g.arrow:hover line, g.arrow:hover path.shaft {{ stroke-width: 3; }}
 """
