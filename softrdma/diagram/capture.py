@@ -119,6 +119,9 @@ def from_capture(source: str | os.PathLike[str] | CaptureFile, *,
     for a in tagged:
         marker.mark(a)
     d.arrows = tagged
+    if len(convs) > 1:
+        d.remarks.append(f"{len(convs)} conversations side by side; "
+                         f"--conversation N draws one (--list shows them)")
     if cap.undecodable:
         d.remarks.append(f"{cap.undecodable} frames to UDP port 4791 did not decode as RoCE "
                          f"and are not drawn")

@@ -28,9 +28,14 @@ tr.duplicate td { color: #7b1fa2; } tr.bad-icrc td { color: #8d6e63; }
 """
 
 
+#: how the summary line counts each kind
+_COUNTED = {Kind.RETRANSMISSION.value: "retransmitted", Kind.DUPLICATE.value: "duplicates",
+            Kind.LOST.value: "lost", Kind.BAD_ICRC.value: "with a bad ICRC"}
+
+
 def _summary(d: Diagram) -> str:
     c = d.counts()
-    parts = [f"{len(d.arrows)} packets"] + [f"{n} {k}" for k, n in c.items()
+    parts = [f"{len(d.arrows)} packets"] + [f"{n} {_COUNTED[k]}" for k, n in c.items()
                                             if n and k != Kind.NORMAL.value]
     parts.append(f"{len(d.lanes)} endpoints")
     return ", ".join(parts)

@@ -34,11 +34,12 @@ Notes on the lanes:
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 from typing import Any, Iterable
 
 from ..harness.sim import SimEvent, SimNetwork
 from ..wire.opcodes import Transport
-from ..wire.packet import parse
+from ..wire.packet import DecodeError, parse
 from .describe import arrow_of, completion_text, record_of_roce, state_text
 from .marks import Marker
 from .model import Arrow, Diagram, Kind, Lane, Note
@@ -93,25 +94,33 @@ class SimRecorder:
                 return qpn
         return None
 
+    def _arrow(self, data: bytes, ev: SimEvent, src: Lane, dst: Lane) -> Arrow:
+        a = arrow_of(record_of_roce(data, ev.src, ev.dst, ev.sport, self._count, ev.time),
+                     src, dst, ev.time, None)
+        a.frame = None  # a simulated packet has no frame number
+        return a
+
     def _on_send(self, ev: SimEvent) -> None:
         src, dst = self._lanes(ev, ev.data)
         self.diagram.lane(src.ip, src.qpn)
         self.diagram.lane(dst.ip, dst.qpn)
         self._count += 1
-        first = arrow_of(record_of_roce(ev.data, ev.src, ev.dst, ev.sport, self._count,
-                                        ev.time), src, dst, ev.time, None)
-        first.frame = None  # a simulated packet has no frame number
+        first = self._arrow(ev.data, ev, src, dst)
         self._marker.mark(first)
         if not ev.copies:
             first.kind = Kind.LOST
+            if ev.unroutable:
+                first.detail += " (unroutable: no device has that address)"
             self.diagram.arrows.append(first)
             return
         for i, c in enumerate(ev.copies):
-            a = first if i == 0 else Arrow(**{**first.__dict__, "kind": Kind.DUPLICATE})
+            a = first if i == 0 else replace(first, kind=Kind.DUPLICATE)
             if c.corrupted:  # the receiver's ICRC check will drop it
-                a = arrow_of(record_of_roce(c.data, ev.src, ev.dst, ev.sport, self._count,
-                                            ev.time), src, dst, ev.time, None)
-                a.frame, a.retransmit = None, first.retransmit
+                try:  # drawn as it arrived: the flipped bit may be in a label field
+                    a = replace(self._arrow(c.data, ev, src, dst), retransmit=first.retransmit)
+                except DecodeError as e:  # a flip that leaves no RoCE packet at all
+                    a = replace(first, kind=Kind.BAD_ICRC,
+                                detail=f"{first.detail} (corrupted: {e})")
             if c.reordered:
                 a.detail += " (held back: reordered)"
             a.recv_time = c.arrival  # the deliver event confirms it
