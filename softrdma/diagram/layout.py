@@ -38,6 +38,9 @@ class Geometry:
 
 @dataclass
 class Layout:
+    """Positions, keyed by the model objects' ids: an arrow's (start y, end y or None
+    while it has not arrived), a note's y, the time labels and the gaps."""
+
     width: int
     height: int
     lane_x: list[float]
@@ -57,12 +60,13 @@ def format_time(dt: float) -> str:
 
 
 def layout(d: Diagram, g: Geometry = Geometry()) -> Layout:
+    """Place ``d``: lanes left to right in their order, moments top to bottom."""
     lane_x = [g.left + g.col / 2 + i * g.col for i in range(len(d.lanes))]
     # moments: (time, rank, order, what, thing); rank orders one instant (see above)
     moments: list[tuple[float, int, int, str, Arrow | Note]] = []
     for i, a in enumerate(d.arrows):
         moments.append((a.send_time, 2, i, "send", a))
-        if a.recv_time is not None and a.recv_time != a.send_time:
+        if a.recv_time is not None and a.recv_time > a.send_time:
             moments.append((a.recv_time, 0, i, "recv", a))
     for i, n in enumerate(d.notes):
         moments.append((n.time, 1, i, "note", n))
@@ -84,7 +88,10 @@ def layout(d: Diagram, g: Geometry = Geometry()) -> Layout:
             y += g.send_row
             a = thing
             assert isinstance(a, Arrow)
-            out.arrow_y[id(a)] = (y, y if a.recv_time == a.send_time else None)
+            # level when it arrived at the instant it left (one capture point; a trace's
+            # clocks that disagree): its arrival has no row of its own
+            level = a.recv_time is not None and a.recv_time <= a.send_time
+            out.arrow_y[id(a)] = (y, y if level else None)
         elif what == "recv":
             y += g.recv_row
             y1, _ = out.arrow_y[id(thing)]
