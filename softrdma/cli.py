@@ -6,7 +6,7 @@ exactly one line on stderr, never a traceback: a bad option or value is a usage 
 (status 2, checked by argparse where the mirrored tool checks it while parsing its options,
 or :class:`~softrdma.tools.common.UsageError` after parsing); a failure at run time (an
 unknown device, a peer that cannot be reached, a file that cannot be written) is status 1.
-``dissect`` and ``check`` keep status 2 for a file they cannot read (1 is for bad frames
+``dissect``, ``check`` and ``diagram`` keep status 2 for a file they cannot read (1 is for bad frames
 or broken rules).
 """
 
@@ -20,8 +20,8 @@ from typing import NoReturn, Sequence
 from . import __version__
 from .errors import PyverbsRDMAError
 from .tools import (
-    bench, check, cmatose, demo, devinfo, dissect, fuzz, labcmd, mq, perf, pingpong, replay,
-    rping, udaddy,
+    bench, check, cmatose, demo, devinfo, diagram, dissect, fuzz, labcmd, mq, perf, pingpong,
+    replay, rping, udaddy,
 )
 from .tools.common import ToolError, UsageError, apply_fault_options
 
@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 #: the subcommands, in the order of ``softrdma --help``: each module's ``add_parser(sub)``
 #: adds its subcommand(s) and sets ``func`` to what runs it
-TOOLS = (dissect, check, replay, devinfo, pingpong, perf, rping, cmatose, udaddy, mq, demo,
+TOOLS = (dissect, check, diagram, replay, devinfo, pingpong, perf, rping, cmatose, udaddy, mq, demo,
          labcmd, fuzz, bench)
 
 

@@ -22,7 +22,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        msg = f"{name} is not installed (apt-get install {'tshark' if name == 'tshark' else name})"
+        msg = f"{name} is not installed (apt-get install {name}; scripts/setup installs it)"
         if IN_CI:
             pytest.fail(f"CI=true and a prerequisite is missing: {msg}")
         pytest.skip(msg)

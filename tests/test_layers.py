@@ -104,6 +104,19 @@ def test_nothing_below_the_tools_imports_check():
     assert not bad, "\n".join(bad)
 
 
+def test_only_the_tools_import_diagram():
+    """softrdma.diagram draws what the layers below do (captures, the simulated network's
+    observers): nothing below the tools may depend on it, so a picture never changes what
+    happens."""
+    below = [p for layer in ("wire", "cm", "qp", "soft", "verbs_api", "rdmacm", "socket",
+                             "check", "harness", "ibverbs")
+             for p in sorted((PKG / layer).rglob("*.py"))]
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {mod}" for p in below
+           for line, mod, _ in imports(p) if mod == "softrdma.diagram"
+           or mod.startswith("softrdma.diagram.")]
+    assert not bad, "\n".join(bad)
+
+
 def all_modules() -> list[Path]:
     return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
 

@@ -13,6 +13,12 @@ traffic give the same run, packet for packet. The link's impairments are
 :class:`softrdma.soft.faults.Impairments`, the ones a live device applies per direction
 (``dev.faults.tx``/``rx``); the devices' targeted faults (``dev.faults.rx.drop(...)``,
 docs/faults.md) work here too, their delays on the virtual clock.
+
+Observers. ``net.observers`` is a list of callables, each called with a :class:`SimEvent`
+for every packet sent (with its fate: the copies that will arrive, none when it was lost),
+every packet delivered and every timer about to fire. It is empty unless someone watches
+(:class:`softrdma.diagram.simrec.SimRecorder` draws the run), and then costs one list test
+per event; observers must not send or step the network.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from ..soft.device import SoftDevice
 from ..soft.faults import Impairments
 from ..verbs_api.device import add_device, unregister_device
 
-__all__ = ["SimNetwork", "LinkProfile"]
+__all__ = ["SimNetwork", "LinkProfile", "SimEvent", "SimCopy"]
 
 _STAT = {"loss": "lost", "duplicate": "duplicated", "corrupt": "corrupted",
          "reorder": "reordered"}  # Impairments' notes -> SimNetwork.stats keys
@@ -53,6 +59,39 @@ class LinkProfile(Impairments):
     delay: float = 10e-6  # one-way delay, seconds
 
 
+@dataclass(frozen=True)
+class SimCopy:
+    """One copy of a sent packet on its way: ``seq`` names it in the later ``deliver``
+    event; ``data`` is what will arrive (a bit flipped when ``corrupted``)."""
+
+    seq: int
+    arrival: float
+    data: bytes
+    corrupted: bool = False
+    reordered: bool = False
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """What the network did, for observers. ``kind``:
+
+    * ``"send"``: ``src`` sent ``data`` to ``dst`` at ``time``; ``copies`` are what will
+      arrive (empty: lost, or ``unroutable``; two: duplicated);
+    * ``"deliver"``: copy ``seq`` was handed to ``dst``'s device (after it handled it);
+    * ``"timer"``: the devices' due timers fire at ``time`` (called before they do).
+    """
+
+    kind: str
+    time: float
+    src: bytes = b""
+    dst: bytes = b""
+    sport: int = 0
+    data: bytes = b""
+    copies: tuple[SimCopy, ...] = ()
+    seq: int = -1
+    unroutable: bool = False
+
+
 class SimNetwork:
     def __init__(self, seed: int = 0, **profile: Any) -> None:
         self.rng = random.Random(seed)
@@ -64,6 +103,11 @@ class SimNetwork:
         self._made: dict[str, SoftDevice] = {}  # registered by add_device, for close()
         self.stats = {"sent": 0, "lost": 0, "duplicated": 0, "reordered": 0, "corrupted": 0,
                       "delivered": 0, "unroutable": 0}
+        self.observers: list[Callable[[SimEvent], None]] = []  # see the module docstring
+
+    def _notify(self, ev: SimEvent) -> None:
+        for fn in self.observers:
+            fn(ev)
 
     def add_device(self, ip: str, name: str | None = None, mtu: int | None = 1500) -> SoftDevice:
         """Create a soft device whose packets travel over this network. It is registered like
@@ -106,11 +150,24 @@ class SimNetwork:
         dst = self.devices.get(dst_ip)
         if dst is None:
             self.stats["unroutable"] += 1
+            if self.observers:
+                self._notify(SimEvent("send", self.now, src.ip_packed, dst_ip, sport, data,
+                                      unroutable=True))
             return
         note = self._note if src.trace is None else \
             (lambda kind: self._traced_note(kind, src, data))
-        for t, pkt in self.profile.impair(self.rng, data, self.now, note):
-            heapq.heappush(self._events, (t, next(self._seq), dst, pkt, src.ip_packed, dst_ip, sport))
+        sent: list[SimCopy] = []
+        p = self.profile
+        for t, pkt in p.impair(self.rng, data, self.now, note):
+            seq = next(self._seq)
+            heapq.heappush(self._events, (t, seq, dst, pkt, src.ip_packed, dst_ip, sport))
+            if self.observers:
+                # held back beyond the delay and its jitter: reordered (impair's rule)
+                late = bool(p.reorder) and t - self.now - p.delay > p.jitter
+                sent.append(SimCopy(seq, t, pkt, pkt is not data, late))
+        if self.observers:
+            self._notify(SimEvent("send", self.now, src.ip_packed, dst_ip, sport, data,
+                                  tuple(sent)))
 
     def _set_now(self, t: float) -> None:
         self.now = t
@@ -128,12 +185,16 @@ class SimNetwork:
         if t_pkt is None and t_tmr is None:
             return False
         if t_tmr is None or (t_pkt is not None and t_pkt <= t_tmr):
-            t, _, dev, pkt, src, dst, sport = heapq.heappop(self._events)
+            t, seq, dev, pkt, src, dst, sport = heapq.heappop(self._events)
             self._set_now(max(self.now, t))
             self.stats["delivered"] += 1
             dev.receive(pkt, src, dst, sport=sport, verify_icrc=True)
+            if self.observers:
+                self._notify(SimEvent("deliver", self.now, src, dst, sport, pkt, seq=seq))
         else:
             self._set_now(max(self.now, t_tmr))
+            if self.observers:
+                self._notify(SimEvent("timer", self.now))
             for d in self.devices.values():
                 d.fire_timers(self.now)
         return True

@@ -1,0 +1,88 @@
+"""``softrdma diagram PCAP -o OUT``: draw what happened between the endpoints of a capture.
+
+The output's suffix picks the format: ``.html`` (a page with the diagram and the packets
+as a table), ``.svg`` (the picture alone), ``.mmd`` (Mermaid text, for documentation);
+``--format`` overrides it, and without ``-o`` Mermaid goes to standard output.
+Exit status 0 when written, 2 when the capture cannot be read or an option is wrong (one
+line on stderr), 1 when the output cannot be written. docs/diagrams.md explains the
+pictures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..diagram import FORMATS, format_for, render
+from ..diagram.capture import ConversationError, from_capture, load
+from .argtypes import int_range
+from .common import UsageError, capture_file_errors
+
+__all__ = ["add_parser", "run"]
+
+DEFAULT_MAX_PACKETS = 200
+
+
+def _qpn(text: str) -> int:
+    try:
+        v = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a QP number: {text!r} (decimal or 0x hex)")
+    if not 0 <= v <= 0xFFFFFF:
+        raise argparse.ArgumentTypeError(f"{text} is not a 24-bit QP number")
+    return v
+
+
+def add_parser(sub: Any) -> None:
+    d = sub.add_parser("diagram", help="draw a capture as a sequence diagram (HTML, SVG, Mermaid)",
+                       description=__doc__)
+    d.add_argument("pcap", help="capture file (pcap or pcapng)")
+    d.add_argument("-o", "--output", metavar="OUT",
+                   help="file to write; .html, .svg or .mmd picks the format (default: "
+                        "Mermaid on standard output)")
+    d.add_argument("--format", choices=sorted(FORMATS), help="the format, whatever the suffix")
+    d.add_argument("--conversation", type=int_range(1, None), metavar="N",
+                   help="only the N-th conversation (a pair of QPs; --list shows them)")
+    d.add_argument("--qpn", type=_qpn, help="only conversations with an end of this QP number")
+    d.add_argument("--max-packets", type=int_range(0, None), default=DEFAULT_MAX_PACKETS,
+                   metavar="N", help=f"draw at most N packets, the first ones; 0: all "
+                                     f"(default {DEFAULT_MAX_PACKETS}; the picture says what "
+                                     f"was left out)")
+    d.add_argument("--list", action="store_true", help="list the conversations and exit")
+    d.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    fmt = args.format
+    if fmt is None:
+        if args.output is None or args.output == "-":
+            fmt = "mermaid"
+        else:
+            fmt = format_for(args.output)
+            if fmt is None:
+                raise UsageError(f"{args.output}: the suffix names no format (.html, .svg, "
+                                 f".mmd) and --format is not given")
+    with capture_file_errors(args.pcap):
+        cap = load(args.pcap)
+    if args.list:
+        for i, cv in enumerate(cap.conversations, 1):
+            print(f"{i:3d}  {cv.describe()}")
+        return 0
+    try:
+        d = from_capture(cap, conversation=args.conversation, qpn=args.qpn)
+    except ConversationError as e:
+        raise UsageError(f"{args.pcap}: {e}") from None
+    if not d.arrows:
+        raise UsageError(f"{args.pcap}: no RoCE packets to draw")
+    d = d.truncate(args.max_packets or None)
+    for r in d.remarks:
+        print(f"softrdma diagram: {r}", file=sys.stderr)
+    text = render(d, fmt)
+    if args.output is None or args.output == "-":
+        sys.stdout.write(text)
+        return 0
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"{args.output}: {fmt}, {len(d.arrows)} packets between {len(d.lanes)} endpoints")
+    return 0
