@@ -33,7 +33,7 @@ Each record carries the structured fields as ``record.softrdma``, a dict:
 
 * ``t``: the device clock in seconds: virtual on a simulated network (it starts at 0),
   since :func:`enable` on a live device;
-* ``dev``: the device name;
+* ``dev``: the device name; ``ip``: its address;
 * ``kind``: the event kind;
 * ``qpn``: the QP number, when the event belongs to a QP;
 * fields of the event, such as ``psn``, ``opcode``, ``why``, ``old`` and ``new``.
@@ -107,7 +107,7 @@ class Tracer:
         if getattr(dev, "clock", None) is not None:
             t -= self.t0
         rec = {"t": round(t, 9),
-               "dev": getattr(dev, "name", "?"), "kind": kind}
+               "dev": getattr(dev, "name", "?"), "ip": getattr(dev, "ip", None), "kind": kind}
         if qpn is not None:
             rec["qpn"] = qpn
         rec.update(fields)

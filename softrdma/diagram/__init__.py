@@ -18,11 +18,11 @@ import os
 
 from . import html, mermaid, svg
 from .capture import from_capture
-from .events import from_events
+from .events import from_events, from_trace
 from .model import Arrow, Diagram, Kind, Lane, Note
 from .simrec import SimRecorder
 
-__all__ = ["Arrow", "Diagram", "Kind", "Lane", "Note", "SimRecorder", "from_capture",
+__all__ = ["Arrow", "Diagram", "Kind", "Lane", "Note", "SimRecorder", "from_capture", "from_trace",
            "from_events", "render", "format_for", "FORMATS", "write"]
 
 #: format name -> renderer; suffixes map onto them in :func:`format_for`

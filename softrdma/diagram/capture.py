@@ -27,7 +27,7 @@ from ..wire.dissect import frame_record
 from ..wire.frames import FrameError, decode_frame
 from ..wire.packet import DecodeError, parse
 from ..wire.pcap import read_pcap
-from .describe import arrow_of
+from .describe import PAYLOAD, arrow_of
 from .marks import Marker
 from .model import Diagram, Lane
 
@@ -72,7 +72,7 @@ def load(path: str | os.PathLike[str]) -> CaptureFile:
             bad += 1
             continue
         packets.append(CapturedPacket(r.index, f.ip_src, f.ip_dst, f.sport, f.ip_id, roce, pkt))
-        records[r.index] = frame_record(r.index, r.timestamp, f, parse(roce))
+        records[r.index] = frame_record(r.index, r.timestamp, f, parse(roce), PAYLOAD)
         times[r.index] = r.timestamp
     return CaptureFile(str(path), packets, records, times, conversations(packets), bad)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from ..cm.dissect import CM_DISSECTOR
 from ..enums import ibv_qp_state, ibv_wc_opcode, ibv_wc_status
 from ..wire.dissect import format_record, frame_record
 from ..wire.frames import LINKTYPE_RAW, decode_frame, encode_frame
@@ -21,16 +22,22 @@ from .model import Arrow, Kind, Lane
 __all__ = ["arrow_of", "record_of_roce", "completion_text", "state_text"]
 
 
+#: payload dissectors whose keys the arrows use (the CM's, for QP1)
+PAYLOAD = (CM_DISSECTOR,)
+
+
 def arrow_of(rec: dict[str, Any], src: Lane, dst: Lane, send_time: float,
              recv_time: float | None) -> Arrow:
     """The arrow for one dissector record; a bad ICRC makes it ``bad-icrc``."""
     syn = rec.get("aeth_syndrome")
-    return Arrow(src, dst, send_time, recv_time, rec["opcode_name"], rec["psn"],
+    # a MAD on QP1 is drawn as the CM message it carries (REQ, REP, RTU, DREQ...)
+    name = f"CM {rec['cm_msg']}" if "cm_msg" in rec else rec["opcode_name"]
+    return Arrow(src, dst, send_time, recv_time, name, rec["psn"],
                  ackreq=bool(rec["ackreq"]),
                  aeth=None if syn is None else aeth_syndrome_name(syn),
                  msn=rec.get("aeth_msn"), length=rec["payload_len"],
                  kind=Kind.NORMAL if rec["icrc_ok"] else Kind.BAD_ICRC,
-                 frame=rec.get("index"), detail=format_record(rec).strip())
+                 frame=rec.get("index"), detail=format_record(rec, PAYLOAD).strip())
 
 
 def record_of_roce(roce: bytes, src_ip: bytes, dst_ip: bytes, sport: int, index: int,
@@ -43,7 +50,7 @@ def record_of_roce(roce: bytes, src_ip: bytes, dst_ip: bytes, sport: int, index:
                        linktype=LINKTYPE_RAW, fill_icrc=False)
     frame = decode_frame(raw, LINKTYPE_RAW)
     assert frame is not None  # we framed it ourselves
-    return frame_record(index, t, frame, parse(frame.payload))
+    return frame_record(index, t, frame, parse(frame.payload), PAYLOAD)
 
 
 def completion_text(wc: Any) -> str:

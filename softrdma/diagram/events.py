@@ -43,7 +43,7 @@ from ..wire.opcodes import lookup
 from .marks import Marker
 from .model import Arrow, Diagram, Kind, Lane, Note
 
-__all__ = ["from_events", "EventError"]
+__all__ = ["from_events", "from_trace", "EventError"]
 
 _SEND = {"send", "tx"}
 _RECV = {"recv", "rx"}
@@ -133,3 +133,39 @@ def from_events(records: Iterable[Mapping[str, Any]], title: str = "trace") -> D
     if skipped:
         d.remarks.append(f"{skipped} records of other events are not drawn")
     return d
+
+
+def from_trace(records: Iterable[Mapping[str, Any]], title: str = "trace") -> Diagram:
+    """A diagram from softrdma's own trace (``softrdma.trace`` records, e.g. a JSON-lines
+    file written with ``--trace-format json``; docs/trace.md): packets sent and received
+    become arrows, the simulated network's losses their X, QP states, completions and
+    timers notes, retransmission decisions notes on the requester's lane."""
+    return from_events(_events_of_trace(records), title)
+
+
+def _events_of_trace(records: Iterable[Mapping[str, Any]]) -> Iterable[dict[str, Any]]:
+    for r in records:
+        kind, t, ip, qpn = r.get("kind"), r.get("t", 0.0), r.get("ip"), r.get("qpn")
+        if kind == "packet":
+            base = {"t": t, "psn": r["psn"], "opcode": r["opcode"]}
+            if r.get("dir") == "tx":
+                yield {**base, "event": "send", "ip": ip, "qpn": qpn, "dst": r.get("peer"),
+                       "dest_qp": r.get("dest_qp"), "ackreq": r.get("ackreq", False),
+                       "syndrome": r.get("syndrome"), "msn": r.get("msn"),
+                       "len": r.get("len", 0),
+                       "line": str(r.get("msg", "")).removeprefix("tx ").strip()}
+            else:
+                yield {**base, "event": "recv", "ip": ip, "qpn": qpn, "src": r.get("peer")}
+        elif kind == "drop" and r.get("reason") == "sim_loss":
+            yield {"event": "drop", "t": t, "dst": r.get("peer"), "qpn": r.get("dest_qp"),
+                   "psn": r["psn"], "opcode": r["opcode"]}
+        elif kind == "qp" and "new" in r:
+            yield {"event": "state", "t": t, "ip": ip, "qpn": qpn, "state": r["new"]}
+        elif kind == "cq":
+            yield {"event": "completion", "t": t, "ip": ip, "qpn": qpn,
+                   "opcode": r.get("opcode", ""), "status": r.get("status", ""),
+                   "wr_id": r.get("wr_id")}
+        elif kind == "timer" and r.get("action") == "fire":
+            yield {"event": "timer", "t": t, "ip": ip, "qpn": qpn, "which": r.get("timer")}
+        elif kind == "retry" and qpn is not None:
+            yield {"event": "note", "t": t, "ip": ip, "qpn": qpn, "text": r.get("msg", "")}

@@ -24,6 +24,7 @@ per event; observers must not send or step the network.
 from __future__ import annotations
 
 import heapq
+import ipaddress
 import itertools
 import random
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ _STAT = {"loss": "lost", "duplicate": "duplicated", "corrupt": "corrupted",
          "reorder": "reordered"}  # Impairments' notes -> SimNetwork.stats keys
 
 
-def _trace_net(src: SoftDevice, data: bytes, what: str, reason: str) -> None:
-    """The trace's line for what the network did to a packet ``src`` sent."""
+def _trace_net(src: SoftDevice, data: bytes, what: str, reason: str,
+               dst_ip: bytes = b"") -> None:
+    """The trace's line for what the network did to a packet ``src`` sent to ``dst_ip``."""
     from ..wire.packet import parse
     try:
         pkt = parse(data)
@@ -48,7 +50,8 @@ def _trace_net(src: SoftDevice, data: bytes, what: str, reason: str) -> None:
         return
     src.trace.emit(src, "drop", None, f"{pkt.info.name} PSN {pkt.psn} to QP "
                                       f"0x{pkt.dest_qp:x}: {what}", reason=reason,
-                   psn=pkt.psn, opcode=pkt.info.name, dest_qp=pkt.dest_qp)
+                   psn=pkt.psn, opcode=pkt.info.name, dest_qp=pkt.dest_qp,
+                   peer=str(ipaddress.ip_address(dst_ip)) if dst_ip else None)
 
 
 @dataclass
@@ -138,12 +141,12 @@ class SimNetwork:
     def _note(self, kind: str) -> None:
         self.stats[_STAT[kind]] += 1
 
-    def _traced_note(self, kind: str, src: SoftDevice, data: bytes) -> None:
+    def _traced_note(self, kind: str, src: SoftDevice, data: bytes, dst_ip: bytes) -> None:
         self._note(kind)
         what = {"loss": "lost on the simulated network", "duplicate": "duplicated by the "
                 "simulated network", "corrupt": "corrupted by the simulated network",
                 "reorder": "held back (reordered) by the simulated network"}[kind]
-        _trace_net(src, data, what, f"sim_{kind}")
+        _trace_net(src, data, what, f"sim_{kind}", dst_ip)
 
     def _send(self, src: SoftDevice, data: bytes, dst_ip: bytes, sport: int) -> None:
         self.stats["sent"] += 1
@@ -155,7 +158,7 @@ class SimNetwork:
                                       unroutable=True))
             return
         note = self._note if src.trace is None else \
-            (lambda kind: self._traced_note(kind, src, data))
+            (lambda kind: self._traced_note(kind, src, data, dst_ip))
         sent: list[SimCopy] = []
         p = self.profile
         for t, pkt in p.impair(self.rng, data, self.now, note):

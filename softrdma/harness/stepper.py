@@ -30,7 +30,7 @@ from ..enums import (
     IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 )
 from ..wire.packet import parse
-from .sim import SimNetwork
+from .sim import SimEvent, SimNetwork
 from .testing import Endpoint, connected_pair
 
 __all__ = ["Stepper", "Injection"]
@@ -128,6 +128,7 @@ class Stepper:
                 self._note(f"injected: {inj.action} {p.info.name} PSN {p.psn} from {who}"
                            + (f" by {inj.seconds} s" if inj.action == "delay" else ""))
                 if inj.action == "drop":
+                    self._lost(src, data, dst_ip, sport)
                     return
                 if inj.action == "duplicate":
                     self._send(src, data, dst_ip, sport)
@@ -143,15 +144,25 @@ class Stepper:
                     return
         self._send(src, data, dst_ip, sport)
 
+    def _lost(self, src: Any, data: bytes, dst_ip: bytes, sport: int) -> None:
+        """A packet dropped on purpose is lost on the network: counted, and shown to the
+        network's observers (a diagram draws it with its X)."""
+        net = self.net
+        net.stats["sent"] += 1
+        net.stats["lost"] += 1
+        if net.observers:
+            net._notify(SimEvent("send", net.now, src.ip_packed, dst_ip, sport, data))
+
     # -- work requests -----------------------------------------------------------------------
     def send(self, size: int, imm: int | None = None, *, sender: str = "a",
              post_recv: bool = True) -> None:
-        """A SEND (with immediate data if ``imm``). The other side gets a receive first
-        if it has none, unless ``post_recv=False`` (then watch the RNR NAK; :meth:`recv`
+        """A SEND (with immediate data if ``imm``). The other side gets a receive posted
+        for it first, unless ``post_recv=False`` (then watch the RNR NAK; :meth:`recv`
         later lets the retry through)."""
         src, dst = self._ends(sender)
-        if post_recv and not dst.qp.rq:
-            dst.post_recv(dst.buf_sge(0, max(size, 1)), wr_id=100)
+        if post_recv:  # (UD: room for the 40-byte GRH in front)
+            grh = 40 if src.qp_type == "UD" else 0
+            dst.post_recv(dst.buf_sge(0, max(size, 1) + grh), wr_id=100)
         src.post_send(IBV_WR_SEND if imm is None else IBV_WR_SEND_WITH_IMM,
                       src.buf_sge(0, size), wr_id=1, imm=imm or 0)
         self._flush()
@@ -162,9 +173,12 @@ class Stepper:
         end.post_recv(end.buf_sge(0, max(size, 1)), wr_id=wr_id)
         self._flush()
 
-    def write(self, size: int, imm: int | None = None, *, sender: str = "a") -> None:
+    def write(self, size: int, imm: int | None = None, *, sender: str = "a",
+              post_recv: bool = True) -> None:
+        """An RDMA WRITE to the other side's buffer (with immediate data if ``imm``: that
+        consumes a receive, posted for it unless ``post_recv=False``)."""
         src, dst = self._ends(sender)
-        if imm is not None and not dst.qp.rq:
+        if imm is not None and post_recv:
             dst.post_recv(dst.buf_sge(0, 1), wr_id=100)
         src.post_send(IBV_WR_RDMA_WRITE if imm is None else IBV_WR_RDMA_WRITE_WITH_IMM,
                       src.buf_sge(0, size), wr_id=2, remote_offset=0, imm=imm or 0)

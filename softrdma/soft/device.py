@@ -261,7 +261,7 @@ class SoftDevice:
             return
         self.counters.sent_pkts += 1
         if self.trace is not None:
-            trace_packet(self, "tx", data, qpn=getattr(qp, "qp_num", None))
+            trace_packet(self, "tx", data, qpn=getattr(qp, "qp_num", None), peer=dst_ip)
         if self.capture is not None:
             self.capture.record(data, self.ip_packed, dst_ip, sport)
         self.transmit(data, dst_ip, sport)

@@ -43,7 +43,7 @@ def synth_ip_header(src: bytes, dst: bytes, payload_len: int, ip_id: int = 0) ->
 
 
 def trace_packet(dev: Any, direction: str, data: Any, pkt: Any = None,
-                 qpn: int | None = None) -> None:
+                 qpn: int | None = None, peer: bytes | None = None) -> None:
     """The trace's line for a packet sent (``tx``, by local QP ``qpn``) or received
     (``rx``, for the QP its BTH names): the dissector's line."""
     tr = dev.trace
@@ -57,9 +57,11 @@ def trace_packet(dev: Any, direction: str, data: Any, pkt: Any = None,
     if not tr.wants("packet", qpn):
         return
     from ..wire.dissect import packet_line
+    import ipaddress
     tr.emit(dev, "packet", qpn, f"{direction} {packet_line(pkt)}", dir=direction,
             opcode=pkt.info.name, psn=pkt.psn, ackreq=pkt.ackreq,
-            syndrome=pkt.syndrome, msn=pkt.msn, len=pkt.payload_len)
+            syndrome=pkt.syndrome, msn=pkt.msn, len=pkt.payload_len, dest_qp=pkt.dest_qp,
+            peer=str(ipaddress.ip_address(peer)) if peer else None)
 
 
 def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int,
@@ -73,7 +75,7 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         c.drop(_MALFORMED[e.reason])
         return
     if dev.trace is not None:
-        trace_packet(dev, "rx", data, pkt)
+        trace_packet(dev, "rx", data, pkt, peer=src_ip)
     if verify:
         roce = pkt.buf
         if len(src_ip) == 4:

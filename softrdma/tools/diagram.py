@@ -11,6 +11,7 @@ pictures.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -63,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
             if fmt is None:
                 raise UsageError(f"{args.output}: the suffix names no format (.html, .svg, "
                                  f".mmd) and --format is not given")
+    trace = _read_trace(args.pcap)
+    if trace is not None:  # a JSON-lines trace (softrdma --trace-format json), not a pcap
+        from ..diagram import from_trace
+        d = from_trace(trace, title=os.path.basename(args.pcap))
+        return _emit(d, fmt, args)
     with capture_file_errors(args.pcap):
         cap = load(args.pcap)
     if args.list:
@@ -73,6 +79,31 @@ def run(args: argparse.Namespace) -> int:
         d = from_capture(cap, conversation=args.conversation, qpn=args.qpn)
     except ConversationError as e:
         raise UsageError(f"{args.pcap}: {e}") from None
+    return _emit(d, fmt, args)
+
+
+def _read_trace(path: str) -> list[dict] | None:
+    """The records of a JSON-lines trace, or None when ``path`` is not one (a capture)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1)
+    except OSError:
+        return None  # (capture_file_errors reports it)
+    if head != b"{":
+        return None
+    import json
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError as e:
+                    raise UsageError(f"{path}: line {n} is not JSON ({e})") from None
+    return out
+
+
+def _emit(d: Any, fmt: str, args: argparse.Namespace) -> int:
     if not d.arrows:
         raise UsageError(f"{args.pcap}: no RoCE packets to draw")
     d = d.truncate(args.max_packets or None)
