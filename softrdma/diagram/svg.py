@@ -45,7 +45,7 @@ LEGEND = [
     (Kind.RETRANSMISSION.value, "retransmission"),
     (Kind.DUPLICATE.value, "duplicate"),
     (Kind.LOST.value, "lost (X where it vanished)"),
-    (Kind.BAD_ICRC.value, "bad ICRC (dropped by the receiver)"),
+    (Kind.BAD_ICRC.value, "bad ICRC (the receiver drops it)"),
 ]
 #: how far across a lost packet's arrow goes before its X: past the labels of the arrows
 #: that follow it (they start at the same lane), so the X is never hidden under one
@@ -134,6 +134,9 @@ def _note(n: Note, lay: Layout, lane_index: dict, g: Geometry) -> list[str]:
     y = lay.note_y[id(n)]
     w = len(n.text) * g.char + 14
     h = 18
+    # centred on the lane, but never past the picture's edges (a long note on the first
+    # lane would start off the left side)
+    x = min(max(x, 4 + w / 2), max(lay.width - 4 - w / 2, 4 + w / 2))
     fill = NOTE_FILL.get(n.kind, NOTE_FILL["info"])
     return [f'<g class="note {escape(n.kind)}">',
             f'<rect x="{x - w / 2:.1f}" y="{y - h + 4:.1f}" width="{w:.1f}" height="{h}" '
