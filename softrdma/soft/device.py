@@ -256,12 +256,12 @@ class SoftDevice:
             c = icrc_ipv6(pkt, self.ip_packed, dst_ip, sport)
         pkt[n - 4:] = c.to_bytes(4, "little")
         data = bytes(pkt)
+        if self.trace is not None:  # what the QP sent (the faults' doings are traced apart)
+            trace_packet(self, "tx", data, qpn=getattr(qp, "qp_num", None), peer=dst_ip)
         if self.fault_tx is not None:
             self.faults.send(data, dst_ip, sport)
             return
         self.counters.sent_pkts += 1
-        if self.trace is not None:
-            trace_packet(self, "tx", data, qpn=getattr(qp, "qp_num", None), peer=dst_ip)
         if self.capture is not None:
             self.capture.record(data, self.ip_packed, dst_ip, sport)
         self.transmit(data, dst_ip, sport)
