@@ -165,7 +165,9 @@ def test_flows_on_different_ports_pair_when_unambiguous(tmp_path):
 
 @pytest.mark.parametrize("argv,msg", [
     (["/nonexistent.pcap"], "no such file"),
-    (["{pcap}", "--qpn", "zz"], "not a QP number"),
+    (["{pcap}", "--qpn", "zz"], "invalid integer: 'zz'"),
+    (["{pcap}", "--qpn", "0x1000000"], "0x1000000 is not a QP number"),
+    (["{pcap}", "--max-diffs", "-1"], "-1 is not at least 0"),
     (["{pcap}", "--ip", "10.0.0.300"], "not an IP address"),
     (["{pcap}", "--qpn", "0x99"], "no conversation has an endpoint matching --qpn 0x99"),
 ])

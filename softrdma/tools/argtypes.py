@@ -17,7 +17,7 @@ from ..soft.faultrules import FaultError
 from ..soft.faultspec import parse_spec
 
 __all__ = ["c_int", "int_range", "choice_int", "positive_float", "ip_address", "perftest_size",
-           "fault_spec"]
+           "fault_spec", "qp_number"]
 
 
 def c_int(text: str) -> int:
@@ -54,6 +54,10 @@ def int_range(lo: int | None, hi: int | None, what: str | None = None) -> Callab
 
     conv.__name__ = "integer"
     return conv
+
+
+#: a 24-bit QP number (decimal or 0x hex), as the BTH carries it
+qp_number = int_range(0, 0xFFFFFF, "{v} is not a QP number (0 to 0xffffff)")
 
 
 def choice_int(values: tuple[int, ...]) -> Callable[[str], int]:

@@ -17,22 +17,13 @@ from typing import Any
 
 from ..diagram import FORMATS, format_for, render
 from ..diagram.capture import ConversationError, from_capture, load
-from .argtypes import int_range
+from .argtypes import int_range, qp_number
 from .common import UsageError, capture_file_errors
 
 __all__ = ["add_parser", "run"]
 
 DEFAULT_MAX_PACKETS = 200
 
-
-def _qpn(text: str) -> int:
-    try:
-        v = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a QP number: {text!r} (decimal or 0x hex)")
-    if not 0 <= v <= 0xFFFFFF:
-        raise argparse.ArgumentTypeError(f"{text} is not a 24-bit QP number")
-    return v
 
 
 def add_parser(sub: Any) -> None:
@@ -45,7 +36,7 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--format", choices=sorted(FORMATS), help="the format, whatever the suffix")
     d.add_argument("--conversation", type=int_range(1, None), metavar="N",
                    help="only the N-th conversation (a pair of QPs; --list shows them)")
-    d.add_argument("--qpn", type=_qpn, help="only conversations with an end of this QP number")
+    d.add_argument("--qpn", type=qp_number, help="only conversations with an end of this QP number")
     d.add_argument("--max-packets", type=int_range(0, None), default=DEFAULT_MAX_PACKETS,
                    metavar="N", help=f"draw at most N packets, the first ones; 0: all "
                                      f"(default {DEFAULT_MAX_PACKETS}; the picture says what "

@@ -15,31 +15,16 @@ replayed (QP1's MADs, one-sided flows) are listed with the reason and do not fai
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import sys
 from typing import Any
 
+from .argtypes import int_range, ip_address, qp_number
 from .common import UsageError, capture_file_errors
 
 __all__ = ["add_parser", "run"]
 
 
-def _ip(text: str) -> str:
-    try:
-        return str(ipaddress.ip_address(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}")
-
-
-def _qpn(text: str) -> int:
-    try:
-        v = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a QP number: {text!r} (decimal or 0x hex)")
-    if not 0 <= v <= 0xFFFFFF:
-        raise argparse.ArgumentTypeError(f"{text} is not a 24-bit QP number")
-    return v
 
 
 def add_parser(sub: Any) -> None:
@@ -50,13 +35,13 @@ def add_parser(sub: Any) -> None:
                                    "differs from what the captured endpoint sent. Exit status 0 "
                                    "identical, 1 different, 2 unreadable file or bad option.")
     d.add_argument("pcap", help="capture file (pcap or pcapng)")
-    d.add_argument("--ip", type=_ip, help="stand in for the endpoint with this address")
-    d.add_argument("--qpn", type=_qpn, help="stand in for the endpoint with this QP number")
+    d.add_argument("--ip", type=ip_address, help="stand in for the endpoint with this address")
+    d.add_argument("--qpn", type=qp_number, help="stand in for the endpoint with this QP number")
     d.add_argument("--inline", action="store_true",
                    help="the endpoint posted its sends inline (as ibv_rc_pingpong -I does)")
     d.add_argument("--json", action="store_true",
                    help="JSON lines: one object per replayed side, with its differences")
-    d.add_argument("--max-diffs", type=int, default=5, metavar="N",
+    d.add_argument("--max-diffs", type=int_range(0, None), default=5, metavar="N",
                    help="differences shown per side in text output (default 5)")
     d.set_defaults(func=run)
 
@@ -116,8 +101,6 @@ def _side_text(r: Any, max_diffs: int) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ..harness.conversations import replay_conversations
     from ..harness.replay import load_capture
-    if args.max_diffs < 0:
-        raise UsageError("--max-diffs: must be 0 or more")
     with capture_file_errors(args.pcap):
         capture = load_capture(args.pcap)
     if not capture:
