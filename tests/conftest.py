@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -27,3 +29,33 @@ def require_tool(name: str) -> str:
             pytest.fail(f"CI=true and a prerequisite is missing: {msg}")
         pytest.skip(msg)
     return path
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 10.0) -> bool:
+    """Poll ``cond`` (every millisecond) until it is true or ``timeout`` seconds pass;
+    whether it became true. For live devices, whose progress threads work meanwhile."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+@pytest.fixture
+def udp_devices():
+    """A factory of live soft devices on UDP: ``udp_devices(ip, name, **attach_udp_kw)``;
+    each is detached and unregistered after the test."""
+    from softrdma.verbs_api.device import add_device, unregister_device
+    made = []
+
+    def make(ip: str, name: str, **kw: Any) -> Any:
+        d = add_device(ip, name=name)
+        d.attach_udp(**kw)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.detach()
+        unregister_device(d.name)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from argparse import Namespace
 
 import pytest
@@ -32,6 +31,8 @@ from softrdma.wire.opcodes import OPCODES, Opcode
 from softrdma.wire.packet import build, parse
 from softrdma.wire.pcap import read_pcap
 from softrdma.wire.scapy_layers import roce_packet
+
+from .conftest import wait_until as _wait
 
 CAP = QPCap(max_send_wr=64, max_recv_wr=64, max_send_sge=1, max_recv_sge=1)
 MTU = 1024  # connect()'s path MTU
@@ -152,29 +153,6 @@ def test_same_seed_same_faults_other_seed_other_faults():
 
 
 # -- live devices over UDP on loopback -------------------------------------------------------
-@pytest.fixture
-def devices():
-    made = []
-
-    def make(ip, name, **kw):
-        d = add_device(ip, name=name)
-        d.attach_udp(**kw)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.detach()
-        unregister_device(d.name)
-
-
-def _wait(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def _pair(da, db, a_psn=5, b_psn=0xFFFFFE, b_expects=None, timeout=14):
@@ -198,11 +176,11 @@ def _one(ep):
 
 @pytest.mark.parametrize("opcode, lost_index", [("RC_RDMA_READ_RESPONSE_FIRST", 0),
                                                  ("RC_RDMA_READ_RESPONSE_MIDDLE", 1)])
-def test_lost_read_response_is_reread_from_its_psn_and_offset(devices, tmp_path, opcode,
+def test_lost_read_response_is_reread_from_its_psn_and_offset(udp_devices, tmp_path, opcode,
                                                               lost_index):
     pcap = tmp_path / "a.pcap"
-    da = devices("127.0.16.1", "f-ra", capture=str(pcap))
-    db = devices("127.0.16.2", "f-rb")
+    da = udp_devices("127.0.16.1", "f-ra", capture=str(pcap))
+    db = udp_devices("127.0.16.2", "f-rb")
     a, b = _pair(da, db, timeout=18)
     rule = da.faults.rx.drop(opcode)
     size = 5 * MTU - 100  # FIRST, MIDDLE x3, LAST
@@ -222,9 +200,9 @@ def test_lost_read_response_is_reread_from_its_psn_and_offset(devices, tmp_path,
         (5, 4096, size), (5 + lost_index, 4096 + lost_index * MTU, size - lost_index * MTU)]
 
 
-def test_lost_ack_is_answered_by_retransmission_and_the_duplicate_by_a_new_ack(devices):
-    da = devices("127.0.16.3", "f-aa")
-    db = devices("127.0.16.4", "f-ab")
+def test_lost_ack_is_answered_by_retransmission_and_the_duplicate_by_a_new_ack(udp_devices):
+    da = udp_devices("127.0.16.3", "f-aa")
+    db = udp_devices("127.0.16.4", "f-ab")
     a, b = _pair(da, db)
     rule = db.faults.tx.drop("RC_ACKNOWLEDGE", nth=2)
     for i in range(3):  # one at a time: the next message's ACK would cover a lost one
@@ -244,9 +222,9 @@ def test_lost_ack_is_answered_by_retransmission_and_the_duplicate_by_a_new_ack(d
 
 
 @pytest.mark.parametrize("where", ["rx", "tx"])
-def test_corrupted_icrc_is_counted_dropped_and_the_send_still_completes(devices, where):
-    da = devices("127.0.16.5", "f-ia")
-    db = devices("127.0.16.6", "f-ib", raw_rx=True)  # raw receive: IPv4 ICRCs are verified
+def test_corrupted_icrc_is_counted_dropped_and_the_send_still_completes(udp_devices, where):
+    da = udp_devices("127.0.16.5", "f-ia")
+    db = udp_devices("127.0.16.6", "f-ib", raw_rx=True)  # raw receive: IPv4 ICRCs are verified
     a, b = _pair(da, db)
     faults = db.faults.rx if where == "rx" else da.faults.tx
     rule = faults.corrupt("RC_SEND_ONLY", field="icrc")
@@ -262,11 +240,11 @@ def test_corrupted_icrc_is_counted_dropped_and_the_send_still_completes(devices,
     a.close(), b.close()
 
 
-def test_corrupted_psn_is_a_sequence_error_that_the_protocol_recovers(devices):
+def test_corrupted_psn_is_a_sequence_error_that_the_protocol_recovers(udp_devices):
     """A well-formed packet with a wrong PSN (the ICRC recomputed): the responder sees a
     PSN ahead of the one it expects, NAKs, and the requester resends from the NAKed PSN."""
-    da = devices("127.0.16.7", "f-pa")
-    db = devices("127.0.16.8", "f-pb")
+    da = udp_devices("127.0.16.7", "f-pa")
+    db = udp_devices("127.0.16.8", "f-pb")
     a, b = _pair(da, db, timeout=18)
     rule = da.faults.tx.corrupt("RC_SEND_FIRST", field="psn", value=5 + 2)
     size = 3 * MTU
@@ -283,12 +261,12 @@ def test_corrupted_psn_is_a_sequence_error_that_the_protocol_recovers(devices):
 
 
 @pytest.mark.parametrize("seconds", [0.01, 0.12])
-def test_delayed_acks_still_complete_in_order(devices, seconds):
+def test_delayed_acks_still_complete_in_order(udp_devices, seconds):
     """ACKs held 10 ms (under the 67 ms timeout) or 120 ms (over it: the requester times
     out and resends, the responder answers the duplicates); every SEND completes, in order,
     and is delivered once."""
-    da = devices("127.0.16.9", "f-da")
-    db = devices("127.0.16.10", "f-db")
+    da = udp_devices("127.0.16.9", "f-da")
+    db = udp_devices("127.0.16.10", "f-db")
     a, b = _pair(da, db)
     rule = db.faults.tx.delay("ACKNOWLEDGE", seconds=seconds, count=0)
     for i in range(5):
@@ -312,9 +290,9 @@ def test_delayed_acks_still_complete_in_order(devices, seconds):
     a.close(), b.close()
 
 
-def test_duplicated_request_is_answered_and_delivered_once(devices):
-    da = devices("127.0.16.11", "f-ua")
-    db = devices("127.0.16.12", "f-ub")
+def test_duplicated_request_is_answered_and_delivered_once(udp_devices):
+    da = udp_devices("127.0.16.11", "f-ua")
+    db = udp_devices("127.0.16.12", "f-ub")
     a, b = _pair(da, db, timeout=18)
     rule = da.faults.tx.duplicate("RC_SEND_ONLY")
     b.post_recv(b.sge(0, 100), 1)
@@ -335,12 +313,12 @@ def test_duplicated_request_is_answered_and_delivered_once(devices):
     a.close(), b.close()
 
 
-def test_random_impairments_both_ways_on_live_devices(devices):
+def test_random_impairments_both_ways_on_live_devices(udp_devices):
     """Every random impairment at once, both directions, both devices (ICRCs verified:
     raw receive): the messages all complete, in order, with their data, and each kind of
     fault was injected."""
-    da = devices("127.0.16.17", "f-xa", raw_rx=True)
-    db = devices("127.0.16.18", "f-xb", raw_rx=True)
+    da = udp_devices("127.0.16.17", "f-xa", raw_rx=True)
+    db = udp_devices("127.0.16.18", "f-xb", raw_rx=True)
     a, b = _pair(da, db)
     spec = ("both:loss=0.03, duplicate=0.1, reorder=0.1, reorder_delay=1ms, corrupt=0.03, "
             "delay=200us, jitter=500us; seed=11")
@@ -364,9 +342,9 @@ def test_random_impairments_both_ways_on_live_devices(devices):
     a.close(), b.close()
 
 
-def test_inject_scapy_packets_into_a_live_device(devices):
-    da = devices("127.0.16.13", "f-ja")
-    db = devices("127.0.16.14", "f-jb")
+def test_inject_scapy_packets_into_a_live_device(udp_devices):
+    da = udp_devices("127.0.16.13", "f-ja")
+    db = udp_devices("127.0.16.14", "f-jb")
     # b expects PSN 5; a will send from 6: the injected WRITE (PSN 5) goes first
     a, b = _pair(da, db, a_psn=6, b_expects=5)
     sport = da.qps[a.qp.qp_num].src_port  # the port a's packets come from
@@ -442,11 +420,11 @@ def test_simulated_link_and_live_direction_draw_alike():
 
 
 # -- environment and command line ---------------------------------------------------------
-def test_env_faults_and_tx_loss_aliases(devices, monkeypatch):
+def test_env_faults_and_tx_loss_aliases(udp_devices, monkeypatch):
     monkeypatch.setenv("SOFTRDMA_FAULTS", "rx:drop(ACKNOWLEDGE, nth=2); seed=3")
     monkeypatch.setenv("SOFTRDMA_TX_LOSS", "0.25")
     monkeypatch.setenv("SOFTRDMA_TX_LOSS_KIND", "requests")
-    d = devices("127.0.16.15", "f-env")
+    d = udp_devices("127.0.16.15", "f-env")
     assert d.tx_loss == 0.25 and d.faults.tx.random.loss == 0.25
     assert d.tx_loss_requests_only and d.faults.tx.random.loss_kind == "requests"
     assert d.faults.describe() == ("tx:loss=0.25, loss_kind=requests; "

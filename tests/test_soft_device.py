@@ -3,6 +3,7 @@ counters and clean shutdown."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -22,32 +23,13 @@ from softrdma.wire.opcodes import Opcode
 from softrdma.wire.packet import build, parse
 from softrdma.wire.pcap import read_pcap
 
+from .conftest import wait_until
+
+_wait = functools.partial(wait_until, timeout=5.0)  # (the waits of this file)
+
 CAP = QPCap(max_send_wr=64, max_recv_wr=64, max_send_sge=1, max_recv_sge=1)
 
 
-@pytest.fixture
-def devices(request):
-    made = []
-
-    def make(ip, name, **kw):
-        d = add_device(ip, name=name)
-        d.attach_udp(**kw)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.detach()
-        unregister_device(d.name)
-
-
-def _wait(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def _pair(da, db):
@@ -62,11 +44,11 @@ def _fds():
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_rc_over_udp_with_progress_threads_and_clean_shutdown(devices, tmp_path):
+def test_rc_over_udp_with_progress_threads_and_clean_shutdown(udp_devices, tmp_path):
     threads0, fds0 = set(threading.enumerate()), _fds()
     pcap = tmp_path / "cap.pcap"
-    da = devices("127.0.0.41", "t-a", capture=str(pcap))
-    db = devices("127.0.0.42", "t-b")
+    da = udp_devices("127.0.0.41", "t-a", capture=str(pcap))
+    db = udp_devices("127.0.0.42", "t-b")
     a, b = _pair(da, db)
     data = bytes(range(256)) * 40
     a.mr.write(data, len(data))
@@ -93,10 +75,10 @@ def test_rc_over_udp_with_progress_threads_and_clean_shutdown(devices, tmp_path)
     assert _fds() <= fds0
 
 
-def test_udp_source_ports_are_rxe_ports(devices, tmp_path):
+def test_udp_source_ports_are_rxe_ports(udp_devices, tmp_path):
     pcap = tmp_path / "c.pcap"
-    da = devices("127.0.0.43", "t-c", capture=str(pcap))
-    db = devices("127.0.0.44", "t-d")
+    da = udp_devices("127.0.0.43", "t-c", capture=str(pcap))
+    db = udp_devices("127.0.0.44", "t-d")
     a, b = _pair(da, db)
     b.post_recv(b.sge(0, 100), 1)
     a.post_send(IBV_WR_SEND, a.sge(0, 100), 2)
@@ -109,10 +91,10 @@ def test_udp_source_ports_are_rxe_ports(devices, tmp_path):
     a.close(), b.close()
 
 
-def test_ipv6_icrc_is_verified_and_corruption_is_caught(devices):
+def test_ipv6_icrc_is_verified_and_corruption_is_caught(udp_devices):
     if not socket.has_ipv6:
         pytest.skip("no IPv6 on this host")
-    d = devices("::1", "t-v6")
+    d = udp_devices("::1", "t-v6")
     a = Endpoint(Context(name=d.name), "RC", 1 << 16, CAP, 64)
     b = Endpoint(Context(name=d.name), "RC", 1 << 16, CAP, 64)
     connect(a, b, 1, 2)
@@ -136,11 +118,11 @@ def test_ipv6_icrc_is_verified_and_corruption_is_caught(devices):
     a.close(), b.close()
 
 
-def test_raw_mode_verifies_ipv4_icrc(devices):
+def test_raw_mode_verifies_ipv4_icrc(udp_devices):
     if os.geteuid() != 0:
         pytest.skip("raw sockets need root (CAP_NET_RAW)")
-    da = devices("127.0.0.45", "t-raw", raw_rx=True)
-    db = devices("127.0.0.46", "t-raw2")
+    da = udp_devices("127.0.0.45", "t-raw", raw_rx=True)
+    db = udp_devices("127.0.0.46", "t-raw2")
     a, b = _pair(db, da)
     b.post_recv(b.sge(0, 5000), 1)
     a.post_send(IBV_WR_SEND, a.sge(0, 5000), 2)
@@ -150,8 +132,8 @@ def test_raw_mode_verifies_ipv4_icrc(devices):
     a.close(), b.close()
 
 
-def test_hostile_datagrams_are_counted_and_dropped(devices):
-    d = devices("127.0.0.47", "t-host")
+def test_hostile_datagrams_are_counted_and_dropped(udp_devices):
+    d = udp_devices("127.0.0.47", "t-host")
     ep = Endpoint(Context(name=d.name), "RC", 1 << 16, CAP, 64)
     before = bytes(ep.mr.mem)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -173,8 +155,8 @@ def test_hostile_datagrams_are_counted_and_dropped(devices):
     ep.close()
 
 
-def test_port_in_use_is_a_clear_error(devices):
-    devices("127.0.0.48", "t-busy")
+def test_port_in_use_is_a_clear_error(udp_devices):
+    udp_devices("127.0.0.48", "t-busy")
     other = add_device("127.0.0.48", name="t-busy2")
     try:
         with pytest.raises(TransportError, match="in use"):
@@ -183,10 +165,10 @@ def test_port_in_use_is_a_clear_error(devices):
         unregister_device("t-busy2")
 
 
-def test_manual_mode_is_single_threaded(devices):
+def test_manual_mode_is_single_threaded(udp_devices):
     threads0 = set(threading.enumerate())
-    da = devices("127.0.0.49", "t-m1", thread=False)
-    db = devices("127.0.0.50", "t-m2", thread=False)
+    da = udp_devices("127.0.0.49", "t-m1", thread=False)
+    db = udp_devices("127.0.0.50", "t-m2", thread=False)
     assert set(threading.enumerate()) == threads0
     a, b = _pair(da, db)
     b.post_recv(b.sge(0, 100), 1)
@@ -228,11 +210,11 @@ d.detach()
     assert len(list(read_pcap(tmp_path / "from-env-envdev.pcap"))) >= 2
 
 
-def test_injected_tx_loss_is_seeded_and_counted(devices, monkeypatch):
+def test_injected_tx_loss_is_seeded_and_counted(udp_devices, monkeypatch):
     monkeypatch.setenv("SOFTRDMA_TX_LOSS", "1.0")
-    da = devices("127.0.0.54", "t-loss")
+    da = udp_devices("127.0.0.54", "t-loss")
     monkeypatch.delenv("SOFTRDMA_TX_LOSS")
-    db = devices("127.0.0.55", "t-noloss")
+    db = udp_devices("127.0.0.55", "t-noloss")
     assert da.tx_loss == 1.0 and db.tx_loss == 0.0
     a, b = _pair(da, db)
     b.post_recv(b.sge(0, 100), 1)
