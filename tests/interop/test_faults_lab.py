@@ -12,16 +12,16 @@ Each runs perftest on rxe in the guest against `softrdma perf` on the host."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
-from softrdma.harness.lab import HOST_IP, guest_ip
+from softrdma.harness.lab import HOST_IP
 from softrdma.harness.replay import load_capture
 from softrdma.wire.opcodes import Opcode as O
 
-PORTS = iter(range(19500, 19599))
+from .test_perftest_interop import run_case
+
 HOST = bytes(int(x) for x in HOST_IP.split("."))
 MTU = 1024  # rxe's active MTU on the guest's 1500-byte NIC, and softrdma's on br0
 
@@ -52,39 +52,20 @@ def _rxe_counter(lab, name: str) -> int:
     return int(r.stdout.strip())
 
 
-def _softrdma_serves(lab, soft: str, rxe: str, faults: str, pcap: Path):
-    """softrdma serves (``soft``, with ``faults``), rxe's perftest runs as the client."""
-    port = next(PORTS)
-    p = lab.host_start(f"{soft} -p {port} --addr {HOST_IP}",
-                       env={"SOFTRDMA_FAULTS": faults, "SOFTRDMA_PCAP": str(pcap)})
-    try:
-        time.sleep(1.5)
-        g = lab.guest(0, f"timeout 120 {rxe} -p {port} {HOST_IP}", timeout=140)
-        out, err = p.communicate(timeout=140)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            out, err = p.communicate()
-    assert p.returncode == 0, f"softrdma: {err}\n{out}"
-    assert g.rc == 0, f"perftest: {g.stderr}\n{g.stdout}"
-
-
-def _softrdma_connects(lab, soft: str, rxe: str, faults: str, pcap: Path):
-    """rxe's perftest serves, softrdma (``soft``, with ``faults``) is the client."""
-    port = next(PORTS)
-    job = lab.guest_start(0, f"timeout 120 {rxe} -p {port}")
-    time.sleep(1.5)
-    r = lab.host(f"{soft} -p {port} --addr {HOST_IP} {guest_ip(0)}", timeout=140,
-                 env={"SOFTRDMA_FAULTS": faults, "SOFTRDMA_PCAP": str(pcap)})
-    g = job.wait(140)
-    assert r.rc == 0, f"softrdma: {r.stderr}\n{r.stdout}"
-    assert g.rc == 0, f"perftest: {g.stderr}\n{g.stdout}"
+def _run(lab, soft: str, rxe: str, faults: str, pcap: Path, softrdma_is_server: bool):
+    """perftest on rxe against ``soft`` with ``faults``, as test_perftest_interop runs
+    them; both must succeed."""
+    (src, sout, serr), (rrc, rout, rerr) = run_case(
+        lab, rxe, soft, softrdma_is_server,
+        env={"SOFTRDMA_FAULTS": faults, "SOFTRDMA_PCAP": str(pcap)})
+    assert src == 0, f"softrdma: {serr}\n{sout}"
+    assert rrc == 0, f"perftest: {rerr}\n{rout}"
 
 
 def test_lost_read_response_is_read_again_from_its_offset(captured):
     lab, pcap, read = captured
-    _softrdma_serves(lab, "softrdma perf read -n 5 -s 4096", "ib_read_bw -n 5 -s 4096 -F",
-                     "tx:drop(RC_RDMA_READ_RESPONSE_MIDDLE)", pcap)
+    _run(lab, "softrdma perf read -n 5 -s 4096", "ib_read_bw -n 5 -s 4096 -F",
+         "tx:drop(RC_RDMA_READ_RESPONSE_MIDDLE)", pcap, softrdma_is_server=True)
     pkts = read()
     reads = [c.pkt for c in pkts if c.dst == HOST and c.pkt.opcode == O.RC_RDMA_READ_REQUEST]
     mine = [c.pkt for c in pkts if c.src == HOST]
@@ -107,8 +88,8 @@ def test_duplicated_write_is_counted_and_answered_by_rxe(captured):
     injected one, and any spurious retransmission a slow lab provokes."""
     lab, pcap, read = captured
     before = _rxe_counter(lab, "duplicate_request")
-    _softrdma_connects(lab, "softrdma perf write -n 5 -s 1024", "ib_write_bw -n 5 -s 1024 -F",
-                       "tx:duplicate(RC_RDMA_WRITE_ONLY)", pcap)
+    _run(lab, "softrdma perf write -n 5 -s 1024", "ib_write_bw -n 5 -s 1024 -F",
+         "tx:duplicate(RC_RDMA_WRITE_ONLY)", pcap, softrdma_is_server=False)
     sent = [c.pkt for c in read() if c.src == HOST and c.pkt.info.is_request
             and c.pkt.dest_qp != 1]
     psns = [p.psn for p in sent]
@@ -121,8 +102,8 @@ def test_duplicated_write_is_counted_and_answered_by_rxe(captured):
 
 def test_corrupted_write_is_dropped_by_rxe_and_retransmitted(captured):
     lab, pcap, read = captured
-    _softrdma_connects(lab, "softrdma perf write -n 5 -s 4096", "ib_write_bw -n 5 -s 4096 -F",
-                       "tx:corrupt(RC_RDMA_WRITE_MIDDLE, field=icrc)", pcap)
+    _run(lab, "softrdma perf write -n 5 -s 4096", "ib_write_bw -n 5 -s 4096 -F",
+         "tx:corrupt(RC_RDMA_WRITE_MIDDLE, field=icrc)", pcap, softrdma_is_server=False)
     pkts = read()
     mids = [c for c in pkts if c.src == HOST and c.pkt.opcode == O.RC_RDMA_WRITE_MIDDLE]
     from softrdma.wire.icrc import icrc_ipv4
