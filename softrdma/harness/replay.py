@@ -298,12 +298,11 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
                 dev.receive(c.roce, c.src, c.dst, ip_id=c.ip_id, sport=c.sport, verify_icrc=True)
         res.completions = cq.poll_all()
         if cut is not None and last_mine >= 0:  # (requests were posted: compare them all)
-            keep = [i for i in range(len(res.sent))
-                    if i < cut or parse(res.sent[i]).info.is_request]
-            res.after_capture = [res.sent[i] for i in range(cut, len(res.sent))
-                                 if i not in keep]
-            res.sent = [res.sent[i] for i in keep]
-            res.sports = [res.sports[i] for i in keep]
+            late = [i for i in range(cut, len(res.sent))
+                    if not parse(res.sent[i]).info.is_request]  # answers, not requests
+            res.after_capture = [res.sent[i] for i in late]
+            for i in reversed(late):
+                del res.sent[i], res.sports[i]
         _compare(res, dev)
         res.drops = dict(dev.counters.drops)  # type: ignore[attr-defined]
         return res
