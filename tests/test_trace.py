@@ -192,3 +192,21 @@ def test_environment_switch(tmp_path):
     assert p.returncode == 0, p.stderr
     recs = [json.loads(x) for x in p.stderr.splitlines()]
     assert [r["new"] for r in recs].count("IBV_QPS_RTS") == 2
+
+
+def test_a_packet_the_fault_injector_drops_is_traced_as_sent_then_dropped(traced):
+    """The trace shows what the QP sent, then what the injected fault did to it."""
+    net = SimNetwork(seed=1)
+    a, b = connected_pair(net, "RC")
+    rule = a.qp.device.faults.tx.drop("RC_RDMA_WRITE_MIDDLE")
+    buf = traced("packet,drop")
+    a.post_send(IBV_WR_RDMA_WRITE, a.buf_sge(0, 4096), wr_id=3, remote_offset=0)
+    net.run_until(lambda: a.ncomp(), timeout=10)
+    assert [h.psn for h in rule.hits] == [101]
+    recs = [r for r in _records(buf) if r["dev"] == a.qp.device.name]
+    tx101 = [i for i, r in enumerate(recs) if r["kind"] == "packet" and r["dir"] == "tx"
+             and r["psn"] == 101]
+    drops = [i for i, r in enumerate(recs) if r["kind"] == "drop"
+             and r["reason"] == "injected_loss"]
+    assert len(tx101) == 2  # sent (and dropped), then sent again by the go-back-N
+    assert len(drops) == 1 and tx101[0] < drops[0] < tx101[1]
