@@ -89,6 +89,10 @@ class Counters:
     icrc_unchecked: int = 0  # IPv4 over a UDP socket: the IP ID is invisible (docs/device.md)
     sport_fallback: int = 0  # sent from port 4791: the QP's source port could not be had
     sport_evicted: int = 0  # source-port sockets closed to stay within the pool
+    gso_trains: int = 0  # trains sent with one sendmsg (UDP GSO; softrdma.wire.trains) ...
+    gso_packets: int = 0  # ... and the packets they carried
+    gso_fallback: int = 0  # a train the kernel refused: trains off, packet by packet
+    gro_trains: int = 0  # trains received whole with one recvmsg (UDP GRO)
     qp_fatal: int = 0  # QPs moved to ERR by an unexpected exception (QpEngine.fault)
     progress_errors: int = 0  # unexpected errors the progress thread survived
     gsi_mads_rcvd: int = 0  # MADs QP1 handed to the MAD handler (softrdma.soft.gsi)
@@ -101,10 +105,10 @@ class Counters:
     # (tracer, device) while drops are traced (softrdma.trace), else None; not a counter
     trace = None
 
-    def drop(self, reason: Drop) -> None:
-        self.dropped_pkts += 1
+    def drop(self, reason: Drop, count: int = 1) -> None:
+        self.dropped_pkts += count
         key = reason.value
-        self.drops[key] = self.drops.get(key, 0) + 1
+        self.drops[key] = self.drops.get(key, 0) + count
         if self.trace is not None:
             tracer, dev = self.trace
             tracer.emit(dev, "drop", None, f"dropped: {key}", reason=key)

@@ -37,7 +37,7 @@ from ..enums import (
 )
 from ..completion import WC, WC_RECV, WC_RECV_RDMA_WITH_IMM
 from ..wire.headers import AETH_ACK_UNLIMITED, AethType, NakCode, make_syndrome
-from ..wire.opcodes import Opcode as O
+from ..wire.opcodes import BTH_SIZE, Opcode as O
 from ..wire.packet import build
 from .dma import NoSpace, scatter
 from .psn import psn_add, psn_diff
@@ -237,6 +237,60 @@ class Responder:
         if self.goto_error:
             self.goto_error = False
             qp.to_error()
+
+    def take_middles(self, packets: list, mtu: int) -> int:
+        """Execute a run of MIDDLE packets of the message under way, already checked by
+        the receive path (softrdma.soft.rx.receive_train): same QP and opcode, PSNs from
+        ``self.psn`` on, a full MTU of payload each, no pad, no AckReq. What
+        :meth:`on_request` would do packet by packet, without parsing each: the opcode
+        sequence and access were checked for the first, the rkey range is resolved once
+        for the whole message remainder (the check rxe repeats per packet, on the same
+        range or a part of it). Stops at the first packet these shortcuts do not cover (a
+        write that would reach the message's last bytes, receive buffers that run out, an
+        access error) and returns how many it executed; the caller hands the rest to the
+        per-packet path, which decides exactly as before."""
+        qp = self.qp
+        if not packets or qp.state == S.IBV_QPS_ERR:
+            return 0
+        op = packets[0][0]
+        keys = self.eng.device.keys
+        end = BTH_SIZE + mtu
+        done = 0
+        if op & 0x1F == O.RC_RDMA_WRITE_MIDDLE:
+            count = min(len(packets), (self.resid - 1) // mtu)  # a MIDDLE needs resid > mtu
+            if count <= 0:
+                return 0
+            try:
+                dst = keys.resolve(self.rkey, qp.pd, self.va, self.resid, Access.REMOTE_WRITE,
+                                   remote=True, qp=qp)
+            except AccessError:
+                return 0
+            for k in range(count):
+                dst[k * mtu:(k + 1) * mtu] = packets[k][BTH_SIZE:end]
+            self.va += count * mtu
+            self.resid -= count * mtu
+            done = count
+        else:  # SEND MIDDLE: into the receive WQE taken by the FIRST
+            wqe = self.wqe
+            if wqe is None:
+                return 0
+            pd = qp.pd
+            sges = wqe.sges
+            for p in packets:
+                try:
+                    scatter(keys, pd, sges, self.wqe_offset, p[BTH_SIZE:end])
+                except (NoSpace, AccessError):
+                    break
+                self.wqe_offset += mtu
+                done += 1
+        if done:
+            self.psn = psn_add(self.psn, done)
+            self.ack_psn = self.psn
+            self.opcode = op
+            self.status = WCS.IBV_WC_SUCCESS
+            self.syndrome = AETH_ACK_UNLIMITED
+            self.sent_psn_nak = False
+        return done
 
     def _check_op_seq(self, pkt: Any, rc: bool) -> None:
         op = pkt.opcode if rc else pkt.opcode - 0x20

@@ -20,7 +20,6 @@ import ipaddress
 import logging
 import os
 import random
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -37,9 +36,10 @@ from ..wire.opcodes import BTH_SIZE
 from .capture import PacketCapture
 from .faults import Direction, Faults, with_icrc
 from .gsi import GsiEndpoint
+from .lock import DeviceLock
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
 from .progress import Progress, poll_once
-from .rx import receive_packet, trace_packet
+from .rx import receive_packet, receive_train, trace_packet
 from .udp import TransportError, UdpTransport
 
 __all__ = ["SoftDevice", "DeviceLimits", "DeviceFailed", "RXE_MAX_HDR_LENGTH",
@@ -139,7 +139,7 @@ class SoftDevice:
         self.counters = Counters()
         self.trace: Any = None  # a softrdma.trace.Tracer while tracing: every hook tests it
         _trace.attach(self)
-        self.lock = threading.RLock()
+        self.lock = DeviceLock()  # an RLock whose last release sends what was queued
         self.contexts: int = 0
         # objects in use per kind, against the limits (rxe's rxe_pool counts)
         self.in_use: dict[str, int] = dict.fromkeys(POOLS, 0)
@@ -322,6 +322,21 @@ class SoftDevice:
                                     self._deliver_received)
             else:
                 receive_packet(self, data, src_ip, dst_ip, ip_id, ip_header, sport, verify)
+
+    def receive_train(self, parts: list, src_ip: bytes, dst_ip: bytes, *, sport: int = 0,
+                      verify_icrc: bool | None = None, ip_ids: list[int] | None = None) -> None:
+        """The packets of a train received whole (UDP GRO; ``parts`` may be views of the
+        receive buffer, used before this returns; ``ip_ids`` their IPv4 IDs, if known).
+        Runs of MIDDLE packets take the train path (softrdma.soft.rx.receive_train) unless
+        something wants every packet on its own: receive faults, a capture or a trace."""
+        verify = self.verify_icrc if verify_icrc is None else verify_icrc
+        with self.lock:
+            if self.fault_rx is not None or self.capture is not None or self.trace is not None:
+                for k, p in enumerate(parts):
+                    self.receive(bytes(p), src_ip, dst_ip, sport=sport, verify_icrc=verify,
+                                 ip_id=ip_ids[k] if ip_ids else 0)
+            else:
+                receive_train(self, parts, src_ip, dst_ip, sport, verify, ip_ids)
 
     def _deliver_received(self, data: bytes, src_ip: bytes, dst_ip: bytes, ip_id: int,
                           ip_header: bytes | None, sport: int, verify: bool) -> None:

@@ -13,21 +13,27 @@ import struct
 from typing import Any
 
 from ..completion import AsyncEvent
-from ..enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T
+from ..enums import (ibv_access_flags as A, ibv_event_type, ibv_qp_state as S,
+                     ibv_qp_type as T)
 from ..wire.frames import ip_checksum
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
-from ..wire.opcodes import Transport
+from ..wire.opcodes import BTH_SIZE, Transport
 from ..wire.packet import DecodeError, parse
 from ..counters import Drop
 
-__all__ = ["receive_packet", "synth_ip_header", "trace_packet"]
+__all__ = ["receive_packet", "receive_train", "synth_ip_header", "trace_packet"]
 
 _MALFORMED = {"truncated": Drop.MALFORMED_TRUNCATED, "unknown_opcode": Drop.MALFORMED_UNKNOWN_OPCODE,
               "bad_pad": Drop.MALFORMED_BAD_PAD}  # DecodeError.reason -> drop reason
 
+_REMOTE_WRITE = int(A.IBV_ACCESS_REMOTE_WRITE)
 _TRANSPORT_OF_QPT = {T.IBV_QPT_RC: Transport.RC, T.IBV_QPT_UC: Transport.UC,
                      T.IBV_QPT_UD: Transport.UD}
 _RESP_READY = (S.IBV_QPS_RTR, S.IBV_QPS_RTS, S.IBV_QPS_SQD, S.IBV_QPS_SQE)
+# the MIDDLE opcodes a train of one message's body is made of, with the opcodes the
+# responder may have seen last for a MIDDLE to be in sequence (its FIRST or a MIDDLE)
+_MIDDLE_AFTER = {0x01: (0x00, 0x01), 0x07: (0x06, 0x07),  # RC SEND, RC RDMA WRITE
+                 0x21: (0x20, 0x21), 0x27: (0x26, 0x27)}  # UC SEND, UC RDMA WRITE
 _REQ_READY = (S.IBV_QPS_RTS, S.IBV_QPS_SQD)
 
 
@@ -143,3 +149,95 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
     if ip_header is None and qp.qp_type == T.IBV_QPT_UD:
         ip_header = synth_ip_header(src_ip, dst_ip, len(data), ip_id)  # UDP payload length
     qp.on_packet(pkt, ip_header or b"")
+
+
+def receive_train(dev: Any, parts: list, src_ip: bytes, dst_ip: bytes, sport: int,
+                  verify: bool, ip_ids: list[int] | None = None) -> None:
+    """The packets of a train received whole (UDP GRO), in order, device lock held.
+
+    Each packet gets exactly what :func:`receive_packet` would give it, but a run of
+    MIDDLE packets of the message a QP is receiving is checked as a run: the QP, its
+    state, the path and the opcode sequence once; per packet only what can differ (its
+    opcode, QPN, length, flags, P_Key, PSN, AckReq); then the responder executes the run
+    in one call (:meth:`Responder.take_middles`). Anything else, and any packet the
+    shortcut stops at, goes through :func:`receive_packet`. ``ip_ids`` are the packets'
+    IPv4 IDs when known (the ICRC covers them; default 0). Callers use this only when no
+    capture, trace or receive fault wants each packet on its own."""
+    c = dev.counters
+    n = len(parts)
+    i = 0
+    while i < n:
+        j = _middle_run(dev, parts, i, src_ip, sport, verify, ip_ids) \
+            if dst_ip == dev.ip_packed else i
+        if j > i:
+            qp = dev.qps[int.from_bytes(parts[i][5:8], "big")]
+            try:
+                done = qp.resp.take_middles(parts[i:j], qp.mtu())
+            except Exception as e:  # contained to the QP, as QpEngine.on_packet does
+                qp.fault(e, "receive")
+                done = j - i
+            c.rcvd_pkts += done
+            i += done
+            if done:
+                continue
+        # a copy: the parsed packet must not see the receive buffer's next datagram
+        receive_packet(dev, bytes(parts[i]), src_ip, dst_ip, ip_ids[i] if ip_ids else 0, None,
+                       sport, verify)
+        i += 1
+
+
+def _icrc_good(p: Any, src: bytes, dst: bytes, sport: int, ip_id: int) -> bool:
+    if len(src) == 4:
+        good = icrc_ipv4(p, src, dst, sport, ip_id=ip_id)
+    else:
+        good = icrc_ipv6(p, src, dst, sport)
+    return good == int.from_bytes(p[-4:], "little")
+
+
+def _middle_run(dev: Any, parts: list, i: int, src_ip: bytes, sport: int, verify: bool,
+                ip_ids: list[int] | None) -> int:
+    """The end of the run of MIDDLE packets from ``parts[i]`` that the QP they are for
+    expects next and would take without a question; ``i`` if there is none."""
+    p = parts[i]
+    if len(p) < 16:
+        return i
+    op = p[0]
+    after = _MIDDLE_AFTER.get(op)
+    if after is None:
+        return i
+    qpn = p[5:8]
+    qp = dev.qps.get(int.from_bytes(qpn, "big"))
+    if qp is None or qp.closed:
+        return i
+    st = qp.state
+    if st not in _RESP_READY or (st == S.IBV_QPS_RTR and not qp.comm_est_sent):
+        return i
+    qpt = qp.qp_type
+    if qpt != (T.IBV_QPT_RC if op < 0x20 else T.IBV_QPT_UC):
+        return i
+    av = qp.av
+    if av is None or av.dst_ip != src_ip or (dev.strict and sport != qp.src_port):
+        return i
+    resp = qp.resp
+    if resp.opcode not in after or (qpt == T.IBV_QPT_UC and resp.drop_msg):
+        return i
+    if op & 0x1F == 0x07 and not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
+        return i
+    size = BTH_SIZE + qp.mtu() + 4
+    psn = resp.psn
+    j = i
+    n = len(parts)
+    while j < n:
+        p = parts[j]
+        # opcode, flags 0 (no SE, MigReq, pad or TVer), a full P_Key, the QP, AckReq clear
+        # and the next PSN: anything else is for receive_packet to judge
+        if len(p) != size or p[0] != op or p[1] != 0 or p[5:8] != qpn or p[8] & 0x80 or \
+                (p[3] != 0xFF or p[2] & 0x7F != 0x7F) or \
+                int.from_bytes(p[9:12], "big") != psn:
+            break
+        if verify and not _icrc_good(p, src_ip, dev.ip_packed, sport,
+                                     ip_ids[j] if ip_ids else 0):
+            break  # receive_packet counts and drops it
+        psn = (psn + 1) & 0xFFFFFF
+        j += 1
+    return j

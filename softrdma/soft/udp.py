@@ -11,6 +11,16 @@ out of descriptors), the packet is rebuilt for the main socket's port 4791 and s
 it, and ``counters.sport_fallback`` counts it: rxe does not check source ports, so peers
 still accept it.
 
+Packets leave in trains: the transport queues what the engines send and, when the device
+lock's outermost holder lets go (softrdma.soft.lock), sends each run of equal-size packets
+for one destination and source port with one ``sendmsg`` and a ``UDP_SEGMENT`` control
+message (Linux UDP GSO; softrdma.wire.trains has the rules and the IPv4 ICRC fix-up). The
+receive socket sets ``UDP_GRO``, so a train that arrives whole is read with one
+``recvmsg`` and cut into its packets. Each is optional: ``SOFTRDMA_GSO=0`` and
+``SOFTRDMA_GRO=0`` switch them off, a kernel without them is detected (the option is
+refused, or a train's ``sendmsg`` fails with EIO/EINVAL and the train goes packet by
+packet), and ``counters.gso_trains``/``gro_trains`` say how often they were used.
+
 Packets addressed to the device itself never touch a socket: they go to the device's
 loopback queue (rxe's ``rxe_loopback``), handled on the same thread right after the call
 that sent them.
@@ -26,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import resource
 import selectors
 import socket
@@ -35,6 +46,8 @@ from typing import Any
 
 from ..wire.headers import ROCE_V2_UDP_DPORT
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from ..wire.opcodes import OPCODE_LIST
+from ..wire.trains import coalesce, split, split_unsized, train_iov
 from ..counters import Drop
 
 __all__ = ["UdpTransport", "TransportError", "TX_POOL"]
@@ -47,6 +60,30 @@ TX_POOL = 256  # source-port sockets kept open per device (descriptors are finit
 TX_POOL_SHARE = 8  # ... and at most 1/8 of the process's descriptor limit
 # errors that say "no descriptor or buffer right now", not "this port is someone else's"
 _TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+SOL_UDP = 17
+UDP_SEGMENT = 103  # linux/udp.h: send a train (GSO), the segment size as a u16 cmsg
+UDP_GRO = 104  # receive trains whole, the segment size as an int cmsg
+# what sendmsg says when this kernel, device or route cannot take a train
+_NO_GSO = (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
+_GSO_SIZE = struct.Struct("=H")
+_GRO_SIZE = struct.Struct("=i")
+
+
+def _env_on(name: str) -> bool:
+    """A feature switch: on unless the variable is set to 0, no, off or false."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "no", "off", "false")
+
+
+def _train_ip_id(packet: memoryview, src: bytes, dst: bytes, sport: int, k: int) -> int:
+    """The IPv4 ID packet ``k`` of a received train had: ``k`` if its ICRC says so (a
+    softrdma GSO train, cut by the kernel), else 0 (a DF sender such as rxe)."""
+    stored = int.from_bytes(packet[-4:], "little")
+    return k if icrc_ipv4(packet, src, dst, sport, ip_id=k) == stored else 0
+
+
+def _header_length(opcode: int) -> int | None:
+    info = OPCODE_LIST[opcode]
+    return None if info is None else info.length
 
 
 class TransportError(OSError):
@@ -74,6 +111,17 @@ class UdpTransport:
             self.raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKBUF)
         device.transmit = self.send
         device.verify_icrc = self.v6 or self.raw is not None
+        # trains (module docstring): queue and flush on the lock's last release, GRO reads
+        self.gso = _env_on("SOFTRDMA_GSO")
+        self.gro = False
+        if _env_on("SOFTRDMA_GRO"):
+            try:
+                self.sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+                self.gro = True
+            except OSError:  # a kernel before 5.0: one datagram per packet
+                pass
+        self._pending: list[tuple[bytes, bytes, int]] = []
+        device.lock.on_release = self.flush
         self._buf = bytearray(65536)
         self._addr: dict[bytes, tuple[str, int]] = {}
         self._sel: selectors.BaseSelector | None = None
@@ -147,16 +195,75 @@ class UdpTransport:
         return s
 
     def send(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+        """The device's ``transmit``: loopback at once, anything else queued for the flush
+        when the device lock is let go (or sent now, without trains)."""
         dev = self.device
         if dst_ip == dev.ip_packed:  # loopback: no socket, handled right after this call
             dev._rxq.append((data, dst_ip, dst_ip, sport))
             return
+        if self.gso:
+            self._pending.append((data, dst_ip, sport))
+            if dev.lock.depth == 0:  # sent by someone not holding the lock: no flush coming
+                self.flush()
+            return
+        self._send_one(data, dst_ip, sport)
+
+    def flush(self) -> None:
+        """Send what is queued: each run of equal-size packets for one destination and
+        port as one train. Called with the device lock held, as it is let go."""
+        pending = self._pending
+        if not pending or self.closed:
+            return
+        self._pending = []
+        for dst_ip, sport, size, packets in coalesce(pending):
+            if len(packets) == 1:
+                self._send_one(packets[0], dst_ip, sport)
+            else:
+                self._send_train(packets, dst_ip, sport, size)
+
+    def _socket_for(self, sport: int) -> socket.socket | None:
         if sport == self._last_sport:  # a message's packets share a port: skip the pool
-            s = self._last_sock
-        else:
-            s = self._tx_socket(sport)
-            if s is not None:
-                self._last_sport, self._last_sock = sport, s
+            return self._last_sock
+        s = self._tx_socket(sport)
+        if s is not None:
+            self._last_sport, self._last_sock = sport, s
+        return s
+
+    def _address(self, dst_ip: bytes) -> tuple[str, int]:
+        addr = self._addr.get(dst_ip)
+        if addr is None:  # converting with ipaddress costs ~2 us: once per destination
+            addr = self._addr[dst_ip] = (str(ipaddress.ip_address(dst_ip)), ROCE_V2_UDP_DPORT)
+        return addr
+
+    def _send_train(self, packets: list, dst_ip: bytes, sport: int, size: int) -> None:
+        s = self._socket_for(sport)
+        if s is None:  # no socket on the QP's port: the fallback rebuilds each packet
+            for p in packets:
+                self._send_one(p, dst_ip, sport)
+            return
+        c = self.device.counters
+        try:
+            s.sendmsg(train_iov(packets, not self.v6),
+                      [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(size))], 0, self._address(dst_ip))
+        except BlockingIOError:
+            c.drop(Drop.TX_QUEUE_FULL, len(packets))
+            return
+        except OSError as e:
+            if e.errno not in _NO_GSO:
+                c.send_err += 1
+                c.drop(Drop.TX_ERROR, len(packets))
+                return
+            # this kernel or route takes no trains: from now on, packet by packet
+            self.gso = False
+            c.gso_fallback += 1
+            for p in packets:
+                self._send_one(p, dst_ip, sport)
+            return
+        c.gso_trains += 1
+        c.gso_packets += len(packets)
+
+    def _send_one(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+        s = self._socket_for(sport)
         if s is None:
             # rebuild the ICRC for the main socket's port, which the packet will carry
             self.device.counters.sport_fallback += 1
@@ -166,11 +273,8 @@ class UdpTransport:
             b[-4:] = c.to_bytes(4, "little")
             data = bytes(b)
             s = self.sock
-        addr = self._addr.get(dst_ip)
-        if addr is None:  # converting with ipaddress costs ~2 us: once per destination
-            addr = self._addr[dst_ip] = (str(ipaddress.ip_address(dst_ip)), ROCE_V2_UDP_DPORT)
         try:
-            s.sendto(data, addr)
+            s.sendto(data, self._address(dst_ip))
         except BlockingIOError:
             self.device.counters.drop(Drop.TX_QUEUE_FULL)
         except OSError:
@@ -188,18 +292,46 @@ class UdpTransport:
         verify = self.v6
         buf = self._buf
         mv = memoryview(buf)
+        sock = self.sock
+        gro = self.gro
         while n < budget:
             try:
-                nbytes, addr = self.sock.recvfrom_into(buf)
+                if gro:
+                    nbytes, anc, _flags, addr = sock.recvmsg_into([buf], 64)
+                else:
+                    nbytes, addr = sock.recvfrom_into(buf)
             except BlockingIOError:
                 break
             except OSError:
                 break
             n += 1
             src = socket.inet_pton(self.family, addr[0].split("%")[0])
-            if not verify:
-                dev.counters.icrc_unchecked += 1
-            dev.receive(bytes(mv[:nbytes]), src, own, sport=addr[1], verify_icrc=verify)
+            sport = addr[1]
+            size = 0
+            if gro and anc:  # a train: its segment size came with it
+                for level, kind, data in anc:
+                    if level == SOL_UDP and kind == UDP_GRO:
+                        size = _GRO_SIZE.unpack_from(data)[0]
+            if 0 < size < nbytes:
+                dev.counters.gro_trains += 1
+                parts = split(mv, nbytes, size)
+                if not verify:
+                    dev.counters.icrc_unchecked += len(parts)
+                ip_ids = None
+                if dev.capture is not None and not verify:
+                    # the capture wants the IP ID each packet had (its ICRC covers it)
+                    ip_ids = [_train_ip_id(part, src, own, sport, k) if k else 0
+                              for k, part in enumerate(parts)]
+                dev.receive_train(parts, src, own, sport=sport, verify_icrc=verify,
+                                  ip_ids=ip_ids)
+            else:
+                if not verify:
+                    dev.counters.icrc_unchecked += 1
+                dev.receive(bytes(mv[:nbytes]), src, own, sport=sport, verify_icrc=verify)
+            if self._pending:
+                # what this datagram (or train) provoked leaves now, not after the whole
+                # budget: an ACK held back stalls a sender whose window it would open
+                self.flush()
         return n
 
     def _receive_raw(self, budget: int) -> int:
@@ -224,13 +356,24 @@ class UdpTransport:
                 continue
             n += 1
             ip_id = struct.unpack_from("!H", pkt, 4)[0]
-            dev.receive(pkt[ihl + 8:ihl + ulen], pkt[12:16], own, ip_id=ip_id, sport=sport,
-                        ip_header=pkt[:20], verify_icrc=True)
+            roce = pkt[ihl + 8:ihl + ulen]
+            parts = [roce]
+            if len(roce) >= 32 and icrc_ipv4(roce, pkt[12:16], own, sport, ip_id=ip_id) != \
+                    int.from_bytes(roce[-4:], "little"):
+                # not one good packet: maybe a train that crossed loopback whole, which a
+                # raw socket sees uncut and without its segment size
+                parts = split_unsized(roce, _header_length)
+            for k, part in enumerate(parts):  # segment k of a train has IP ID id + k
+                dev.receive(part, pkt[12:16], own, ip_id=(ip_id + k) & 0xFFFF, sport=sport,
+                            ip_header=pkt[:20], verify_icrc=True)
         return n
 
     def close(self) -> None:
         if self.closed:
             return
+        self.flush()
+        if self.device.lock.on_release == self.flush:
+            self.device.lock.on_release = None
         self.closed = True
         if self._sel is not None:
             self._sel.close()
