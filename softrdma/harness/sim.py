@@ -14,6 +14,14 @@ traffic give the same run, packet for packet. The link's impairments are
 (``dev.faults.tx``/``rx``); the devices' targeted faults (``dev.faults.rx.drop(...)``,
 docs/faults.md) work here too, their delays on the virtual clock.
 
+Trains. ``SimNetwork(trains=True)`` moves packets as a live device on UDP does with GSO
+and GRO (softrdma.wire.trains, softrdma.soft.udp): what a device sends in one hold of its
+lock is grouped into trains, the IPv4 segments after the first get their ICRC moved to
+their IP ID (1, 2, ...), each packet then meets the link's impairments on its own, and
+the packets that arrive together (same time, source, destination and port, in order) are
+handed over as one train (``SoftDevice.receive_train``), the ICRC checked against each
+packet's IP ID. The data-path tests run both ways.
+
 Observers. ``net.observers`` is a list of callables, each called with a :class:`SimEvent`
 for every packet sent (with its fate: the copies that will arrive, none when it was lost),
 every packet delivered and every timer about to fire. It is empty unless someone watches
@@ -32,6 +40,7 @@ from typing import Any, Callable
 
 from ..soft.device import SoftDevice
 from ..soft.faults import Impairments
+from ..wire.trains import coalesce, train_iov
 from ..verbs_api.device import add_device, unregister_device
 
 __all__ = ["SimNetwork", "LinkProfile", "SimEvent", "SimCopy"]
@@ -96,12 +105,15 @@ class SimEvent:
 
 
 class SimNetwork:
-    def __init__(self, seed: int = 0, **profile: Any) -> None:
+    def __init__(self, seed: int = 0, *, trains: bool = False, **profile: Any) -> None:
         self.rng = random.Random(seed)
+        self.trains = trains
+        self._queued: dict[SoftDevice, list[tuple[bytes, bytes, int]]] = {}
         self.profile = LinkProfile(**profile)
         self.now = 0.0
         self.devices: dict[bytes, SoftDevice] = {}
-        self._events: list[tuple[float, int, SoftDevice, bytes, bytes, bytes, int]] = []
+        # (arrival, seq, device, packet, src ip, dst ip, UDP source port, IPv4 ID)
+        self._events: list[tuple[float, int, SoftDevice, bytes, bytes, bytes, int, int]] = []
         self._seq = itertools.count()
         self._made: dict[str, SoftDevice] = {}  # registered by add_device, for close()
         self.stats = {"sent": 0, "lost": 0, "duplicated": 0, "reordered": 0, "corrupted": 0,
@@ -136,7 +148,32 @@ class SimNetwork:
     def attach(self, dev: SoftDevice) -> None:
         self.devices[dev.ip_packed] = dev
         dev.now = self.now
-        dev.transmit = lambda data, dst, sport, _src=dev: self._send(_src, data, dst, sport)
+        if self.trains:
+            dev.transmit = lambda data, dst, sport, _src=dev: self._queue(_src, data, dst, sport)
+            dev.lock.on_release = lambda _src=dev: self._flush(_src)
+        else:
+            dev.transmit = lambda data, dst, sport, _src=dev: self._send(_src, data, dst, sport)
+
+    def _queue(self, src: SoftDevice, data: bytes, dst_ip: bytes, sport: int) -> None:
+        self._queued.setdefault(src, []).append((data, dst_ip, sport))
+        if src.lock.depth == 0:  # not sent from inside a lock hold: no flush will come
+            self._flush(src)
+
+    def _flush(self, src: SoftDevice) -> None:
+        """What ``src`` sent in one lock hold, as the UDP transport sends it: in trains."""
+        queued = self._queued.pop(src, None)
+        if not queued:
+            return
+        for dst_ip, sport, _size, packets in coalesce(queued):
+            if len(packets) == 1:
+                self._send(src, packets[0], dst_ip, sport)
+                continue
+            iov = train_iov(packets, len(dst_ip) == 4)
+            segs = [iov[0]] if len(dst_ip) == 4 else iov
+            if len(dst_ip) == 4:  # each later packet is two buffers: body, moved ICRC
+                segs += [bytes(iov[i]) + iov[i + 1] for i in range(1, len(iov), 2)]
+            for k, seg in enumerate(segs):
+                self._send(src, bytes(seg), dst_ip, sport, ip_id=k)
 
     def _note(self, kind: str) -> None:
         self.stats[_STAT[kind]] += 1
@@ -148,7 +185,8 @@ class SimNetwork:
                 "reorder": "held back (reordered) by the simulated network"}[kind]
         _trace_net(src, data, what, f"sim_{kind}", dst_ip)
 
-    def _send(self, src: SoftDevice, data: bytes, dst_ip: bytes, sport: int) -> None:
+    def _send(self, src: SoftDevice, data: bytes, dst_ip: bytes, sport: int,
+              ip_id: int = 0) -> None:
         self.stats["sent"] += 1
         dst = self.devices.get(dst_ip)
         if dst is None:
@@ -163,7 +201,7 @@ class SimNetwork:
         p = self.profile
         for t, pkt in p.impair(self.rng, data, self.now, note):
             seq = next(self._seq)
-            heapq.heappush(self._events, (t, seq, dst, pkt, src.ip_packed, dst_ip, sport))
+            heapq.heappush(self._events, (t, seq, dst, pkt, src.ip_packed, dst_ip, sport, ip_id))
             if self.observers:
                 # held back beyond the delay and its jitter: reordered (impair's rule)
                 late = bool(p.reorder) and t - self.now - p.delay > p.jitter
@@ -188,10 +226,13 @@ class SimNetwork:
         if t_pkt is None and t_tmr is None:
             return False
         if t_tmr is None or (t_pkt is not None and t_pkt <= t_tmr):
-            t, seq, dev, pkt, src, dst, sport = heapq.heappop(self._events)
+            t, seq, dev, pkt, src, dst, sport, ip_id = heapq.heappop(self._events)
             self._set_now(max(self.now, t))
+            if self.trains:
+                self._deliver_train(t, seq, dev, pkt, src, dst, sport, ip_id)
+                return True
             self.stats["delivered"] += 1
-            dev.receive(pkt, src, dst, sport=sport, verify_icrc=True)
+            dev.receive(pkt, src, dst, sport=sport, verify_icrc=True, ip_id=ip_id)
             if self.observers:
                 self._notify(SimEvent("deliver", self.now, src, dst, sport, pkt, seq=seq))
         else:
@@ -201,6 +242,27 @@ class SimNetwork:
             for d in self.devices.values():
                 d.fire_timers(self.now)
         return True
+
+    def _deliver_train(self, t: float, seq: int, dev: SoftDevice, pkt: bytes, src: bytes,
+                       dst: bytes, sport: int, ip_id: int) -> None:
+        """Deliver ``pkt`` with the packets queued right behind it for the same arrival
+        time, device and flow: one train, as UDP GRO hands it over."""
+        ev = self._events
+        seqs, parts, ids = [seq], [pkt], [ip_id]
+        while ev and ev[0][0] == t and ev[0][2] is dev and ev[0][4] == src and \
+                ev[0][5] == dst and ev[0][6] == sport:
+            e = heapq.heappop(ev)
+            seqs.append(e[1])
+            parts.append(e[3])
+            ids.append(e[7])
+        self.stats["delivered"] += len(parts)
+        if len(parts) == 1:
+            dev.receive(pkt, src, dst, sport=sport, verify_icrc=True, ip_id=ip_id)
+        else:
+            dev.receive_train(parts, src, dst, sport=sport, verify_icrc=True, ip_ids=ids)
+        if self.observers:
+            for q, p in zip(seqs, parts):
+                self._notify(SimEvent("deliver", self.now, src, dst, sport, p, seq=q))
 
     def run(self, until: float | None = None, max_events: int = 10_000_000) -> int:
         """Run until nothing is pending (or virtual time ``until``); return events handled."""
