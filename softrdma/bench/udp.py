@@ -1,27 +1,30 @@
-"""``softrdma bench udp``: softrdma over real UDP against bare Python UDP, in one invocation.
+"""``softrdma bench udp``: softrdma over real UDP against bare Python UDP, in one invocation:
+issue 18's goals, each as a ratio to its baseline measured in the same rounds.
 
-Runs, between two processes on loopback:
+Between two processes on loopback, in interleaved rounds:
 
-- ``softrdma perf write`` and ``softrdma perf send`` with 64 KiB messages (``-D`` seconds):
-  RC bandwidth, every byte through the engines, the ICRC and a UDP socket;
-- ``softrdma perf send --lat`` with 64-byte messages: perftest's latency (half the
-  round trip, its median ``t_typical``);
+=================================  ================================================  ========
+softrdma                           baseline (bare Python UDP, same packet sizes)     goal
+=================================  ================================================  ========
+``perf write -s 65536 -D S``       a sender/receiver of 4112-byte datagrams (BTH 12  >= 1.0x
+                                   + 4096 + ICRC 4: a full packet at path MTU 4096)
+``perf send -s 65536 -D S``        the same                                          >= 1.0x
+``perf send --lat -s 64``: the     a ping-pong of 80-byte datagrams (a 64-byte       <= 2.0x
+round trip (2 x t_typical:         SEND_ONLY): its median round trip
+perftest reports half of it)
+``perf write -s 64 -D S``:         a sender/receiver of 96-byte datagrams (a 64-byte >= 0.5x
+messages/s                         WRITE_ONLY with its RETH): datagrams/s received
+=================================  ================================================  ========
 
-and beside them, with datagrams the size of softrdma's packets:
-
-- a bare Python UDP sender and receiver: 4112-byte datagrams, the UDP payload of a full RoCE
-  packet at path MTU 4096 on loopback (BTH 12 + 4096 bytes + ICRC 4; the first packet of
-  a WRITE also has a 16-byte RETH); the receiver's goodput is the baseline;
-- a bare Python UDP ping-pong: 80-byte datagrams (BTH 12 + 64 + ICRC 4); its median round
-  trip is the baseline.
-
-It prints the ratios against the targets: RC WRITE bandwidth >= 50 % of the bare UDP
-throughput, SEND latency <= 2x the bare UDP round trip. The bare UDP and softrdma runs come
-after each other in rounds, and the medians are compared, so load on the machine hits both.
+Throughput is what the receiver got; the ratios are per round, reported as the median
+and the spread (lowest, highest) of the rounds, so load on the machine hits both sides of
+each ratio alike. ``--packets`` runs the softrdma side a second time per round with packet
+trains off (``SOFTRDMA_GSO=0 SOFTRDMA_GRO=0``), for the comparison in the same run.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import statistics
@@ -34,8 +37,13 @@ __all__ = ["run_udp_bench", "BULK_DATAGRAM", "LAT_DATAGRAM"]
 
 BULK_DATAGRAM = 12 + 4096 + 4  # BTH + one path-MTU payload + ICRC: UDP payload of a full packet
 LAT_DATAGRAM = 12 + 64 + 4  # BTH + 64 bytes + ICRC: a SEND_ONLY of 64 bytes
-WRITE_TARGET = 0.5
-LAT_TARGET = 2.0
+RATE_DATAGRAM = 12 + 16 + 64 + 4  # BTH + RETH + 64 bytes + ICRC: a WRITE_ONLY of 64 bytes
+# (key, what, target, "min" if the ratio must reach it, "max" if it must stay below)
+GOALS = (("write_ratio", "RC WRITE 64 KiB / bare UDP throughput", 1.0, "min"),
+         ("send_ratio", "RC SEND 64 KiB / bare UDP throughput", 1.0, "min"),
+         ("rtt_ratio", "64 B SEND round trip / bare UDP RTT", 2.0, "max"),
+         ("rate_ratio", "64 B WRITE msg rate / bare UDP datagram rate", 0.5, "min"))
+NO_TRAINS = {"SOFTRDMA_GSO": "0", "SOFTRDMA_GRO": "0"}
 
 _REPORT = re.compile(r"^ (\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
 _LAT = re.compile(r"^ (\d+)\s+(\d+)" + r"\s+([\d.]+)" * 7 + r"\s*$")
@@ -129,19 +137,21 @@ def _ready(p: subprocess.Popen) -> None:
         raise RuntimeError(f"bench helper did not start: {line!r} {p.stderr.read() if p.stderr else ''}")
 
 
-def bare_udp_throughput(seconds: float, ips: tuple[str, str], port: int) -> float:
-    """Bytes per second of UDP payload a bare Python receiver takes from a bare sender."""
+def bare_udp_throughput(seconds: float, ips: tuple[str, str], port: int,
+                        size: int = BULK_DATAGRAM) -> tuple[float, float]:
+    """(bytes, datagrams) per second of UDP a bare Python receiver takes from a bare
+    sender of ``size``-byte datagrams."""
     sink = subprocess.Popen(_py("_sink", ips[0], str(port), str(seconds)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         _ready(sink)
         subprocess.run(_py("_source", ips[1], ips[0], str(port), str(seconds),
-                           str(BULK_DATAGRAM)), check=True, timeout=seconds + 30)
+                           str(size)), check=True, timeout=seconds + 30)
         out, _ = sink.communicate(timeout=30)
     finally:
         sink.kill()
     n, nbytes, dt = out.split()
-    return int(nbytes) / float(dt)
+    return int(nbytes) / float(dt), int(n) / float(dt)
 
 
 def bare_udp_rtt(iters: int, ips: tuple[str, str], port: int) -> float:
@@ -159,13 +169,15 @@ def bare_udp_rtt(iters: int, ips: tuple[str, str], port: int) -> float:
     return float(out.split()[0])
 
 
-def _perf(args: list[str], ips: tuple[str, str], port: int, timeout: float = 300) -> tuple[str, str]:
+def _perf(args: list[str], ips: tuple[str, str], port: int, timeout: float = 300,
+          env: dict[str, str] | None = None) -> tuple[str, str]:
     base = [sys.executable, "-m", "softrdma", "perf", *args, "-p", str(port)]
+    full_env = {**os.environ, **(env or {})}
     srv = subprocess.Popen(base + ["--addr", ips[0]], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, env=full_env)
     try:
         cli = subprocess.run(base + ["--addr", ips[1], ips[0]], capture_output=True, text=True,
-                             timeout=timeout)
+                             timeout=timeout, env=full_env)
         sout, serr = srv.communicate(timeout=60)
     finally:
         srv.kill()
@@ -174,19 +186,21 @@ def _perf(args: list[str], ips: tuple[str, str], port: int, timeout: float = 300
     return cli.stdout, sout
 
 
-def perf_bw(verb: str, seconds: float, ips: tuple[str, str], port: int) -> float:
-    """Bytes per second of RDMA payload (perftest reports MB = 2^20 bytes)."""
-    out, _ = _perf([verb, "-s", "65536", "-D", str(int(seconds))], ips, port)
+def perf_bw(verb: str, seconds: float, ips: tuple[str, str], port: int, size: int = 65536,
+            env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(bytes, messages) per second: perftest's BW average (MB = 2^20 bytes) and MsgRate."""
+    out, _ = _perf([verb, "-s", str(size), "-D", str(int(seconds))], ips, port, env=env)
     for ln in out.splitlines():
         m = _REPORT.match(ln)
         if m:
-            return float(m[4]) * 0x100000
+            return float(m[4]) * 0x100000, float(m[5]) * 1e6
     raise RuntimeError(f"no report line in:\n{out}")
 
 
-def perf_lat(iters: int, ips: tuple[str, str], port: int) -> tuple[float, float]:
+def perf_lat(iters: int, ips: tuple[str, str], port: int,
+             env: dict[str, str] | None = None) -> tuple[float, float]:
     """(t_typical, t_avg) in seconds: perftest's SEND latency, half a round trip."""
-    out, _ = _perf(["send", "--lat", "-s", "64", "-n", str(iters)], ips, port)
+    out, _ = _perf(["send", "--lat", "-s", "64", "-n", str(iters)], ips, port, env=env)
     for ln in out.splitlines():
         m = _LAT.match(ln)
         if m:
@@ -194,54 +208,81 @@ def perf_lat(iters: int, ips: tuple[str, str], port: int) -> tuple[float, float]
     raise RuntimeError(f"no report line in:\n{out}")
 
 
+def _softrdma_round(r: dict[str, list[float]], suffix: str, seconds: float,
+                    ips: tuple[str, str], p: int, lat_iters: int,
+                    env: dict[str, str] | None) -> None:
+    r["write_bw" + suffix].append(perf_bw("write", seconds, ips, p + 2, env=env)[0])
+    r["send_bw" + suffix].append(perf_bw("send", seconds, ips, p + 3, env=env)[0])
+    lat, _avg = perf_lat(lat_iters, ips, p + 5, env=env)
+    r["send_rtt" + suffix].append(2 * lat)
+    r["write_rate" + suffix].append(perf_bw("write", seconds, ips, p + 6, size=64, env=env)[1])
+
+
 def run_udp_bench(seconds: float = 2.0, lat_iters: int = 3000, port: int = 20600,
-                  rounds: int = 3,
-                  ips: tuple[str, str] = ("127.0.0.250", "127.0.0.251")) -> dict[str, Any]:
-    """Run everything ``rounds`` times, interleaved (bare UDP, softrdma, bare UDP, ...), print
-    the medians and the ratios of the medians, return the numbers. ``seconds`` is whole
-    seconds (perftest's ``-D``), for the bare UDP runs too."""
+                  rounds: int = 3, ips: tuple[str, str] = ("127.0.0.250", "127.0.0.251"),
+                  packets: bool = False) -> dict[str, Any]:
+    """Run everything ``rounds`` times, interleaved (bare UDP, softrdma, ...), print each
+    goal's ratio (median of the rounds' ratios, and their spread) beside its target, and
+    return the numbers. ``seconds`` is whole seconds (perftest's ``-D``), for the bare UDP
+    runs too. ``packets``: softrdma also runs with trains off, in the same rounds."""
     seconds = max(1, int(seconds))
     bare_ips = ("127.0.0.252", "127.0.0.253")
-    runs: dict[str, list[float]] = {k: [] for k in ("udp_bw", "udp_rtt", "write_bw", "send_bw",
-                                                    "send_lat", "send_lat_avg")}
-    print(f"softrdma over UDP on loopback vs bare Python UDP: {rounds} rounds of {seconds:.1f} s "
-          f"per bandwidth run and {lat_iters} latency iterations", flush=True)
+    sides = ["", "_packets"] if packets else [""]
+    keys = ["udp_bw", "udp_rate", "udp_rtt"] + [k + x for x in sides
+                                                for k in ("write_bw", "send_bw", "send_rtt",
+                                                          "write_rate")]
+    runs: dict[str, list[float]] = {k: [] for k in keys}
+    print(f"softrdma over UDP on loopback vs bare Python UDP: {rounds} rounds of {seconds} s "
+          f"per throughput run and {lat_iters} round trips", flush=True)
     p = port
-    for i in range(rounds):
-        runs["udp_bw"].append(bare_udp_throughput(seconds, bare_ips, p + 1))
-        runs["write_bw"].append(perf_bw("write", seconds, ips, p + 2))
-        runs["send_bw"].append(perf_bw("send", seconds, ips, p + 3))
+    for _ in range(rounds):
+        runs["udp_bw"].append(bare_udp_throughput(seconds, bare_ips, p + 1)[0])
         runs["udp_rtt"].append(bare_udp_rtt(lat_iters, bare_ips, p + 4))
-        lat, avg = perf_lat(lat_iters, ips, p + 5)
-        runs["send_lat"].append(lat)
-        runs["send_lat_avg"].append(avg)
-        p += 10
+        runs["udp_rate"].append(bare_udp_throughput(seconds, bare_ips, p + 7,
+                                                    size=RATE_DATAGRAM)[1])
+        _softrdma_round(runs, "", seconds, ips, p, lat_iters, None)
+        if packets:
+            _softrdma_round(runs, "_packets", seconds, ips, p + 10, lat_iters, NO_TRAINS)
+        p += 20
     r: dict[str, Any] = {k: statistics.median(v) for k, v in runs.items()}
     r["runs"] = runs
-    r["write_ratio"] = r["write_bw"] / r["udp_bw"]
-    r["send_ratio"] = r["send_bw"] / r["udp_bw"]
-    r["lat_ratio"] = r["send_lat"] / r["udp_rtt"]
+    for x in sides:
+        for key, num, den in (("write_ratio", "write_bw", "udp_bw"),
+                              ("send_ratio", "send_bw", "udp_bw"),
+                              ("rtt_ratio", "send_rtt", "udp_rtt"),
+                              ("rate_ratio", "write_rate", "udp_rate")):
+            each = [a / b for a, b in zip(runs[num + x], runs[den])]
+            r[key + x] = statistics.median(each)
+            r[key + x + "_runs"] = each
 
     def row(name: str, key: str, scale: float, unit: str) -> None:
-        each = ", ".join(f"{x * scale:.1f}" for x in runs[key])
-        print(f"{name:<44}{r[key] * scale:>9.1f} {unit:<5} ({each})")
+        each = ", ".join(f"{v * scale:,.1f}" for v in runs[key])
+        print(f"{name:<48}{r[key] * scale:>12,.1f} {unit:<9} ({each})")
 
-    print(f"{'measurement (median of the rounds)':<44}{'value':>15} (each round)")
+    print(f"{'measurement (median of the rounds)':<48}{'value':>22} (each round)")
     row(f"bare UDP, {BULK_DATAGRAM}-byte datagrams", "udp_bw", 1e-6, "MB/s")
-    row("softrdma perf write, 64 KiB messages", "write_bw", 1e-6, "MB/s")
-    row("softrdma perf send, 64 KiB messages", "send_bw", 1e-6, "MB/s")
+    row(f"bare UDP, {RATE_DATAGRAM}-byte datagrams", "udp_rate", 1, "dgrams/s")
     row(f"bare UDP ping-pong RTT, {LAT_DATAGRAM}-byte datagrams", "udp_rtt", 1e6, "us")
-    row("softrdma perf send --lat, 64 B: t_typical", "send_lat", 1e6, "us")
-    row("  t_avg (a round trip is 2 x the latency)", "send_lat_avg", 1e6, "us")
-    ok_w = r["write_ratio"] >= WRITE_TARGET
-    ok_l = r["lat_ratio"] <= LAT_TARGET
-    print(f"RC WRITE BW / bare UDP throughput : {r['write_ratio']:6.2f}  (target >= {WRITE_TARGET}: "
-          f"{'met' if ok_w else 'MISSED'})")
-    print(f"RC SEND BW / bare UDP throughput  : {r['send_ratio']:6.2f}")
-    print(f"SEND latency / bare UDP RTT       : {r['lat_ratio']:6.2f}  (target <= {LAT_TARGET}: "
-          f"{'met' if ok_l else 'MISSED'}; softrdma round trip / UDP RTT: "
-          f"{2 * r['lat_ratio']:.2f})")
-    r["targets_met"] = ok_w and ok_l
+    for x in sides:
+        tag = " (trains off)" if x else ""
+        row(f"softrdma perf write, 64 KiB{tag}", "write_bw" + x, 1e-6, "MB/s")
+        row(f"softrdma perf send, 64 KiB{tag}", "send_bw" + x, 1e-6, "MB/s")
+        row(f"softrdma send --lat 64 B round trip{tag}", "send_rtt" + x, 1e6, "us")
+        row(f"softrdma perf write, 64 B{tag}", "write_rate" + x, 1, "msgs/s")
+    print(f"{'goal (ratio: median of the rounds, spread)':<52}{'ratio':>7}  {'spread':<13} "
+          f"target")
+    met = True
+    for x in sides:
+        for key, what, target, kind in GOALS:
+            v = r[key + x]
+            each = r[key + x + "_runs"]
+            ok = v >= target if kind == "min" else v <= target
+            if not x:
+                met = met and ok
+            name = what + (" (trains off)" if x else "")
+            print(f"{name:<52}{v:>7.2f}  {min(each):.2f}-{max(each):<8.2f} "
+                  f"{'>=' if kind == 'min' else '<='} {target}: {'met' if ok else 'MISSED'}")
+    r["targets_met"] = met
     return r
 
 

@@ -139,7 +139,7 @@ class Stepper:
                     if dst is not None:
                         t = net.now + net.profile.delay + inj.seconds
                         heapq.heappush(net._events, (t, next(net._seq), dst, data,
-                                                     src.ip_packed, dst_ip, sport))
+                                                     src.ip_packed, dst_ip, sport, 0))
                         net.stats["sent"] += 1
                     return
         self._send(src, data, dst_ip, sport)
@@ -226,7 +226,7 @@ class Stepper:
     def pending(self) -> list[str]:
         """What is on the wire now, in delivery order."""
         out = []
-        for t, _, dev, data, _src, _dst, _sport in sorted(self.net._events):
+        for t, _, dev, data, _src, _dst, _sport, _ip_id in sorted(self.net._events):
             p = parse(data)
             out.append(f"t={t:.6f} to {self.names.get(dev.name, '?')}: {p.info.name} "
                        f"PSN {p.psn}")

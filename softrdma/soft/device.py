@@ -153,6 +153,7 @@ class SoftDevice:
         self.on_timer_change: Callable[[float | None], None] | None = None
         self.udp: Any = None  # UdpTransport when bound to sockets
         self.progress_thread: Any = None
+        self.polled_at = float("-inf")  # when an application last polled a CQ (progress.py)
         self.timer_qps: set[Any] = set()
         self._rxq: deque[tuple[bytes, bytes, bytes, int]] = deque()  # loopback deliveries
         self.capture: Any = None  # a PacketCapture, when capturing
@@ -417,6 +418,7 @@ class SoftDevice:
         Skips (returns 0) if another thread is already making progress."""
         if self.fatal is not None:
             raise DeviceFailed(errno.EIO, f"device {self.name} stopped: {self.fatal!r}")
+        self.polled_at = time.monotonic()  # the progress thread leaves rx to us for a while
         if not self.lock.acquire(blocking=False):
             return 0
         try:

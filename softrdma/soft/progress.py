@@ -14,6 +14,12 @@ and counted (``counters.progress_errors``) and the loop goes on; if the loop its
 go on (its selector fails), the device is marked failed (:meth:`SoftDevice.fail`), which
 wakes every waiter with an error.
 
+While the application polls a CQ (``poll_cq`` reads the socket on the caller's thread,
+``SoftDevice.poll_nowait``), the thread stands back from the socket: for
+:data:`POLL_GRACE` after the last poll it waits on timers and wake-ups only, so a
+packet the poller is about to read is not taken by the thread, handled there, and handed
+back across the GIL (the hand-off on the critical path of a polling program's latency).
+
 Manual mode (``SoftDevice.attach_udp(..., thread=False)``) has no thread: the program
 calls ``device.poll(timeout)`` to make progress, deterministically.
 """
@@ -32,6 +38,7 @@ from typing import Any
 __all__ = ["Progress", "poll_once", "stop_all"]
 
 MAX_SLEEP = 0.05  # seconds; bounds the wait when no timer is armed
+POLL_GRACE = 0.001  # seconds after an application's last CQ poll the thread leaves rx to it
 log = logging.getLogger("softrdma")
 _running: "weakref.WeakSet[Progress]" = weakref.WeakSet()
 
@@ -66,6 +73,8 @@ class Progress(threading.Thread):
         self._sel = selectors.DefaultSelector()
         self._sel.register(transport.fileno(), selectors.EVENT_READ, "rx")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._wake_sel = selectors.DefaultSelector()  # while an application polls: no rx
+        self._wake_sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._stopping = False
         self._sleep_until = 0.0
         self._logged: set[type] = set()
@@ -94,8 +103,13 @@ class Progress(threading.Thread):
                     dl = dev.next_deadline()
                 now = time.monotonic()
                 wait = MAX_SLEEP if dl is None else max(0.0, min(MAX_SLEEP, dl - now))
+                sel = self._sel
+                polled = dev.polled_at + POLL_GRACE - now
+                if polled > 0:  # the application is polling: rx is its job for now
+                    sel = self._wake_sel
+                    wait = min(wait, polled)
                 self._sleep_until = now + wait
-                ready = self._sel.select(wait)
+                ready = sel.select(wait)
                 self._sleep_until = 0.0
                 if self._stopping:
                     break
@@ -138,6 +152,7 @@ class Progress(threading.Thread):
         if self.device.on_timer_change == self._on_timer_change:
             self.device.on_timer_change = None
         self._sel.close()
+        self._wake_sel.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
