@@ -201,3 +201,16 @@ def test_rc_retransmit_timer_on_real_qps_fires_at_its_deadline():
     assert a.cq.poll_all()[0].status == 0 and b.mr.read(64, 0) == b"y" * 64
     assert sends[1] == armed  # the resend: at the deadline, not before, not later
     assert qp.retrans_at is None and qp not in dev.timer_qps
+
+
+def test_a_destroyed_qp_with_its_retransmit_timer_armed_leaves_the_timers():
+    net = SimNetwork(seed=4)
+    a, b = connected_pair(net, "RC")
+    dev = a.device
+    net.profile.loss = 1.0
+    a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, 64), 1, remote_offset=0)
+    qp = dev.qps[a.qp.qp_num]
+    assert qp in dev.timer_qps and dev.next_deadline() == qp.retrans_at
+    a.qp.close()
+    assert qp not in dev.timer_qps and dev.next_deadline() is None
+    assert dev.fire_timers(net.now + 1e6) == 0

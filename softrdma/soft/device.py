@@ -600,7 +600,9 @@ class SoftDevice:
         return None
 
     def next_deadline(self) -> float | None:
-        """The earliest armed timer's deadline, or None."""
+        """The earliest armed timer's deadline, or None. It tidies the heap on the way: call
+        it with the device lock held (or from the one thread driving a manual device), as
+        :meth:`fire_timers` and :meth:`timer_changed` are called."""
         e = self._timer_top(None)
         return None if e is None else e[0]
 
