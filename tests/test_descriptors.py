@@ -130,3 +130,29 @@ def test_a_socket_that_cannot_be_had_falls_back_to_port_4791(monkeypatch):
     finally:
         remove_device("fb-a")
         remove_device("fb-b")
+
+
+def test_the_default_descriptor_limit_is_raised_for_the_pool_and_a_chosen_one_kept(monkeypatch):
+    """At the default soft limit (1,024) the pool would hold 128 sockets and 1,000 streaming
+    QPs would open and close a socket per packet: the soft limit is raised towards the hard
+    one, as far as the pool wants. A soft limit someone chose (any other value) is kept."""
+    from softrdma.soft import udp as udp_mod
+
+    calls = []
+    limits = {"now": (1024, 1 << 20)}
+    monkeypatch.setattr(udp_mod.resource, "getrlimit", lambda _r: limits["now"])
+
+    def setrlimit(_r, value):
+        calls.append(value)
+        limits["now"] = value
+    monkeypatch.setattr(udp_mod.resource, "setrlimit", setrlimit)
+    want = udp_mod.TX_POOL * udp_mod.TX_POOL_SHARE
+    assert udp_mod._descriptor_limit() == want and calls == [(want, 1 << 20)]
+    assert udp_mod.TX_POOL >= 1000  # 1,000 QPs' source ports fit the pool
+    limits["now"] = (1024, 4000)  # the hard limit caps the raise
+    assert udp_mod._descriptor_limit() == 4000 and calls[-1] == (4000, 4000)
+    calls.clear()
+    limits["now"] = (300, 1 << 20)  # `ulimit -n 300`: respected
+    assert udp_mod._descriptor_limit() == 300 and calls == []
+    limits["now"] = (1024, 1024)  # nothing to raise to
+    assert udp_mod._descriptor_limit() == 1024 and calls == []

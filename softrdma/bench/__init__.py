@@ -1,4 +1,4 @@
-"""Benchmarks, one entry: ``softrdma bench wire|engines|qps|udp`` (``python -m
+"""Benchmarks, one entry: ``softrdma bench wire|engines|qps|udp|scale|...`` (``python -m
 softrdma.bench ...`` is the same). Each prints its numbers beside a baseline measured in
 the same run:
 
@@ -6,7 +6,9 @@ the same run:
 - :mod:`.engines`: RC WRITE and SEND through the engines over the in-memory link, beside
   ``zlib.crc32`` over the same bytes;
 - :mod:`.qps`: memory and creation time of idle RC QPs, beside the targets;
-- :mod:`.udp`: ``softrdma perf`` between two processes on loopback, beside bare Python UDP.
+- :mod:`.udp`: ``softrdma perf`` between two processes on loopback, beside bare Python UDP;
+- :mod:`.scale`: 1,000 QPs streaming beside one, 65,536 QPs' memory, timer and dispatch
+  costs with 65,536 QPs beside one, idle CPU with 1,000 QPs beside none.
 
 The command line is :mod:`softrdma.tools.bench`; importing this package imports no
 benchmark (``udp`` starts helper processes from :mod:`.udp` and they start fast).

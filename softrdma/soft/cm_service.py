@@ -206,7 +206,7 @@ class CmService:
             for cm_id in list(self.agent.ids.values()):
                 self.destroy(cm_id)
             self.closed = True
-            dev.timer_qps.discard(self)
+            dev.timer_changed(self)  # closed: the deadline is None, the timer goes
             if dev.gsi.handler == self._on_mad:
                 dev.set_mad_handler(None)
 

@@ -16,6 +16,7 @@ device only moves packets and time between them and a driver:
 from __future__ import annotations
 
 import errno
+import heapq
 import ipaddress
 import logging
 import os
@@ -154,7 +155,12 @@ class SoftDevice:
         self.udp: Any = None  # UdpTransport when bound to sockets
         self.progress_thread: Any = None
         self.polled_at = float("-inf")  # when an application last polled a CQ (progress.py)
-        self.timer_qps: set[Any] = set()
+        # the timers (see timer_changed): a heap of [deadline, seq, owner], the live entry
+        # of each owner with a timer armed, how many heap entries are stale
+        self._timer_heap: list[list[Any]] = []
+        self._timer_entry: dict[Any, list[Any]] = {}
+        self._timer_seq = 0
+        self._timer_stale = 0
         self._rxq: deque[tuple[bytes, bytes, bytes, int]] = deque()  # loopback deliveries
         self.capture: Any = None  # a PacketCapture, when capturing
         self.verify_icrc = True  # transports that cannot see the IPv4 ID switch this off
@@ -529,28 +535,113 @@ class SoftDevice:
             self.transmit = self._loopback
 
     # -- timers ----------------------------------------------------------------------------
-    def timer_changed(self, qp: Any) -> None:
-        d = qp.deadline
-        if d is None:
-            self.timer_qps.discard(qp)
-        else:
-            self.timer_qps.add(qp)
-            if self.on_timer_change is not None:
-                self.on_timer_change(d)
+    # A min-heap of ``[deadline, seq, owner]`` entries, at most one live entry per owner (a
+    # QP engine, the CM service, a fault delay line: anything with ``deadline``, ``closed``
+    # and ``on_timer``), indexed by ``_timer_entry`` (owner -> its live entry). Costs do not
+    # grow with the number of QPs: arming, cancelling and moving a timer are O(log n) or
+    # O(1), the next deadline is the heap's top, and a QP with no timer armed is not in the
+    # structure at all (idle QPs cost nothing).
+    #
+    # Lazy maintenance: a timer moved *later* (the retransmit timer pushed out by every
+    # ACK, rxe's mod_timer) keeps its early entry; when that entry reaches the top it is
+    # checked against the owner's real deadline and re-filed. A timer moved *earlier* gets
+    # a fresh entry (the old one becomes stale). A cancelled timer's entry goes stale at
+    # once; stale entries are dropped when they reach the top, or all together when they
+    # outnumber the live ones (so a destroyed QP is not kept alive by a far-off timer).
+    def timer_changed(self, owner: Any) -> None:
+        """``owner``'s deadline changed (armed, moved, cancelled): refile it."""
+        d = owner.deadline
+        entries = self._timer_entry
+        e = entries.get(owner)
+        if d is None or owner.closed:
+            if e is not None:
+                del entries[owner]
+                self._timer_stale_one()
+            return
+        if e is None or d < e[0]:
+            if e is not None:
+                self._timer_stale_one()
+            self._timer_seq += 1
+            e = [d, self._timer_seq, owner]
+            entries[owner] = e
+            heapq.heappush(self._timer_heap, e)
+        if self.on_timer_change is not None:
+            self.on_timer_change(d)
+
+    def _timer_stale_one(self) -> None:
+        """One more heap entry went stale; compact once they outnumber the live ones."""
+        self._timer_stale += 1
+        if self._timer_stale > 64 and self._timer_stale > len(self._timer_entry):
+            self._timer_compact()
+
+    def _timer_compact(self) -> None:
+        """Rebuild the heap from the live entries alone."""
+        live = self._timer_entry
+        h = [e for e in self._timer_heap if live.get(e[2]) is e]
+        heapq.heapify(h)
+        self._timer_heap = h
+        self._timer_stale = 0
+
+    @property
+    def timer_qps(self) -> Any:
+        """The owners with a timer armed (a read-only view; :meth:`timer_changed` files
+        them)."""
+        return self._timer_entry.keys()
+
+    def _timer_top(self, now: float | None) -> list[Any] | None:
+        """The heap's first live, exact entry (stale entries dropped, early ones refiled on
+        the way); with ``now``, only if it is due by then. None if there is none."""
+        h = self._timer_heap
+        live = self._timer_entry
+        while h:
+            e = h[0]
+            if now is not None and e[0] > now:
+                return None
+            owner = e[2]
+            if live.get(owner) is not e:  # stale: cancelled or superseded
+                heapq.heappop(h)
+                self._timer_stale -= 1
+                continue
+            d = owner.deadline
+            if d is None or owner.closed:  # changed behind our back: drop it
+                heapq.heappop(h)
+                del live[owner]
+                continue
+            if d != e[0]:  # moved (later, normally): refile at the real deadline
+                self._timer_seq += 1
+                e2 = [d, self._timer_seq, owner]
+                live[owner] = e2
+                heapq.heapreplace(h, e2)
+                continue
+            return e
+        return None
 
     def next_deadline(self) -> float | None:
-        best = None
-        for qp in self.timer_qps:
-            d = qp.deadline
-            if d is not None and (best is None or d < best):
-                best = d
-        return best
+        """The earliest armed timer's deadline, or None. It tidies the heap on the way: call
+        it with the device lock held (or from the one thread driving a manual device), as
+        :meth:`fire_timers` and :meth:`timer_changed` are called."""
+        e = self._timer_top(None)
+        return None if e is None else e[0]
 
     def fire_timers(self, now: float) -> int:
-        due = [qp for qp in self.timer_qps if (qp.deadline or now + 1) <= now]
-        for qp in due:
-            if not qp.closed:
-                qp.on_timer(now)
+        """Fire every timer due at ``now`` (each owner's ``on_timer(now)`` once, earliest
+        first); return how many owners were due. An owner re-armed by its ``on_timer`` (or
+        still holding a later timer) is refiled and fires at a later call."""
+        due = []
+        live = self._timer_entry
+        h = self._timer_heap
+        while True:
+            e = self._timer_top(now)
+            if e is None:
+                break
+            heapq.heappop(h)
+            del live[e[2]]
+            due.append(e[2])
+        for owner in due:
+            if not owner.closed:
+                owner.on_timer(now)
+            if owner not in live and owner.deadline is not None and not owner.closed:
+                self.timer_changed(owner)  # a timer that was not due, still armed
         return len(due)
 
     def emit_async(self, event: Any) -> None:

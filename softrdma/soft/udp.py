@@ -56,7 +56,7 @@ IP_MTU_DISCOVER = 10
 IP_PMTUDISC_DO = 2
 UDP_NO_CHECK6_RX = 102
 SOCKBUF = 4 << 20
-TX_POOL = 256  # source-port sockets kept open per device (descriptors are finite) ...
+TX_POOL = 4096  # source-port sockets kept open per device (descriptors are finite) ...
 TX_POOL_SHARE = 8  # ... and at most 1/8 of the process's descriptor limit
 # errors that say "no descriptor or buffer right now", not "this port is someone else's"
 _TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -86,6 +86,31 @@ def _header_length(opcode: int) -> int | None:
     return None if info is None else info.length
 
 
+DEFAULT_NOFILE = 1024  # the kernel's and systemd's default soft RLIMIT_NOFILE
+
+
+def _descriptor_limit() -> int:
+    """The soft RLIMIT_NOFILE, for sizing the source-port pool. A soft limit at the default
+    1,024 (kept that low only for ``select()``; systemd asks programs that do not use it
+    to raise their own soft limit, as Go and the JVM do at start-up) is first raised
+    towards the hard limit, as far as the pool wants (TX_POOL * TX_POOL_SHARE): at 1,024
+    the pool would hold 128 sockets, and 1,000 streaming QPs would close and open a socket
+    for nearly every packet. Any other soft limit was chosen by someone and is respected."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    if soft == DEFAULT_NOFILE:
+        want = TX_POOL * TX_POOL_SHARE
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if new > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+                soft = new
+            except (ValueError, OSError):
+                pass
+    return soft
+
+
 class TransportError(OSError):
     """The device could not be bound (address not local, port in use...)."""
 
@@ -99,10 +124,7 @@ class UdpTransport:
         self.family = socket.AF_INET6 if self.v6 else socket.AF_INET
         self.sock = self._bind(port)
         self.tx: OrderedDict[int, socket.socket] = OrderedDict()  # the LRU pool
-        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft_limit == resource.RLIM_INFINITY:
-            soft_limit = 1 << 20
-        self.tx_pool = max(4, min(TX_POOL, soft_limit // TX_POOL_SHARE))
+        self.tx_pool = max(4, min(TX_POOL, _descriptor_limit() // TX_POOL_SHARE))
         self.busy_ports: set[int] = set()  # bound by another program: always fall back
         self.raw: socket.socket | None = None
         if raw_rx and not self.v6:

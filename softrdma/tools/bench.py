@@ -1,5 +1,5 @@
-"""``softrdma bench wire|engines|qps|udp|socket|verbs``: the benchmarks of :mod:`softrdma.bench`, each
-printing its numbers beside a baseline measured in the same run."""
+"""``softrdma bench wire|engines|qps|udp|socket|verbs|scale``: the benchmarks of
+:mod:`softrdma.bench`, each printing its numbers beside a baseline measured in the same run."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from ..bench.engines import run_engine_bench
 from ..bench.socket import run_socket_bench
 from ..bench.qps import QP_TARGET_BYTES, QP_TARGET_COUNT, QP_TARGET_SECONDS, run_qp_bench
+from ..bench.scale import MAX_QP, run_scale_bench
 from ..bench.udp import run_udp_bench
 from ..bench.verbs import run_verbs_bench
 from ..bench.wire import MAX_PAYLOAD, run_wire_bench
@@ -18,8 +19,8 @@ __all__ = ["add_parser"]
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks beside their baselines: wire, engines, qps, "
-                                     "udp, socket, verbs", description=__doc__)
-    b = p.add_subparsers(dest="bench_cmd", metavar="{wire,engines,qps,udp,socket,verbs}",
+                                     "udp, socket, verbs, scale", description=__doc__)
+    b = p.add_subparsers(dest="bench_cmd", metavar="{wire,engines,qps,udp,socket,verbs,scale}",
                          required=True)
 
     w = b.add_parser("wire", help="parse/build + ICRC beside bare zlib.crc32",
@@ -94,6 +95,39 @@ def add_parser(sub: Any) -> None:
     v.add_argument("--big-iters", type=int_range(1, None), default=1000,
                    help="64 KiB writes (default 1000)")
     v.set_defaults(func=_verbs)
+
+    s = b.add_parser("scale", help="1,000 QPs streaming, 65,536 QPs, timers, idle CPU",
+                     description="Issue 18's scale and idle goals, each beside its baseline, in "
+                                 "rounds (median and spread): N QPs streaming RDMA WRITEs vs "
+                                 "one QP (>= 0.8 of its throughput, no QP starved), 65,536 QPs "
+                                 "in one process (< 500 MB), timer and dispatch costs with "
+                                 "65,536 QPs vs one (not growing), CPU of a process with N idle "
+                                 "QP pairs (< 1 %% of a core). Exit 1 if a target is missed.")
+    s.add_argument("--qps", type=int_range(2, 16384), default=1000,
+                   help="QPs streaming, and idle QP pairs (default 1000)")
+    s.add_argument("--rounds", type=int_range(1, None), default=3,
+                   help="rounds; medians and [min .. max] are reported (default 3)")
+    s.add_argument("--seconds", type=positive_float, default=3.0,
+                   help="per streaming run, after 1 s of warm-up (> 0, default 3)")
+    s.add_argument("--size", type=int_range(1, 1 << 20), default=4096,
+                   help="RDMA WRITE size in bytes (default 4096: one packet)")
+    s.add_argument("--window", type=int_range(1, 16384), default=128,
+                   help="outstanding WRITEs in all: the one QP's, split among the N "
+                        "(at least 1 each; default 128)")
+    s.add_argument("--max-qp", type=int_range(2, MAX_QP), default=MAX_QP,
+                   help=f"QPs for the memory and timer measurements (default {MAX_QP})")
+    s.add_argument("--idle-seconds", type=positive_float, default=3.0,
+                   help="CPU measured over this idle time (> 0, default 3)")
+    s.add_argument("--only", action="append", choices=("stream", "qps", "timers", "idle"),
+                   help="run only this part (repeatable)")
+    s.set_defaults(func=_scale)
+
+
+def _scale(a: argparse.Namespace) -> int:
+    r = run_scale_bench(qps=a.qps, rounds=a.rounds, seconds=a.seconds, size=a.size,
+                        window=a.window, max_qp=a.max_qp, idle_seconds=a.idle_seconds,
+                        only=tuple(a.only or ()))
+    return 0 if all(r["met"].values()) else 1
 
 
 def _verbs(a: argparse.Namespace) -> int:
