@@ -206,6 +206,11 @@ _KIND_OF_LAYOUT = {
 }
 _KIND: list[int] = [_KIND_OF_LAYOUT[tuple(h for h, _ in i.headers)] if i else 0
                     for i in OPCODE_LIST]
+#: Per opcode, what parse needs in one lookup: (OpInfo, layout class, branch, headers +
+#: ICRC bytes); None: not an opcode.
+_PARSE: list[tuple[OpInfo, type[RocePacket], int, int] | None] = [
+    (i, _CLASS[i.opcode], _KIND[i.opcode], i.length + ICRC_SIZE) if i else None
+    for i in OPCODE_LIST]
 # parse inlines these BTH constants: the definitions must still say the same.
 if (BTH_PAD_SHIFT, ICRC_SIZE, BTH_ACK, BTH_QPN_MASK, BTH_PSN_MASK, BTH_SE, BTH_MIG,
         BTH_TVER_MASK, BTH_FECN, BTH_BECN) != (4, 4, 0x80000000, 0xFFFFFF, 0xFFFFFF, 0x80,
@@ -284,11 +289,12 @@ def parse(data: bytes | bytearray | memoryview) -> RocePacket:
     if n < 16:  # BTH + ICRC
         raise DecodeError("truncated", f"packet of {n} bytes is shorter than BTH + ICRC (16)")
     op, flags, pkey, w1, w2 = _bth_unpack(buf, 0)
-    info = OPCODE_LIST[op]
-    if info is None:
+    entry = _PARSE[op]
+    if entry is None:
         raise DecodeError("unknown_opcode", f"opcode 0x{op:02x} is not a known RoCE opcode")
+    info, cls, kind, fixed = entry
     pad = (flags >> 4) & 3
-    paylen = n - info.length - 4 - pad
+    paylen = n - fixed - pad
     if paylen < 0:
         hlen = info.length
         if n < hlen + ICRC_SIZE:
@@ -296,7 +302,7 @@ def parse(data: bytes | bytearray | memoryview) -> RocePacket:
                                            f"headers and ICRC, packet has {n}")
         raise DecodeError("bad_pad", f"{info.name}: pad count {pad} exceeds the "
                                      f"{n - hlen - ICRC_SIZE} bytes after the headers")
-    p = _CLASS[op]()
+    p = cls()
     p.buf = buf
     p.info = info
     p.opcode = op
@@ -309,7 +315,6 @@ def parse(data: bytes | bytearray | memoryview) -> RocePacket:
     p.payload_len = paylen
     # Extension headers at their fixed offsets after the 12-byte BTH (opcodes.py lays them
     # out; tests/test_wire_headers.py holds these branches to the header descriptions).
-    kind = _KIND[op]
     if kind:
         if kind == _K_RETH:
             p.va, p.rkey, p.dma_len = _reth_unpack(buf, 12)
