@@ -4,6 +4,7 @@ same entry."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -17,13 +18,20 @@ def _bench(*args: str, module: str = "softrdma", timeout: float = 120) -> subpro
 
 
 def test_bench_wire_prints_rows_beside_bare_crc():
-    p = _bench("wire", "--size", "256", "--seconds", "0.05")
+    p = _bench("wire", "--size", "256", "--seconds", "0.05", "--rounds", "2")
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert "RC_RDMA_WRITE_ONLY, 256 B payload" in out
+    assert "RC_RDMA_WRITE_ONLY, 256 B payload" in out and "2 rounds" in out
     for row in ("bare zlib.crc32 (baseline)", "parse only", "parse + ICRC check", "build + ICRC",
-                "wire-layer cost beyond the CRC"):
+                "build() keywords + ICRC", "wire-layer cost beyond the CRC"):
         assert row in out, row
+    # the two rows with the issue's target say whether it was met (either is a result)
+    for row in ("parse + ICRC check", "build + ICRC "):
+        line = next(ln for ln in out.splitlines() if ln.startswith(row))
+        assert re.search(r"< 2x: (met|missed)", line), line
+        lo, hi = map(float, re.search(r"(\d+\.\d+)\.\.(\d+\.\d+)", line).groups())
+        ratio = float(line[len(row):].split()[1])
+        assert 0 < lo <= ratio <= hi, line
 
 
 def test_python_m_softrdma_bench_is_the_same_entry():

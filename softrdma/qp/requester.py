@@ -25,7 +25,7 @@ from ..enums import (
 )
 from ..wire.headers import BTH, BTH_ACK, BTH_PSN_MASK, BTH_QPN_MASK, DEFAULT_PKEY
 from ..wire.opcodes import BTH_SIZE, ICRC_SIZE, OPCODE_LIST, Opcode as O
-from ..wire.packet import build
+from ..wire.packet import REQUEST_BUILDERS
 from .dma import gather
 from .memory import AccessError
 from .mw import bind_mw, invalidate_rkey
@@ -305,10 +305,11 @@ class Requester:
             dest_qp = wqe.remote_qpn
         else:
             dest_qp = qp.attr.dest_qp_num
-        return build(opcode, psn=self.psn, dest_qp=dest_qp, ackreq=ackreq, se=solicited,
-                     va=va, rkey=wqe.rkey, dma_len=dma_len, swap_add=swap_add, compare=compare,
-                     imm=wqe.imm, ieth_rkey=wqe.imm, qkey=wqe.remote_qkey, src_qp=qp.qp_num,
-                     payload=data)
+        # wire.packet.build_request(opcode, ...) without its dispatch: build(opcode, psn=..,
+        # dest_qp=.., ...) with these fields, passed positionally
+        return REQUEST_BUILDERS[opcode](opcode, self.psn, dest_qp, ackreq, solicited, va,
+                                        wqe.rkey, dma_len, swap_add, compare, wqe.imm,
+                                        wqe.imm, wqe.remote_qkey, qp.qp_num, data)
 
     def _error(self, wqe: SendWqe, status: int) -> None:
         """A local error: the WQE completes in error and the QP goes to ERR (rxe 'err:')."""

@@ -59,7 +59,7 @@ __all__ = [
     "AethType", "NakCode", "aeth_type", "aeth_value", "aeth_syndrome_name", "make_syndrome",
     # the descriptions
     "Hdr", "Field", "Header", "BTH", "RETH", "AETH", "ATMETH", "ATMACK", "IETH", "DETH",
-    "IMMDT", "FETH", "CNP", "HEADERS", "EXT_ATTRS", "Packer", "compile_packer",
+    "IMMDT", "FETH", "CNP", "HEADERS", "EXT_ATTRS", "Packer", "compile_packer", "word_sources",
 ]
 
 ROCE_V2_UDP_DPORT = 4791
@@ -289,6 +289,25 @@ class Header:
 Packer = Callable[[bytearray | memoryview, int, tuple], None]
 
 
+def word_sources(h: Header, ref: Callable[[str], str]) -> list[str]:
+    """Python expressions for the struct items of ``h``, one per item, as its
+    :meth:`Header.pack_into` computes them; ``ref(attr)`` is the expression of a field's
+    value (None counts as 0). For code generators: :func:`compile_packer` and ``build``."""
+    words = []
+    for group in h.items:
+        terms = []
+        for f, shift in group:
+            if f.attr is None:
+                continue  # reserved: zero
+            v = f"({ref(f.attr)} or 0)"
+            if len(group) > 1:  # narrower than its word: mask, then move into place
+                v = f"({v} & {(1 << f.bits) - 1:#x})" + (f" << {shift}" if shift else "")
+                v = f"({v})"
+            terms.append(v)
+        words.append(" | ".join(terms) or "0")
+    return words
+
+
 def compile_packer(h: Header, order: tuple[str, ...]) -> Packer:
     """:meth:`Header.pack_into` compiled into straight-line code, for ``build``.
 
@@ -299,18 +318,7 @@ def compile_packer(h: Header, order: tuple[str, ...]) -> Packer:
         def pack(buf, offset, v):
             pack_into(buf, offset, (((v[3] or 0) & 0xff) << 24) | ((v[4] or 0) & 0xffffff))
     """
-    words = []
-    for group in h.items:
-        terms = []
-        for f, shift in group:
-            if f.attr is None:
-                continue  # reserved: zero
-            v = f"(v[{order.index(f.attr)}] or 0)"
-            if len(group) > 1:  # narrower than its word: mask, then move into place
-                v = f"({v} & {(1 << f.bits) - 1:#x})" + (f" << {shift}" if shift else "")
-                v = f"({v})"
-            terms.append(v)
-        words.append(" | ".join(terms) or "0")
+    words = word_sources(h, lambda attr: f"v[{order.index(attr)}]")
     src = f"def pack(buf, offset, v):\n    pack_into(buf, offset, {', '.join(words)})\n"
     namespace: dict = {"pack_into": h.struct.pack_into}
     exec(compile(src, f"<packer {h.name}>", "exec"), namespace)
