@@ -65,7 +65,7 @@ def ip_id_delta(ip_id: int, length: int) -> int:
     return with_id ^ zeros
 
 
-Queued = tuple  # (packet bytes, destination IP (packed), UDP source port)
+Queued = tuple[bytes, bytes, int]  # (packet, destination IP (packed), UDP source port)
 
 
 def coalesce(pending: Sequence[Queued], max_segments: int = MAX_SEGMENTS,
