@@ -203,6 +203,8 @@ def close(addr: str, port: int) -> None:
     # and re-ACK the retransmission, or the active closer's DISCONNECT never completes
     # (rxe's requester then retransmits for ever; softrdma's gives up: RETRY_EXC)
     _lost_close_ack(addr, port + 3)
+    # 4b. ... and the first retransmission lost as well: it comes a period later
+    _lost_close_ack(addr, port + 4, lost_retransmissions=1)
     # 5. close released every QP, MR, CQ and PD on both sides
     from softrdma.verbs_api.device import get_soft_device
     left = {k: v for k, v in get_soft_device().in_use.items() if v}
@@ -210,10 +212,12 @@ def close(addr: str, port: int) -> None:
     print("OK close both ways, shutdown(WR); nothing left on the device", flush=True)
 
 
-def _lost_close_ack(addr: str, port: int) -> None:
+def _lost_close_ack(addr: str, port: int, lost_retransmissions: int = 0) -> None:
     """The active closer (the client) retransmits on rdma_cm's default ACK timeout (19,
     2.1 s) as rxe does; the passive one's own QP uses 16 (268 ms): TIME_WAIT must follow
-    the peer's period, not its own."""
+    the peer's period, not its own. ``lost_retransmissions``: that many of the active
+    closer's retransmitted DISCONNECTs are lost too, each a period more of silence that
+    TIME_WAIT must outlast."""
     from softrdma.verbs_api.device import get_soft_device
     from softrdma.wire.opcodes import Opcode
     cli, srv = _pair(addr, port, RSOptions(ack_timeout=16), RSOptions(ack_timeout=None))
@@ -224,6 +228,7 @@ def _lost_close_ack(addr: str, port: int) -> None:
     active, passive = cli._conn, srv._conn
     disconnect_psn = active.qp.engine.req.psn  # the next request: the DISCONNECT
     dropped = []
+    sent_disconnects = []
     send_packet = dev.send_packet
 
     def lossy(qp, pkt, dst_ip):
@@ -231,6 +236,10 @@ def _lost_close_ack(addr: str, port: int) -> None:
                 and int.from_bytes(pkt[9:12], "big") == disconnect_psn):
             dropped.append(bytes(pkt))
             return
+        if qp is active.qp.engine and int.from_bytes(pkt[9:12], "big") == disconnect_psn:
+            sent_disconnects.append(bytes(pkt))
+            if 1 < len(sent_disconnects) <= 1 + lost_retransmissions:
+                return  # a retransmission lost on the way
         send_packet(qp, pkt, dst_ip)
 
     dev.send_packet = lossy
@@ -245,6 +254,7 @@ def _lost_close_ack(addr: str, port: int) -> None:
     assert dropped, "the DISCONNECT's ACK was never sent"
     assert active.err is None, f"the active close failed: {active.err!r}"
     assert passive.qp.engine.resp.duplicates >= 1, "no retransmitted DISCONNECT was answered"
+    assert len(sent_disconnects) >= 2 + lost_retransmissions
 
 
 def main() -> int:
