@@ -7,6 +7,7 @@ silently skip a check.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -59,3 +60,17 @@ def udp_devices():
     for d in made:
         d.detach()
         unregister_device(d.name)
+
+
+@pytest.fixture(scope="module", params=["packets", "trains"])
+def link_mode(request):
+    """For a module that imports ``SimNetwork`` and uses this fixture
+    (``pytestmark = pytest.mark.usefixtures("link_mode")``): every test of the module
+    twice, packet by packet, then with the link carrying trains as UDP GSO/GRO do (``SimNetwork(trains=True)``: the train coalescing, the IPv4
+    ICRC fix-up and the receive path's train shortcuts)."""
+    mod = request.module
+    plain = mod.SimNetwork
+    if request.param == "trains":
+        mod.SimNetwork = functools.partial(plain, trains=True)
+    yield request.param
+    mod.SimNetwork = plain

@@ -32,7 +32,6 @@ area, Q_Key check, a send over the MTU).
 
 from __future__ import annotations
 
-import functools
 import random
 
 import pytest
@@ -45,18 +44,8 @@ from softrdma.wire.frames import ip_checksum
 from softrdma.wire.opcodes import Opcode as O
 from softrdma.qp.psn import psn_diff
 
-@pytest.fixture(autouse=True, scope="module", params=["packets", "trains"])
-def link_mode(request):
-    """Every test of the module twice: packet by packet, then with the link carrying
-    trains as UDP GSO/GRO do (``SimNetwork(trains=True)``: the train coalescing, the IPv4
-    ICRC fix-up and the receive path's train shortcuts)."""
-    mod = request.module
-    plain = mod.SimNetwork
-    if request.param == "trains":
-        mod.SimNetwork = functools.partial(plain, trains=True)
-    yield request.param
-    mod.SimNetwork = plain
-
+# every test twice: packet by packet, then with trains (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("link_mode")
 
 from .datapath_helpers import U64, Wire, pair, sge_place, sge_take
 

@@ -31,7 +31,7 @@ from softrdma.verbs_api.enums import (
     IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 )
 
-from .conftest import ROOT
+from .conftest import ROOT, wait_until as _wait
 
 PROGRAMS = ROOT / "tests" / "programs"
 CAP = QPCap(max_send_wr=64, max_recv_wr=64, max_send_sge=2, max_recv_sge=2,
@@ -45,15 +45,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra)
     return env
-
-
-def _wait(cond, timeout=10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def _free_port() -> int:

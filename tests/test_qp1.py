@@ -7,8 +7,6 @@ The expected framing comes from the real capture ``pcaps/linux-rxe/ucmatose.pcap
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from softrdma.cm.mad import MAD_SIZE, AttrId, Method, build_mad, cm_mad_header
@@ -25,7 +23,7 @@ from softrdma.wire.opcodes import Opcode
 from softrdma.wire.packet import build, parse
 from softrdma.wire.pcap import read_pcap
 
-from .conftest import PCAPS
+from .conftest import PCAPS, wait_until as wait
 
 CAPTURE = PCAPS / "ucmatose.pcap"
 CLIENT, SERVER = "10.77.0.12", "10.77.0.11"
@@ -48,15 +46,6 @@ def req_mad(comm_id: int = 0x1234, qpn: int = 0x77) -> bytes:
                     service_id=0x0106_4E20, starting_psn=0xABCDE, pkey=0xFFFF,
                     primary_local_lid=0xFFFF, primary_remote_lid=0xFFFF,
                     private_data=b"hello")
-
-
-def wait(cond, timeout=10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 class Collect(list):

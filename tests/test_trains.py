@@ -24,7 +24,7 @@ from softrdma.enums import IBV_WR_RDMA_WRITE, IBV_WR_SEND, ibv_mtu
 from softrdma.harness.testing import Endpoint, connect
 from softrdma.verbs_api import QPCap, Context
 from softrdma.wire.icrc import icrc_from_ip_packet, icrc_ipv4, icrc_ipv6
-from softrdma.wire.opcodes import OPCODE_LIST, Opcode as O
+from softrdma.wire.opcodes import Opcode as O
 from softrdma.wire.packet import build, parse
 from softrdma.wire.trains import (
     MAX_SEGMENTS, MAX_TRAIN_BYTES, coalesce, ip_id_delta, split, split_unsized, train_iov,
@@ -108,11 +108,10 @@ def test_split_and_split_unsized():
         [_pkt(O.RC_RDMA_WRITE_LAST, 3, 100)]
     whole = b"".join(pkts)
     assert [bytes(x) for x in split(memoryview(whole), len(whole), len(pkts[0]))] == pkts
-    length = lambda op: None if OPCODE_LIST[op] is None else OPCODE_LIST[op].length  # noqa: E731
-    assert split_unsized(whole, length) == pkts
+    assert split_unsized(whole) == pkts
     acks = [_pkt(O.RC_ACKNOWLEDGE, p, 0, syndrome=0x1F, msn=p) for p in range(4)]
-    assert split_unsized(b"".join(acks), length) == acks
-    assert split_unsized(pkts[0], length) == [pkts[0]]
+    assert split_unsized(b"".join(acks)) == acks
+    assert split_unsized(pkts[0]) == [pkts[0]]
 
 
 # -- a real kernel cuts a real train --------------------------------------------------------

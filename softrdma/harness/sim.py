@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from ..soft.device import SoftDevice
 from ..soft.faults import Impairments
-from ..wire.trains import coalesce, train_iov
+from ..wire.trains import coalesce, split, train_iov
 from ..verbs_api.device import add_device, unregister_device
 
 __all__ = ["SimNetwork", "LinkProfile", "SimEvent", "SimCopy"]
@@ -164,15 +164,13 @@ class SimNetwork:
         queued = self._queued.pop(src, None)
         if not queued:
             return
-        for dst_ip, sport, _size, packets in coalesce(queued):
+        for dst_ip, sport, size, packets in coalesce(queued):
             if len(packets) == 1:
                 self._send(src, packets[0], dst_ip, sport)
                 continue
-            iov = train_iov(packets, len(dst_ip) == 4)
-            segs = [iov[0]] if len(dst_ip) == 4 else iov
-            if len(dst_ip) == 4:  # each later packet is two buffers: body, moved ICRC
-                segs += [bytes(iov[i]) + iov[i + 1] for i in range(1, len(iov), 2)]
-            for k, seg in enumerate(segs):
+            # what the kernel does with the sendmsg: one datagram, cut every ``size`` bytes
+            wire = b"".join(train_iov(packets, len(dst_ip) == 4))
+            for k, seg in enumerate(split(memoryview(wire), len(wire), size)):
                 self._send(src, bytes(seg), dst_ip, sport, ip_id=k)
 
     def _note(self, kind: str) -> None:

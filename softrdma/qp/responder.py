@@ -256,7 +256,7 @@ class Responder:
         keys = self.eng.device.keys
         end = BTH_SIZE + mtu
         done = 0
-        if op & 0x1F == O.RC_RDMA_WRITE_MIDDLE:
+        if op in (O.RC_RDMA_WRITE_MIDDLE, O.UC_RDMA_WRITE_MIDDLE):
             count = min(len(packets), (self.resid - 1) // mtu)  # a MIDDLE needs resid > mtu
             if count <= 0:
                 return 0

@@ -18,7 +18,7 @@ from ..enums import (ibv_access_flags as A, ibv_event_type, ibv_qp_state as S,
 from ..wire.frames import ip_checksum
 from ..wire.headers import ROCE_V2_UDP_DPORT
 from ..wire.icrc import icrc_ok_ipv4, icrc_ok_ipv6
-from ..wire.opcodes import BTH_SIZE, Transport
+from ..wire.opcodes import BTH_SIZE, Opcode as O, Transport
 from ..wire.packet import DecodeError, parse
 from ..counters import Drop
 
@@ -33,8 +33,12 @@ _TRANSPORT_OF_QPT = {T.IBV_QPT_RC: Transport.RC, T.IBV_QPT_UC: Transport.UC,
 _RESP_READY = (S.IBV_QPS_RTR, S.IBV_QPS_RTS, S.IBV_QPS_SQD, S.IBV_QPS_SQE)
 # the MIDDLE opcodes a train of one message's body is made of, with the opcodes the
 # responder may have seen last for a MIDDLE to be in sequence (its FIRST or a MIDDLE)
-_MIDDLE_AFTER = {0x01: (0x00, 0x01), 0x07: (0x06, 0x07),  # RC SEND, RC RDMA WRITE
-                 0x21: (0x20, 0x21), 0x27: (0x26, 0x27)}  # UC SEND, UC RDMA WRITE
+_MIDDLE_AFTER = {
+    O.RC_SEND_MIDDLE: (O.RC_SEND_FIRST, O.RC_SEND_MIDDLE),
+    O.RC_RDMA_WRITE_MIDDLE: (O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE),
+    O.UC_SEND_MIDDLE: (O.UC_SEND_FIRST, O.UC_SEND_MIDDLE),
+    O.UC_RDMA_WRITE_MIDDLE: (O.UC_RDMA_WRITE_FIRST, O.UC_RDMA_WRITE_MIDDLE)}
+_WRITE_MIDDLES = (O.RC_RDMA_WRITE_MIDDLE, O.UC_RDMA_WRITE_MIDDLE)
 _REQ_READY = (S.IBV_QPS_RTS, S.IBV_QPS_SQD)
 
 
@@ -167,10 +171,9 @@ def receive_train(dev: Any, parts: list, src_ip: bytes, dst_ip: bytes, sport: in
     n = len(parts)
     i = 0
     while i < n:
-        j = _middle_run(dev, parts, i, src_ip, sport, verify, ip_ids) \
-            if dst_ip == dev.ip_packed else i
+        j, qp = _middle_run(dev, parts, i, src_ip, sport, verify, ip_ids) \
+            if dst_ip == dev.ip_packed else (i, None)
         if j > i:
-            qp = dev.qps[int.from_bytes(parts[i][5:8], "big")]
             try:
                 done = qp.resp.take_middles(parts[i:j], qp.mtu())
             except Exception as e:  # contained to the QP, as QpEngine.on_packet does
@@ -193,34 +196,35 @@ def _icrc_good(p: Any, src: bytes, dst: bytes, sport: int, ip_id: int) -> bool:
 
 
 def _middle_run(dev: Any, parts: list, i: int, src_ip: bytes, sport: int, verify: bool,
-                ip_ids: list[int] | None) -> int:
+                ip_ids: list[int] | None) -> tuple[int, Any]:
     """The end of the run of MIDDLE packets from ``parts[i]`` that the QP they are for
-    expects next and would take without a question; ``i`` if there is none."""
+    expects next and would take without a question, and that QP; ``(i, None)`` if there
+    is none."""
     p = parts[i]
     if len(p) < 16:
-        return i
+        return i, None
     op = p[0]
     after = _MIDDLE_AFTER.get(op)
     if after is None:
-        return i
+        return i, None
     qpn = p[5:8]
     qp = dev.qps.get(int.from_bytes(qpn, "big"))
     if qp is None or qp.closed:
-        return i
+        return i, None
     st = qp.state
     if st not in _RESP_READY or (st == S.IBV_QPS_RTR and not qp.comm_est_sent):
-        return i
+        return i, None
     qpt = qp.qp_type
     if qpt != (T.IBV_QPT_RC if op < 0x20 else T.IBV_QPT_UC):
-        return i
+        return i, None
     av = qp.av
     if av is None or av.dst_ip != src_ip or (dev.strict and sport != qp.src_port):
-        return i
+        return i, None
     resp = qp.resp
     if resp.opcode not in after or (qpt == T.IBV_QPT_UC and resp.drop_msg):
-        return i
-    if op & 0x1F == 0x07 and not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
-        return i
+        return i, None
+    if op in _WRITE_MIDDLES and not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
+        return i, None
     size = BTH_SIZE + qp.mtu() + 4
     psn = resp.psn
     j = i
@@ -238,4 +242,4 @@ def _middle_run(dev: Any, parts: list, i: int, src_ip: bytes, sport: int, verify
             break  # receive_packet counts and drops it
         psn = (psn + 1) & 0xFFFFFF
         j += 1
-    return j
+    return j, qp

@@ -45,8 +45,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..wire.headers import ROCE_V2_UDP_DPORT
-from ..wire.icrc import icrc_ipv4, icrc_ipv6
-from ..wire.opcodes import OPCODE_LIST
+from ..wire.icrc import icrc_ipv4, icrc_ipv6, icrc_ok_ipv4
 from ..wire.trains import coalesce, split, split_unsized, train_iov
 from ..counters import Drop
 
@@ -77,13 +76,7 @@ def _env_on(name: str) -> bool:
 def _train_ip_id(packet: memoryview, src: bytes, dst: bytes, sport: int, k: int) -> int:
     """The IPv4 ID packet ``k`` of a received train had: ``k`` if its ICRC says so (a
     softrdma GSO train, cut by the kernel), else 0 (a DF sender such as rxe)."""
-    stored = int.from_bytes(packet[-4:], "little")
-    return k if icrc_ipv4(packet, src, dst, sport, ip_id=k) == stored else 0
-
-
-def _header_length(opcode: int) -> int | None:
-    info = OPCODE_LIST[opcode]
-    return None if info is None else info.length
+    return k if icrc_ok_ipv4(packet, src, dst, sport, ip_id=k) else 0
 
 
 DEFAULT_NOFILE = 1024  # the kernel's and systemd's default soft RLIMIT_NOFILE
@@ -380,11 +373,10 @@ class UdpTransport:
             ip_id = struct.unpack_from("!H", pkt, 4)[0]
             roce = pkt[ihl + 8:ihl + ulen]
             parts = [roce]
-            if len(roce) >= 32 and icrc_ipv4(roce, pkt[12:16], own, sport, ip_id=ip_id) != \
-                    int.from_bytes(roce[-4:], "little"):
+            if len(roce) >= 32 and not icrc_ok_ipv4(roce, pkt[12:16], own, sport, ip_id=ip_id):
                 # not one good packet: maybe a train that crossed loopback whole, which a
                 # raw socket sees uncut and without its segment size
-                parts = split_unsized(roce, _header_length)
+                parts = split_unsized(roce)
             for k, part in enumerate(parts):  # segment k of a train has IP ID id + k
                 dev.receive(part, pkt[12:16], own, ip_id=(ip_id + k) & 0xFFFF, sport=sport,
                             ip_header=pkt[:20], verify_icrc=True)

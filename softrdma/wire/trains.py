@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import zlib
 from functools import lru_cache
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
+
+from .opcodes import OPCODE_LIST
 
 __all__ = ["MAX_SEGMENTS", "MAX_TRAIN_BYTES", "coalesce", "ip_id_delta", "train_iov",
            "split", "split_unsized"]
@@ -135,31 +137,26 @@ def split(buf: memoryview, nbytes: int, gso_size: int) -> list[memoryview]:
 _PATH_MTUS = (4096, 2048, 1024, 512, 256)
 
 
-def split_unsized(roce: bytes, header_length: Callable[[int], int | None]) -> list[bytes]:
+def split_unsized(roce: bytes) -> list[bytes]:
     """Cut a train whose segment size is unknown: what a raw IP socket sees of a train
     that crossed loopback whole (the UDP socket's copy has the size; the raw one does not).
 
-    ``header_length(opcode)`` gives the bytes of BTH and extension headers of an opcode, or
-    None for an unknown opcode. A train's segments are equal, so the first packet's length
-    ``L`` is a path MTU's worth of payload after its headers (a message's packets before
-    the last), or its headers alone (ACKs); the candidate where every ``L``-th byte starts
-    a BTH for the same QP wins. Anything that fits no candidate is one packet.
+    A train's segments are equal, so the first packet's length ``L`` is a path MTU's worth
+    of payload after its headers (a message's packets before the last), or its headers
+    alone (ACKs); the candidate where every ``L``-th byte starts a known opcode for the
+    same QP wins. Anything that fits no candidate is one packet.
     """
     n = len(roce)
     if n < 32:
         return [roce]
-    h = header_length(roce[0])
-    if h is None:
+    first = OPCODE_LIST[roce[0]]
+    if first is None:
         return [roce]
     qpn = roce[5:8]
-    for seg in [h + m + 4 for m in _PATH_MTUS] + [h + 4]:
+    for seg in [first.length + m + 4 for m in _PATH_MTUS] + [first.length + 4]:
         if seg >= n:
             continue
-        ok = True
-        for o in range(seg, n, seg):
-            if n - o < 16 or roce[o + 5:o + 8] != qpn or header_length(roce[o]) is None:
-                ok = False
-                break
-        if ok:
+        if all(n - o >= 16 and roce[o + 5:o + 8] == qpn and OPCODE_LIST[roce[o]] is not None
+               for o in range(seg, n, seg)):
             return [roce[o:o + seg] for o in range(0, n, seg)]
     return [roce]
