@@ -337,3 +337,28 @@ def test_a_failed_progress_loop_wakes_every_waiter(live):
         with pytest.raises(PyverbsRDMAError) as ei:
             cq.poll()
         assert ei.value.error_code == errno.EIO
+
+
+def test_the_progress_thread_leaves_the_socket_to_a_polling_application(udp_devices,
+                                                                        monkeypatch):
+    """After an application's CQ poll the progress thread does not read the socket for
+    POLL_GRACE (made long here): a packet that arrives meanwhile waits for the
+    application's next poll, which reads it on its own thread (no hand-off)."""
+    from softrdma.soft import progress
+    monkeypatch.setattr(progress, "POLL_GRACE", 30.0)
+    da = udp_devices("127.0.17.9", "sb-a")  # live: each with its progress thread
+    db = udp_devices("127.0.17.10", "sb-b")
+    a = Endpoint(Context(name=da.name), "RC", 1 << 16, CAP, 64)
+    b = Endpoint(Context(name=db.name), "RC", 1 << 16, CAP, 64)
+    connect(a, b, 100, 200, timeout=18)
+    connect(b, a, 200, 100, timeout=18)
+    db.poll_nowait()  # the application polls b's device ...
+    time.sleep(2 * progress.MAX_SLEEP)  # ... and b's thread re-plans its wait
+    before = db.counters.rcvd_pkts
+    a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, 64), 1, remote_offset=4096)
+    time.sleep(0.3)  # ample for a thread that reads in milliseconds
+    assert db.counters.rcvd_pkts == before  # the thread stood back
+    db.poll_nowait()  # the application's next poll reads it
+    assert db.counters.rcvd_pkts == before + 1
+    assert _wait(lambda: len(a.cq) == 1)
+    a.close(), b.close()

@@ -281,3 +281,87 @@ def test_ipv6_icrc_needs_no_move():
     c = icrc_ipv6(b, src6, dst6, SPORT)
     b[-4:] = c.to_bytes(4, "little")
     assert train_iov([bytes(b), bytes(b)], ipv4=False)[1] == bytes(b)
+
+
+# -- when queued packets leave ----------------------------------------------------------------
+
+def test_the_device_lock_flushes_at_its_outermost_release_only():
+    from softrdma.soft.lock import DeviceLock
+    lock = DeviceLock()
+    flushed = []
+    lock.on_release = lambda: flushed.append(lock.depth)
+    with lock:
+        with lock:
+            pass
+        assert flushed == []  # an inner release: the section is not over
+    assert flushed == [1]  # called while still held, once
+    assert lock.acquire(blocking=False)
+    lock.release()
+    assert flushed == [1, 1]
+
+
+def test_what_a_datagram_provokes_leaves_before_the_next_is_read(udp_devices):
+    """receive_ready flushes after each datagram: the ACK a message asks for is on its way
+    before the next datagram is handled, not after the whole receive budget (a sender
+    waiting on its window would stall)."""
+    da = udp_devices("127.0.17.7", "tr-g", thread=False)
+    db = udp_devices("127.0.17.8", "tr-h", thread=False)
+    a = Endpoint(Context(name=da.name), "RC", 1 << 16, CAP, 256)
+    b = Endpoint(Context(name=db.name), "RC", 1 << 16, CAP, 256)
+    connect(a, b, 100, 200, timeout=18)
+    connect(b, a, 200, 100, timeout=18)
+    for i in range(3):  # three WRITE_ONLYs, each with AckReq, three datagrams at b
+        a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, 64), wr_id=i, remote_offset=1024 * i)
+    queued_at_each = []
+    receive = db.receive
+
+    def watch(*args, **kw):
+        queued_at_each.append(len(db.udp._pending))
+        receive(*args, **kw)
+
+    def read():  # as the progress thread and poll_cq read: the lock held around the batch
+        with db.lock:
+            db.udp.receive_ready()
+        return len(queued_at_each) >= 3
+
+    db.receive = watch
+    assert wait_until(read)
+    db.receive = receive
+    assert queued_at_each == [0, 0, 0]
+    assert wait_until(lambda: (da.poll(0.01), len(a.cq))[1] >= 3)
+    a.close(), b.close()
+
+
+def test_the_train_shortcuts_are_taken(monkeypatch):
+    """The requester's and the responder's train paths are what the train-mode data-path
+    tests exercise: a 5-packet WRITE over SimNetwork(trains=True) is made by one
+    _send_middles pass and its three MIDDLEs taken by one take_middles call."""
+    from softrdma.harness.sim import SimNetwork
+    from softrdma.harness.testing import connected_pair
+    from softrdma.qp.requester import Requester
+    from softrdma.qp.responder import Responder
+    made, taken = [], []
+    send_middles, take_middles = Requester._send_middles, Responder.take_middles
+
+    def spy_send(self, wqe, opcode, mtu, rc):
+        before = self.psn
+        send_middles(self, wqe, opcode, mtu, rc)
+        made.append((self.psn - before) & 0xFFFFFF)
+
+    def spy_take(self, packets, mtu):
+        n = take_middles(self, packets, mtu)
+        taken.append((len(packets), n))
+        return n
+
+    monkeypatch.setattr(Requester, "_send_middles", spy_send)
+    monkeypatch.setattr(Responder, "take_middles", spy_take)
+    with SimNetwork(seed=1, trains=True, delay=0.0) as net:
+        a, b = connected_pair(net, "RC")  # path MTU 1024
+        data = bytes(range(256)) * 18  # 4608 bytes: FIRST, 3 MIDDLEs, LAST
+        a.mr.write(data, len(data), 0)
+        a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, len(data)), 1, remote_offset=8192)
+        assert net.run_until(lambda: len(a.cq) >= 1)
+        assert [w.status for w in a.cq.poll_all()] == [0]
+        assert b.mr.read(len(data), 8192) == data
+        a.close(), b.close()
+    assert made == [3] and taken == [(3, 3)]
