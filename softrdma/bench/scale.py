@@ -74,6 +74,18 @@ def _read(p: subprocess.Popen[str]) -> Any:
     return json.loads(line)
 
 
+def _run_child(role: str, timeout: float, **kw: Any) -> Any:
+    """Start a child in ``role``, read its one answer, close its stdin (its signal to
+    exit) and wait for it."""
+    p = _child(role, **kw)
+    try:
+        return _read(p)
+    finally:
+        if p.stdin:
+            p.stdin.close()
+        p.wait(timeout)
+
+
 def _send(p: subprocess.Popen[str], obj: Any) -> None:
     assert p.stdin is not None
     p.stdin.write(json.dumps(obj) + "\n")
@@ -404,13 +416,7 @@ def _idle(n: int, seconds: float, ips: list[str]) -> None:
 
 
 def _idle_once(n: int, seconds: float, ips: list[str]) -> dict[str, float]:
-    p = _child("idle", n=n, seconds=seconds, ips=ips)
-    try:
-        r = _read(p)
-    finally:
-        if p.stdin:
-            p.stdin.close()
-        p.wait(60)
+    r = _run_child("idle", 60, n=n, seconds=seconds, ips=ips)
     r["share"] = r["cpu"] / r["wall"]
     return r
 
@@ -473,13 +479,7 @@ def run_scale_bench(qps: int = 1000, rounds: int = 3, seconds: float = 3.0, size
         secs: list[float] = []
         total: list[float] = []
         for r in range(rounds):
-            p = _child("many_qps", n=max_qp, depth=128)
-            try:
-                m = _read(p)
-            finally:
-                if p.stdin:
-                    p.stdin.close()
-                p.wait(120)
+            m = _run_child("many_qps", 120, n=max_qp, depth=128)
             grow.append(m["rss_growth"] / 1e6)
             total.append(m["rss"] / 1e6)
             secs.append(m["seconds"])
