@@ -55,28 +55,28 @@ class Side:
         self.sidr_answer = True
         self.destroy_on_exit = False
         self.agent = CmAgent(guid, lambda mad, dest: net.send(name, dest, mad),
-                             self.on_event, id_operand=operand, hi_tid=2)
+                             self.on_event, clock=lambda: net.now, id_operand=operand,
+                             hi_tid=2)
 
     def on_event(self, ev) -> None:
         self.events.append((self.net.now, ev))
-        now = self.net.now
         if ev.type == E.REQ_RECEIVED:
             if self.reject_with is not None:
-                self.agent.send_rej(ev.cm_id, now, RejectReason.CONSUMER_DEFINED,
+                self.agent.send_rej(ev.cm_id, RejectReason.CONSUMER_DEFINED,
                                     private_data=self.reject_with)
             elif self.accept:
-                self.agent.send_rep(ev.cm_id, now, local_qpn=QPN_B, starting_psn=0xD50E68,
+                self.agent.send_rep(ev.cm_id, local_qpn=QPN_B, starting_psn=0xD50E68,
                                     responder_resources=1, initiator_depth=1,
                                     rnr_retry_count=7, private_data=b"rep-data")
         elif ev.type == E.REP_RECEIVED and self.rtu:
-            self.agent.send_rtu(ev.cm_id, now)
+            self.agent.send_rtu(ev.cm_id)
         elif ev.type == E.DREQ_RECEIVED and self.drep:
-            self.agent.send_drep(ev.cm_id, now)
+            self.agent.send_drep(ev.cm_id)
         elif ev.type == E.SIDR_REQ_RECEIVED and self.sidr_answer:
-            self.agent.send_sidr_rep(ev.cm_id, now, qpn=QPN_B, qkey=RDMA_UDP_QKEY,
+            self.agent.send_sidr_rep(ev.cm_id, qpn=QPN_B, qkey=RDMA_UDP_QKEY,
                                      private_data=b"sidr-rep")
         elif ev.type == E.TIMEWAIT_EXIT and self.destroy_on_exit:
-            self.agent.destroy(ev.cm_id, now)
+            self.agent.destroy(ev.cm_id)
 
     def types(self) -> list[E]:
         return [ev.type for _, ev in self.events]
@@ -123,7 +123,7 @@ class Net:
         while True:
             while self.queue:
                 src, dest, mad = self.queue.popleft()
-                self.sides[dest].agent.on_mad(mad, src, self.now)
+                self.sides[dest].agent.on_mad(mad, src)
             deadlines = [d for d in (s.agent.deadline for s in self.sides.values())
                          if d is not None]
             if not deadlines or min(deadlines) > until:
@@ -137,7 +137,7 @@ class Net:
     def connect(self, **kw) -> object:
         self.b.agent.listen(SID)
         cm_id = self.a.agent.create_id()
-        self.a.agent.send_req(cm_id, self.now, dest="B", service_id=SID, local_qpn=QPN_A,
+        self.a.agent.send_req(cm_id, dest="B", service_id=SID, local_qpn=QPN_A,
                               starting_psn=0xBCCD43, responder_resources=1,
                               initiator_depth=1, retry_count=5, path_mtu=3,
                               private_data=b"req-data", **kw)
@@ -146,7 +146,7 @@ class Net:
     def resolve(self, **kw) -> object:
         """A SIDR_REQ from A to B's UD service (rdma_cm's timeouts unless given)."""
         cm_id = self.a.agent.create_id()
-        self.a.agent.send_sidr_req(cm_id, self.now, dest="B", service_id=USID,
+        self.a.agent.send_sidr_req(cm_id, dest="B", service_id=USID,
                                    private_data=b"sidr-req", **kw)
         return cm_id
 
@@ -255,7 +255,7 @@ def test_lost_dreq_is_retransmitted_with_the_ids_timeout():
         t0 = net.now
         net.drops["DREQ"] = 1
         me, peer = (net.a, net.b) if sender == "a" else (net.b, net.a)
-        me.agent.send_dreq(a_id if sender == "a" else b_id, t0)
+        me.agent.send_dreq(a_id if sender == "a" else b_id)
         net.run(t0 + interval + 0.1)
         name = me.name
         assert net.sent(name, "DREQ") == [approx(t0), approx(t0 + interval)]
@@ -273,7 +273,7 @@ def test_lost_drep_resent_from_timewait():
     b_id = net.b.event(E.REQ_RECEIVED).cm_id
     t0 = net.now
     net.drops["DREP"] = 1
-    net.b.agent.send_dreq(b_id, t0)
+    net.b.agent.send_dreq(b_id)
     net.run(t0 + 0.001)
     assert a_id.state == S.TIMEWAIT and b_id.state == S.DREQ_SENT
     net.run(t0 + 0.1)
@@ -294,7 +294,7 @@ def test_lost_drep_after_timewait_answered_once_the_id_is_gone():
     t0 = net.now
     net.drops["DREP"] = 1
     net.b.destroy_on_exit = True
-    net.a.agent.send_dreq(a_id, t0)
+    net.a.agent.send_dreq(a_id)
     net.run(t0 + REQ_RTX + 0.1)
     assert net.b.at(E.TIMEWAIT_EXIT) == [approx(t0 + TIMEWAIT)]
     assert b_id.local_id not in net.b.agent.ids
@@ -311,7 +311,7 @@ def test_dreq_to_an_idle_id_is_dropped_as_linux_does():
     a_id, b_id = established(net)
     t0 = net.now
     net.drops["DREP"] = 1
-    net.a.agent.send_dreq(a_id, t0)
+    net.a.agent.send_dreq(a_id)
     net.run(t0 + 17 * REQ_RTX)
     assert net.sent("B", "DREP") == [approx(t0)]
     assert net.a.at(E.DREQ_ERROR) == [approx(t0 + 16 * REQ_RTX)]
@@ -341,7 +341,7 @@ def test_duplicate_req_after_delayed_mra_gets_the_mra():
     def on_event(ev):
         orig(ev)
         if ev.type == E.REQ_RECEIVED:
-            net.b.agent.send_mra(ev.cm_id, net.now, 0x80 | 24)
+            net.b.agent.send_mra(ev.cm_id, 0x80 | 24)
     net.b.agent.on_event = on_event
     net.run(0.1)
     assert net.sent("B", "MRA") == [0.0]  # only because of the duplicate
@@ -374,7 +374,7 @@ def test_duplicate_rep_gets_the_rtu_again():
 def test_req_without_listener_gets_rej_invalid_service_id():
     net = Net()
     cm_id = net.a.agent.create_id()
-    net.a.agent.send_req(cm_id, 0.0, dest="B", service_id=SID + 1, local_qpn=QPN_A,
+    net.a.agent.send_req(cm_id, dest="B", service_id=SID + 1, local_qpn=QPN_A,
                          starting_psn=1)
     net.run(0.5)
     ev = net.a.event(E.REJ_RECEIVED)
@@ -406,7 +406,7 @@ def test_stale_connection_rej_and_dreq_to_the_old_connection():
     a_id, b_id = established(net)
     # A second REQ from the same (QPN, CA GUID) while the first connection lives
     other = net.a.agent.create_id()
-    net.a.agent.send_req(other, net.now, dest="B", service_id=SID, local_qpn=QPN_A,
+    net.a.agent.send_req(other, dest="B", service_id=SID, local_qpn=QPN_A,
                          starting_psn=2)
     net.run(net.now + 0.1)
     ev = [e for _, e in net.a.events if e.type == E.REJ_RECEIVED][0]
@@ -454,7 +454,7 @@ def test_dreq_times_out_to_dreq_error_then_timewait():
     a_id, b_id = established(net)
     t0 = net.now
     net.drops["DREQ"] = 100
-    net.a.agent.send_dreq(a_id, t0)
+    net.a.agent.send_dreq(a_id)
     net.run(t0 + 16 * REQ_RTX + 0.001)
     assert net.a.at(E.DREQ_ERROR) == [approx(t0 + 16 * REQ_RTX)]
     assert a_id.state == S.TIMEWAIT
@@ -468,7 +468,7 @@ def test_disconnect_timewait_then_timewait_exit_after_2048_ms():
     net = Net()
     a_id, b_id = established(net)
     t0 = net.now
-    net.a.agent.send_dreq(a_id, t0)
+    net.a.agent.send_dreq(a_id)
     net.run(t0 + TIMEWAIT - 0.001)
     assert a_id.state == b_id.state == S.TIMEWAIT
     assert net.a.at(E.DREP_RECEIVED) == [approx(t0)]
@@ -483,8 +483,8 @@ def test_simultaneous_disconnect():
     net = Net()
     a_id, b_id = established(net)
     t0 = net.now
-    net.a.agent.send_dreq(a_id, t0)
-    net.b.agent.send_dreq(b_id, t0)
+    net.a.agent.send_dreq(a_id)
+    net.b.agent.send_dreq(b_id)
     net.run(t0 + 60)
     # each DREQ is received in DREQ_SENT, cancels the local DREQ and is answered
     assert net.a.types()[-2:] == [E.DREQ_RECEIVED, E.TIMEWAIT_EXIT]
@@ -498,7 +498,7 @@ def test_dreq_for_unknown_connection_gets_a_drep():
     net = Net()
     raw = build_cm("DREQ", tid=7, local_comm_id=0x1234, remote_comm_id=0x5678,
                    remote_qpn=QPN_B)
-    net.b.agent.on_mad(raw, "A", 0.0)
+    net.b.agent.on_mad(raw, "A")
     (src, dest, mad) = net.queue.popleft()
     drep = parse_cm(mad)
     assert (src, dest, drep.name, drep.tid) == ("B", "A", "DREP", 7)
@@ -510,7 +510,7 @@ def test_dreq_with_the_wrong_qpn_is_dropped():
     a_id, b_id = established(net)
     raw = build_cm("DREQ", tid=7, local_comm_id=a_id.local_id, remote_comm_id=b_id.local_id,
                    remote_qpn=QPN_B + 1)
-    net.b.agent.on_mad(raw, "A", net.now)
+    net.b.agent.on_mad(raw, "A")
     assert b_id.state == S.ESTABLISHED and not net.queue
 
 
@@ -521,7 +521,7 @@ def test_user_calls_in_the_wrong_state_raise():
     cm_id = net.a.agent.create_id()
     for call in ("send_rtu", "send_dreq", "send_drep", "send_rej", "establish"):
         with pytest.raises(CmStateError):
-            getattr(net.a.agent, call)(cm_id, 0.0)
+            getattr(net.a.agent, call)(cm_id)
     net.b.agent.listen(SID)
     with pytest.raises(CmStateError):
         net.b.agent.listen(SID)
@@ -544,17 +544,17 @@ def test_establish_on_first_data_before_the_rtu():
     net.connect()
     net.run(0.1)
     b_id = net.b.event(E.REQ_RECEIVED).cm_id
-    net.b.agent.establish(b_id, net.now)
+    net.b.agent.establish(b_id)
     assert b_id.state == S.ESTABLISHED and net.b.types()[-1] == E.USER_ESTABLISHED
     assert net.b.agent.deadline is None  # the REP is no longer retransmitted
 
 
 def test_garbage_is_counted_and_ignored():
     net = Net()
-    net.b.agent.on_mad(b"\0" * 10, "A", 0.0)
+    net.b.agent.on_mad(b"\0" * 10, "A")
     bad = bytearray(build_cm(REQ, tid=1, local_comm_id=1))
     bad[2] = 1  # class version 1
-    net.b.agent.on_mad(bytes(bad), "A", 0.0)
+    net.b.agent.on_mad(bytes(bad), "A")
     assert net.b.agent.counters["dropped"] == {"mad_size": 1, "class_version": 1}
     assert not net.queue
 
@@ -657,14 +657,14 @@ def test_duplicate_sidr_req_is_dropped_while_being_processed():
     assert len(b_ids) == 1
     # the same request ID from another source is a different request
     raw = net.sent_mads("A", "SIDR_REQ")[0].pack()
-    net.b.agent.on_mad(raw, "C", net.now)
+    net.b.agent.on_mad(raw, "C")
     assert net.b.types() == [E.SIDR_REQ_RECEIVED] * 2
     assert net.b.agent.counters["rx_duplicates"] == {"SIDR_REQ": 1}
     # once answered the id no longer claims the request: the same SIDR_REQ is new again
-    net.b.agent.send_sidr_rep(b_ids[0], net.now, qpn=QPN_B, qkey=RDMA_UDP_QKEY)
+    net.b.agent.send_sidr_rep(b_ids[0], qpn=QPN_B, qkey=RDMA_UDP_QKEY)
     net.run(0.2)
     assert a_id.state == S.IDLE
-    net.b.agent.on_mad(raw, "A", net.now)
+    net.b.agent.on_mad(raw, "A")
     assert net.b.types() == [E.SIDR_REQ_RECEIVED] * 3
     assert net.b.agent.counters["rx_duplicates"] == {"SIDR_REQ": 1}
 
@@ -677,7 +677,7 @@ def test_destroy_in_sidr_req_rcvd_answers_status_reject():
     net.run(0.1)
     b_id = net.b.event(E.SIDR_REQ_RECEIVED).cm_id
     assert b_id.state == S.SIDR_REQ_RCVD
-    net.b.agent.destroy(b_id, net.now)
+    net.b.agent.destroy(b_id)
     net.run(0.2)
     assert b_id.local_id not in net.b.agent.ids
     ev = net.a.event(E.SIDR_REP_RECEIVED)
@@ -690,7 +690,7 @@ def test_destroy_in_sidr_req_sent_cancels_the_retransmission():
     net = Net()
     net.drops["SIDR_REQ"] = 100
     a_id = net.resolve()
-    net.a.agent.destroy(a_id, 0.0)
+    net.a.agent.destroy(a_id)
     assert net.a.agent.deadline is None
     net.run(100.0)
     assert net.sent("A", "SIDR_REQ") == [0.0] and not net.a.events
@@ -700,21 +700,21 @@ def test_unmatched_sidr_rep_is_dropped_and_counted():
     net = Net()
     # no id with that comm ID
     net.a.agent.on_mad(build_cm(SIDR_REP, tid=7, request_id=0x1234, service_id=USID),
-                       "B", 0.0)
+                       "B")
     assert net.a.agent.counters["dropped"] == {"unmatched_sidr_rep": 1}
     # a second copy of a SIDR_REP once the id is back in IDLE
     net.b.agent.listen(USID)
     a_id = net.resolve()
     net.run(0.1)
     (rep_mad,) = [mad for _, s, mad in net.mads if s == "B"]
-    net.a.agent.on_mad(rep_mad, "B", net.now)
+    net.a.agent.on_mad(rep_mad, "B")
     # a SIDR_REP naming an id that sent a REQ, not a SIDR_REQ
     c_id = net.a.agent.create_id()
     net.drops["REQ"] = 100
-    net.a.agent.send_req(c_id, net.now, dest="B", service_id=USID, local_qpn=QPN_A,
+    net.a.agent.send_req(c_id, dest="B", service_id=USID, local_qpn=QPN_A,
                          starting_psn=1)
     net.a.agent.on_mad(build_cm(SIDR_REP, tid=7, request_id=c_id.local_id,
-                                service_id=USID), "B", net.now)
+                                service_id=USID), "B")
     assert net.a.agent.counters["dropped"] == {"unmatched_sidr_rep": 3}
     assert net.a.types() == [E.SIDR_REP_RECEIVED]  # only the real one
     assert a_id.state == S.IDLE and c_id.state == S.REQ_SENT
@@ -725,10 +725,10 @@ def test_sidr_calls_in_the_wrong_state_raise_and_the_tables_agree_with_linux():
     net = Net()
     cm_id = net.a.agent.create_id()
     with pytest.raises(CmStateError):
-        net.a.agent.send_sidr_rep(cm_id, 0.0)
-    net.a.agent.send_sidr_req(cm_id, 0.0, dest="B", service_id=USID)
+        net.a.agent.send_sidr_rep(cm_id)
+    net.a.agent.send_sidr_req(cm_id, dest="B", service_id=USID)
     with pytest.raises(CmStateError):
-        net.a.agent.send_sidr_req(cm_id, 0.0, dest="B", service_id=USID)
+        net.a.agent.send_sidr_req(cm_id, dest="B", service_id=USID)
     # written from cm.c (ib_send_cm_sidr_req, cm_send_sidr_rep_locked,
     # cm_sidr_rep_handler, cm_process_send_error), not from the tables
     assert USER_CALLS["send_sidr_req"] == {S.IDLE: S.SIDR_REQ_SENT}

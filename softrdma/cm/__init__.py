@@ -23,7 +23,7 @@ from .messages import (
     MsgResponse, RejectReason, SidrStatus, TransportType, build_cm, parse_cm,
 )
 from .qp1 import GSI_QKEY, QP1_QPN, QP1_UDP_SPORT, build_qp1, qp1_drop_reason
-from .state import CmAgent, CmEvent, CmEventType, CmId, CmState, CmStateError
+from .state import CmAgent, CmEvent, CmEventType, IbCmId, CmState, CmStateError
 
 __all__ = [
     "CMA_HDR_SIZE", "CmaError", "CmaHeader", "PortSpace", "cma_private_data",
@@ -35,5 +35,5 @@ __all__ = [
     "CMMessage", "MessageType", "MsgResponse", "RejectReason", "SidrStatus", "TransportType",
     "build_cm", "parse_cm",
     "GSI_QKEY", "QP1_QPN", "QP1_UDP_SPORT", "build_qp1", "qp1_drop_reason",
-    "CmAgent", "CmEvent", "CmEventType", "CmId", "CmState", "CmStateError",
+    "CmAgent", "CmEvent", "CmEventType", "IbCmId", "CmState", "CmStateError",
 ]

@@ -7,7 +7,9 @@ consumer's calls (``send_req``, ``send_rep``, ``send_rtu``, ``send_rej``, ``send
 ``send_dreq``, ``send_drep``, ``send_sidr_req``, ``send_sidr_rep``, ``listen``,
 ``establish``, ``destroy``), and hands MADs to a
 :class:`CmTransmit` and events to a :class:`CmEventSink`. It has no sockets, threads or
-clock: every entry point takes ``now`` (seconds, a virtual clock in tests).
+clock of its own: it is handed one (``clock``, seconds; a virtual clock in tests) as the QP
+engines are handed their device's ``now``, reads it once per entry point, and is woken
+with the time the timer fired (``on_timer(now)``, as ``QpEngine.on_timer``).
 
 What it does as Linux does (docs/cm.md, "The connection state machine"):
 
@@ -62,7 +64,7 @@ from .messages import (
 )
 
 __all__ = [
-    "CmState", "CmEventType", "CmEvent", "CmId", "CmAgent", "CmTransmit", "CmEventSink",
+    "CmState", "CmEventType", "CmEvent", "IbCmId", "CmAgent", "CmTransmit", "CmEventSink",
     "CmStateError", "USER_CALLS", "ON_RECEIVE", "ON_SEND_ERROR", "cm_convert_to_ms",
     "cm_ack_timeout", "MRA_FLAG_DELAY", "reply_without_consumer", "DEFAULT_SIDR_TIMEOUT_MS",
 ]
@@ -210,12 +212,12 @@ class CmEvent:
     """What the agent tells its consumer (``struct ib_cm_event``)."""
 
     type: CmEventType
-    cm_id: "CmId"
+    cm_id: "IbCmId"
     message: CMMessage | None = None  # the MAD that caused it, if any
     private_data: bytes | None = None
     reason: int | None = None  # REJ_RECEIVED
     ari: bytes | None = None  # REJ_RECEIVED
-    listen_id: "CmId | None" = None  # REQ_RECEIVED, SIDR_REQ_RECEIVED
+    listen_id: "IbCmId | None" = None  # REQ_RECEIVED, SIDR_REQ_RECEIVED
     service_timeout: int | None = None  # MRA_RECEIVED
     send_status: str | None = None  # *_ERROR: "timeout"
     source: Hashable = None  # SIDR_REQ_RECEIVED: where the SIDR_REQ came from
@@ -243,7 +245,7 @@ class _Pending:
 
 
 @dataclass(eq=False)
-class CmId:
+class IbCmId:
     """One connection's CM state (``struct cm_id_private``)."""
 
     local_id: int
@@ -269,7 +271,7 @@ class CmId:
     _remote_keys: list[tuple[str, tuple[int, Any]]] = field(default_factory=list)
 
     def __repr__(self) -> str:
-        return (f"CmId(local={self.local_id:#010x}, remote={self.remote_id:#010x}, "
+        return (f"IbCmId(local={self.local_id:#010x}, remote={self.remote_id:#010x}, "
                 f"{self.state.name})")
 
 
@@ -278,25 +280,27 @@ class CmAgent:
 
     ``node_guid`` is the CA GUID put in REQ/REP; ``id_operand`` is XORed into comm IDs
     (Linux's ``random_id_operand``; pass a random 32-bit value in production) and
-    ``hi_tid`` is the MAD agent's half of new TIDs. ``peer_key`` maps the source of a
+    ``hi_tid`` is the MAD agent's half of new TIDs. ``clock`` gives the time in seconds
+    (the device's ``now``: a virtual clock under simulation). ``peer_key`` maps the source of a
     received MAD to what identifies the sender for SIDR_REQ duplicate detection (the
     source as given by default; a device passes its (IP, QPN), not per-packet fields)."""
 
     def __init__(self, node_guid: int, transmit: CmTransmit, on_event: CmEventSink, *,
-                 id_operand: int = 0, hi_tid: int = 0, ack_delay: int = DEFAULT_ACK_DELAY,
+                 clock: Callable[[], float], id_operand: int = 0, hi_tid: int = 0, ack_delay: int = DEFAULT_ACK_DELAY,
                  peer_key: Callable[[Hashable], Hashable] | None = None) -> None:
         self.node_guid = node_guid
+        self.clock = clock
         self.transmit = transmit
         self.on_event = on_event
         self.id_operand = id_operand & 0xFFFFFFFF
         self.hi_tid = hi_tid
         self.ack_delay = ack_delay
         self.peer_key: Callable[[Hashable], Hashable] = peer_key or (lambda src: src)
-        self.ids: dict[int, CmId] = {}
-        self.listeners: dict[int, CmId] = {}
-        self._remote_ids: dict[tuple[int, int], CmId] = {}
-        self._remote_qpns: dict[tuple[int, int], CmId] = {}
-        self._remote_sidr: dict[tuple[int, Hashable], CmId] = {}
+        self.ids: dict[int, IbCmId] = {}
+        self.listeners: dict[int, IbCmId] = {}
+        self._remote_ids: dict[tuple[int, int], IbCmId] = {}
+        self._remote_qpns: dict[tuple[int, int], IbCmId] = {}
+        self._remote_sidr: dict[tuple[int, Hashable], IbCmId] = {}
         self._next = 0
         self._events: list[CmEvent] = []
         self._dispatching = False
@@ -307,14 +311,14 @@ class CmAgent:
 
     # ---- ids and time ---------------------------------------------------------------
 
-    def create_id(self, context: Any = None) -> CmId:
+    def create_id(self, context: Any = None) -> IbCmId:
         """A new cm_id in IDLE with a fresh local comm ID (``ib_create_cm_id``)."""
         while True:
             self._next = (self._next + 1) & 0xFFFFFFFF
             local_id = self._next ^ self.id_operand
             if local_id and local_id not in self.ids:
                 break
-        cm_id = CmId(local_id, context)
+        cm_id = IbCmId(local_id, context)
         self.ids[local_id] = cm_id
         return cm_id
 
@@ -343,7 +347,7 @@ class CmAgent:
                 self._timewait_exit(cm_id)
         self._dispatch()
 
-    def _send_timeout(self, cm_id: CmId, now: float) -> None:
+    def _send_timeout(self, cm_id: IbCmId, now: float) -> None:
         p = cm_id.pending
         assert p is not None
         if p.retries_left > 0:  # the MAD layer's retry_send
@@ -359,7 +363,7 @@ class CmAgent:
         self._move(cm_id, nxt, now)
         self._emit(CmEvent(event, cm_id, send_status="timeout"))
 
-    def _timewait_exit(self, cm_id: CmId) -> None:
+    def _timewait_exit(self, cm_id: IbCmId) -> None:
         cm_id.timewait_deadline = None
         if cm_id.state != CmState.TIMEWAIT or cm_id.remote_qpn != cm_id.timewait_remote_qpn:
             return
@@ -368,7 +372,7 @@ class CmAgent:
 
     # ---- state plumbing -------------------------------------------------------------
 
-    def _move(self, cm_id: CmId, state: CmState, now: float) -> None:
+    def _move(self, cm_id: IbCmId, state: CmState, now: float) -> None:
         """Set the state; TIMEWAIT starts the timewait timer, IDLE and TIMEWAIT drop
         the remote keys (``cm_enter_timewait``, ``cm_reset_to_idle``)."""
         if state in (CmState.IDLE, CmState.TIMEWAIT):
@@ -378,23 +382,23 @@ class CmAgent:
             cm_id.timewait_remote_qpn = cm_id.remote_qpn
         cm_id.state = state
 
-    def _cancel(self, cm_id: CmId) -> None:
+    def _cancel(self, cm_id: IbCmId) -> None:
         cm_id.pending = None  # ib_cancel_mad
 
-    def _remove_remote(self, cm_id: CmId) -> None:
+    def _remove_remote(self, cm_id: IbCmId) -> None:
         for table, key in cm_id._remote_keys:
             tbl = self._table(table)
             if tbl.get(key) is cm_id:
                 del tbl[key]
         cm_id._remote_keys.clear()
 
-    def _table(self, table: str) -> dict[Any, CmId]:
+    def _table(self, table: str) -> dict[Any, IbCmId]:
         """The remote-key table by name: "id" (remote comm ID, CA GUID), "qpn" (remote
         QPN, CA GUID) or "sidr" (SIDR request ID, peer)."""
         return {"id": self._remote_ids, "qpn": self._remote_qpns,
                 "sidr": self._remote_sidr}[table]  # type: ignore[return-value]
 
-    def _insert_remote(self, table: str, key: tuple[int, Any], cm_id: CmId) -> CmId | None:
+    def _insert_remote(self, table: str, key: tuple[int, Any], cm_id: IbCmId) -> IbCmId | None:
         """Insert; the id already holding ``key`` if there is one (then nothing changes)."""
         tbl = self._table(table)
         cur = tbl.get(key)
@@ -404,7 +408,7 @@ class CmAgent:
         cm_id._remote_keys.append((table, key))
         return None
 
-    def _acquire(self, local_id: int, remote_id: int) -> CmId | None:
+    def _acquire(self, local_id: int, remote_id: int) -> IbCmId | None:
         """``cm_acquire_id``: the id with this local comm ID whose remote ID matches."""
         cm_id = self.ids.get(local_id)
         if cm_id is None or cm_id.remote_id != remote_id:
@@ -434,7 +438,7 @@ class CmAgent:
         self._count("tx", mad)
         self.transmit(mad, dest)
 
-    def _send(self, cm_id: CmId, mad: bytes, now: float, *, expect_answer: bool) -> None:
+    def _send(self, cm_id: IbCmId, mad: bytes, now: float, *, expect_answer: bool) -> None:
         """Send a MAD for ``cm_id``; one that expects an answer is retransmitted every
         ``cm_id.timeout_ms`` up to ``cm_id.max_cm_retries`` times."""
         if expect_answer:
@@ -442,7 +446,7 @@ class CmAgent:
                                      cm_id.max_cm_retries, now + cm_id.timeout_ms / 1000)
         self._tx(mad, cm_id.dest)
 
-    def _check(self, call: str, cm_id: CmId) -> CmState:
+    def _check(self, call: str, cm_id: IbCmId) -> CmState:
         nxt = USER_CALLS[call].get(cm_id.state)
         if nxt is None or cm_id.local_id not in self.ids:
             raise CmStateError(f"{call} is not allowed in {cm_id.state.name}")
@@ -450,7 +454,7 @@ class CmAgent:
 
     # ---- user calls -----------------------------------------------------------------
 
-    def listen(self, service_id: int, context: Any = None) -> CmId:
+    def listen(self, service_id: int, context: Any = None) -> IbCmId:
         """A listening id for ``service_id`` (exact match; ``ib_cm_listen``). A second
         listener on the same service ID is refused (Linux: -EBUSY)."""
         if service_id in self.listeners:
@@ -461,7 +465,7 @@ class CmAgent:
         self.listeners[service_id] = cm_id
         return cm_id
 
-    def send_req(self, cm_id: CmId, now: float, *, dest: Hashable, service_id: int,
+    def send_req(self, cm_id: IbCmId, *, dest: Hashable, service_id: int,
                  local_qpn: int, starting_psn: int, private_data: bytes = b"",
                  packet_life_time: int = DEFAULT_PACKET_LIFETIME,
                  remote_cm_response_timeout: int = DEFAULT_CM_RESPONSE_TIMEOUT,
@@ -470,6 +474,7 @@ class CmAgent:
         """Send a REQ (``ib_send_cm_req``): IDLE -> REQ_SENT, retransmitted every
         ``2*conv(packet_life_time) + conv(remote_cm_response_timeout)`` ms.
         ``req_fields`` are further REQ fields by name (GIDs, resources, MTU, ...)."""
+        now = self.clock()
         nxt = self._check("send_req", cm_id)
         cm_id.dest = dest
         cm_id.service_id = service_id
@@ -496,10 +501,11 @@ class CmAgent:
         self._send(cm_id, mad, now, expect_answer=True)
         self._dispatch()
 
-    def send_rep(self, cm_id: CmId, now: float, *, local_qpn: int, starting_psn: int,
+    def send_rep(self, cm_id: IbCmId, *, local_qpn: int, starting_psn: int,
                  private_data: bytes = b"", **rep_fields: Any) -> None:
         """Accept a REQ (``ib_send_cm_rep``): REQ_RCVD/MRA_REQ_SENT -> REP_SENT,
         retransmitted every conv(REQ local CM response timeout) ms."""
+        now = self.clock()
         nxt = self._check("send_rep", cm_id)
         fields = dict(target_ack_delay=self.ack_delay)
         fields.update(rep_fields)
@@ -513,9 +519,10 @@ class CmAgent:
         self._send(cm_id, mad, now, expect_answer=True)
         self._dispatch()
 
-    def send_rtu(self, cm_id: CmId, now: float, private_data: bytes = b"") -> None:
+    def send_rtu(self, cm_id: IbCmId, private_data: bytes = b"") -> None:
         """``ib_send_cm_rtu``: REP_RCVD/MRA_REP_SENT -> ESTABLISHED. Not retransmitted;
         resent when a duplicate REP arrives."""
+        now = self.clock()
         nxt = self._check("send_rtu", cm_id)
         mad = build_cm(RTU, tid=cm_id.tid, private_data=private_data,
                        local_comm_id=cm_id.local_id, remote_comm_id=cm_id.remote_id)
@@ -524,11 +531,12 @@ class CmAgent:
         self._send(cm_id, mad, now, expect_answer=False)
         self._dispatch()
 
-    def send_mra(self, cm_id: CmId, now: float, service_timeout: int,
+    def send_mra(self, cm_id: IbCmId, service_timeout: int,
                  private_data: bytes = b"") -> None:
         """``ib_send_cm_mra``: REQ_RCVD -> MRA_REQ_SENT or REP_RCVD -> MRA_REP_SENT. With
         :data:`MRA_FLAG_DELAY` in ``service_timeout`` no MRA is sent now, only when a
         duplicate arrives (what rdma_cm does with 24 on every REQ)."""
+        now = self.clock()
         nxt = self._check("send_mra", cm_id)
         mraed = MsgResponse.REQ if cm_id.state == CmState.REQ_RCVD else MsgResponse.REP
         timeout = service_timeout & ~MRA_FLAG_DELAY & 0x1F
@@ -540,16 +548,17 @@ class CmAgent:
         cm_id.private_data = bytes(private_data)
         self._dispatch()
 
-    def _mra(self, cm_id: CmId, mraed: MsgResponse, service_timeout: int,
+    def _mra(self, cm_id: IbCmId, mraed: MsgResponse, service_timeout: int,
              private_data: bytes) -> bytes:
         return build_cm(MRA, tid=cm_id.tid, private_data=private_data,
                         local_comm_id=cm_id.local_id, remote_comm_id=cm_id.remote_id,
                         message_mraed=mraed, service_timeout=service_timeout)
 
-    def send_rej(self, cm_id: CmId, now: float, reason: int = RejectReason.CONSUMER_DEFINED,
+    def send_rej(self, cm_id: IbCmId, reason: int = RejectReason.CONSUMER_DEFINED,
                  private_data: bytes = b"", ari: bytes = b"") -> None:
         """``ib_send_cm_rej``: reject during connection setup. In the REQ and REP_RCVD
         states the id goes back to IDLE, in REP_SENT/MRA_REP_RCVD to TIMEWAIT."""
+        now = self.clock()
         nxt = self._check("send_rej", cm_id)
         mad = self._rej(cm_id, reason, private_data, ari, cm_id.state)
         self._cancel(cm_id)
@@ -557,7 +566,7 @@ class CmAgent:
         self._send(cm_id, mad, now, expect_answer=False)
         self._dispatch()
 
-    def _rej(self, cm_id: CmId, reason: int, private_data: bytes, ari: bytes,
+    def _rej(self, cm_id: IbCmId, reason: int, private_data: bytes, ari: bytes,
              state: CmState) -> bytes:
         """``cm_format_rej``: a REJ for ``cm_id`` as the state it was in formats it."""
         if state in (CmState.REQ_RCVD, CmState.MRA_REQ_SENT):
@@ -572,9 +581,10 @@ class CmAgent:
                         message_rejected=rejected, reason=int(reason),
                         reject_info_length=len(ari), ari=bytes(ari).ljust(72, b"\0"))
 
-    def send_dreq(self, cm_id: CmId, now: float, private_data: bytes = b"") -> None:
+    def send_dreq(self, cm_id: IbCmId, private_data: bytes = b"") -> None:
         """``ib_send_cm_dreq``: ESTABLISHED -> DREQ_SENT, retransmitted with the id's
         timeout; DREQ_ERROR and TIMEWAIT when the retries run out."""
+        now = self.clock()
         nxt = self._check("send_dreq", cm_id)
         mad = build_cm(DREQ, tid=new_tid(cm_id.local_id, self.hi_tid),
                        private_data=private_data, local_comm_id=cm_id.local_id,
@@ -583,20 +593,21 @@ class CmAgent:
         self._send(cm_id, mad, now, expect_answer=True)
         self._dispatch()
 
-    def send_drep(self, cm_id: CmId, now: float, private_data: bytes = b"") -> None:
+    def send_drep(self, cm_id: IbCmId, private_data: bytes = b"") -> None:
         """``ib_send_cm_drep``: DREQ_RCVD -> TIMEWAIT; the DREP is resent when the
         DREQ is."""
+        now = self.clock()
         nxt = self._check("send_drep", cm_id)
         cm_id.private_data = bytes(private_data)
         self._move(cm_id, nxt, now)
         self._send(cm_id, self._drep(cm_id), now, expect_answer=False)
         self._dispatch()
 
-    def _drep(self, cm_id: CmId) -> bytes:
+    def _drep(self, cm_id: IbCmId) -> bytes:
         return build_cm(DREP, tid=cm_id.tid, private_data=cm_id.private_data,
                         local_comm_id=cm_id.local_id, remote_comm_id=cm_id.remote_id)
 
-    def establish(self, cm_id: CmId, now: float) -> None:
+    def establish(self, cm_id: IbCmId) -> None:
         """``ib_cm_notify(IB_EVENT_COMM_EST)``: data arrived before the RTU;
         REP_SENT/MRA_REP_RCVD -> ESTABLISHED and USER_ESTABLISHED."""
         nxt = self._check("establish", cm_id)
@@ -605,13 +616,14 @@ class CmAgent:
         self._emit(CmEvent(CmEventType.USER_ESTABLISHED, cm_id))
         self._dispatch()
 
-    def send_sidr_req(self, cm_id: CmId, now: float, *, dest: Hashable, service_id: int,
+    def send_sidr_req(self, cm_id: IbCmId, *, dest: Hashable, service_id: int,
                       private_data: bytes = b"", pkey: int = 0xFFFF,
                       timeout_ms: int = DEFAULT_SIDR_TIMEOUT_MS,
                       max_cm_retries: int = DEFAULT_MAX_CM_RETRIES) -> None:
         """``ib_send_cm_sidr_req``: IDLE -> SIDR_REQ_SENT. The SIDR_REQ's request ID is
         the id's local comm ID; it is retransmitted with the same TID every
         ``timeout_ms`` up to ``max_cm_retries`` times, then SIDR_REQ_ERROR and IDLE."""
+        now = self.clock()
         nxt = self._check("send_sidr_req", cm_id)
         cm_id.tid = new_tid(cm_id.local_id, self.hi_tid)
         mad = build_cm(SIDR_REQ, tid=cm_id.tid, private_data=private_data,
@@ -625,7 +637,7 @@ class CmAgent:
         self._send(cm_id, mad, now, expect_answer=True)
         self._dispatch()
 
-    def send_sidr_rep(self, cm_id: CmId, now: float, *, status: int = SidrStatus.SUCCESS,
+    def send_sidr_rep(self, cm_id: IbCmId, *, status: int = SidrStatus.SUCCESS,
                       qpn: int = 0, qkey: int = 0, private_data: bytes = b"",
                       info: bytes = b"") -> None:
         """``ib_send_cm_sidr_rep``: answer a SIDR_REQ (SIDR_REQ_RCVD -> IDLE) with its
@@ -633,6 +645,7 @@ class CmAgent:
         (rdma_cm: Q_Key 0x01234567), ``info`` the additional information (72 bytes at
         most). The id no longer claims the request: a later SIDR_REQ with the same
         request ID is a new one."""
+        now = self.clock()
         nxt = self._check("send_sidr_rep", cm_id)
         if len(info) > 72:
             raise ValueError(f"SIDR_REP carries at most 72 bytes of additional "
@@ -646,7 +659,7 @@ class CmAgent:
         self._send(cm_id, mad, now, expect_answer=False)
         self._dispatch()
 
-    def destroy(self, cm_id: CmId, now: float) -> None:
+    def destroy(self, cm_id: IbCmId) -> None:
         """``ib_destroy_cm_id``: say goodbye as Linux does for the state (REJ TIMEOUT
         with our GUID as ARI while a REQ is out, REJ 28 during setup, DREQ or DREP once
         connected, SIDR_REP REJECT (2) to a SIDR_REQ not answered yet; a SIDR_REQ out is
@@ -657,19 +670,19 @@ class CmAgent:
         elif st == CmState.SIDR_REQ_SENT:
             self._cancel(cm_id)
         elif st == CmState.SIDR_REQ_RCVD:
-            self.send_sidr_rep(cm_id, now, status=SidrStatus.REJECT)
+            self.send_sidr_rep(cm_id, status=SidrStatus.REJECT)
         elif st in (CmState.REQ_SENT, CmState.MRA_REQ_RCVD):
             self._cancel(cm_id)
-            self.send_rej(cm_id, now, RejectReason.TIMEOUT,
+            self.send_rej(cm_id, RejectReason.TIMEOUT,
                           ari=self.node_guid.to_bytes(8, "big"))
         elif st in (CmState.REQ_RCVD, CmState.REP_SENT, CmState.MRA_REP_RCVD,
                     CmState.MRA_REQ_SENT, CmState.REP_RCVD, CmState.MRA_REP_SENT):
             self._cancel(cm_id)
-            self.send_rej(cm_id, now, RejectReason.CONSUMER_DEFINED)
+            self.send_rej(cm_id, RejectReason.CONSUMER_DEFINED)
         elif st == CmState.ESTABLISHED:
-            self.send_dreq(cm_id, now)
+            self.send_dreq(cm_id)
         elif st == CmState.DREQ_RCVD:
-            self.send_drep(cm_id, now)
+            self.send_drep(cm_id)
         self._cancel(cm_id)
         self._remove_remote(cm_id)
         cm_id.timewait_deadline = None
@@ -679,10 +692,11 @@ class CmAgent:
 
     # ---- received MADs --------------------------------------------------------------
 
-    def on_mad(self, mad: bytes | bytearray | memoryview, src: Hashable, now: float) -> None:
+    def on_mad(self, mad: bytes | bytearray | memoryview, src: Hashable) -> None:
         """Process one received CM MAD from ``src`` (an address answers go back to).
         MADs the CM does not take (not 256 bytes, wrong class, LAP/APR, ...) are counted
         in ``counters['dropped']`` and ignored."""
+        now = self.clock()
         try:
             msg = parse_cm(mad)
         except MadError as e:
@@ -721,7 +735,7 @@ class CmAgent:
             self._answer(REJ, msg, src, message_rejected=MsgResponse.REQ,
                          reason=RejectReason.STALE_CONN)
             if stale.state == CmState.ESTABLISHED:
-                self.send_dreq(stale, now)
+                self.send_dreq(stale)
             return
         listener = self.listeners.get(msg.service_id)
         if listener is None:
@@ -773,7 +787,7 @@ class CmAgent:
             self._answer(REJ, msg, src, message_rejected=MsgResponse.REP,
                          reason=RejectReason.STALE_CONN)
             if stale.state == CmState.ESTABLISHED:
-                self.send_dreq(stale, now)
+                self.send_dreq(stale)
             return
         cm_id.remote_id = msg.local_comm_id
         cm_id.remote_qpn = msg.local_qpn

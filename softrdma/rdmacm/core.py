@@ -38,7 +38,7 @@ from typing import Any
 
 from ..cm.cma import CmaError, CmaHeader, gid_from_ip, service_id
 from ..cm.messages import RejectReason, SidrStatus
-from ..cm.state import MRA_FLAG_DELAY, CmEvent, CmEventType, CmId, CmState
+from ..cm.state import MRA_FLAG_DELAY, CmEvent, CmEventType, IbCmId, CmState
 from ..errors import PyverbsRDMAError
 from ..soft.cm_service import CmService
 from ..verbs_api.events import EventQueue
@@ -298,7 +298,7 @@ class CmaDevice:
             if owner.cm is ev.cm_id:
                 owner._on_cm(ev)
 
-    def _sidr_answer(self, cm_id: CmId, status: int) -> None:
+    def _sidr_answer(self, cm_id: IbCmId, status: int) -> None:
         self.service.sidr_reply(cm_id, status=int(status))
 
 
@@ -570,7 +570,7 @@ class CmaId:
         self.dst_port = 0
         self.route: Route | None = None
         self.qp: Any = None
-        self.cm: CmId | None = None
+        self.cm: IbCmId | None = None
         self.listen_id: "CmaId | None" = None
         self.backlog = 0
         self.reuseaddr = False
@@ -761,7 +761,7 @@ class CmaId:
                 raise _err(f"{what}: port {self.src_port} already has a listener on "
                            f"{c.device.name}", errno.EADDRINUSE)
         self._listen_devs = cdevs
-        self._listen_cms: list[tuple[CmaDevice, CmId]] = []
+        self._listen_cms: list[tuple[CmaDevice, IbCmId]] = []
         for c in cdevs:
             c.listeners[sid] = self
             try:
@@ -838,7 +838,7 @@ class CmaId:
                         qp_num=int(msg.local_qpn)))
 
     @staticmethod
-    def _refuse(cdev: CmaDevice, cm_id: CmId, sidr: bool) -> None:
+    def _refuse(cdev: CmaDevice, cm_id: IbCmId, sidr: bool) -> None:
         """cma.c: a request rdma_cm cannot take gets REJ 28 (SIDR_REP REJECT)."""
         if sidr:
             cdev.service.sidr_reply(cm_id, status=int(SidrStatus.REJECT))

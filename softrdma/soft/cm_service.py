@@ -28,7 +28,7 @@ from __future__ import annotations
 import queue
 from typing import Any, Callable, Hashable
 
-from ..cm.state import CmAgent, CmEvent, CmId
+from ..cm.state import CmAgent, CmEvent, IbCmId
 from .gsi import MadSource
 
 __all__ = ["CmService"]
@@ -61,6 +61,7 @@ class CmService:
         rng = device.secret_rng
         self.agent = CmAgent(
             int.from_bytes(bytes(device.node_guid), "big"), self._transmit, self._on_event,
+            clock=lambda: device.now,
             id_operand=rng.getrandbits(32) if id_operand is None else id_operand,
             hi_tid=rng.getrandbits(32) if hi_tid is None else hi_tid,
             ack_delay=device.limits.local_ca_ack_delay,
@@ -84,7 +85,7 @@ class CmService:
     def _on_mad(self, mad: bytes, source: MadSource) -> None:
         if self.closed:
             return
-        self._run(self.agent.on_mad, mad, source, self.device.now)
+        self._run(self.agent.on_mad, mad, source)
 
     def _transmit(self, mad: bytes, dest: Hashable) -> None:
         self._outbox.append((mad, dest))
@@ -125,76 +126,76 @@ class CmService:
         """The next event (without an ``on_event`` callback); ``queue.Empty`` on timeout."""
         return self.events.get(timeout=timeout)
 
-    def listen(self, service_id: int, context: Any = None) -> CmId:
+    def listen(self, service_id: int, context: Any = None) -> IbCmId:
         return self._run(self.agent.listen, service_id, context)
 
     def connect(self, dest: Hashable, *, service_id: int, local_qpn: int, starting_psn: int,
-                private_data: bytes = b"", context: Any = None, **req: Any) -> CmId:
+                private_data: bytes = b"", context: Any = None, **req: Any) -> IbCmId:
         """A new id and its REQ to ``dest`` (an IP, or (ip, qpn)); ``req`` are further
         :meth:`CmAgent.send_req` arguments (timeouts, retries, REQ fields)."""
-        def go() -> CmId:
+        def go() -> IbCmId:
             cm_id = self.agent.create_id(context)
-            self.agent.send_req(cm_id, self.now, dest=dest, service_id=service_id,
+            self.agent.send_req(cm_id, dest=dest, service_id=service_id,
                                 local_qpn=local_qpn, starting_psn=starting_psn,
                                 private_data=private_data, **req)
             return cm_id
         return self._run(go)
 
-    def accept(self, cm_id: CmId, *, local_qpn: int, starting_psn: int,
+    def accept(self, cm_id: IbCmId, *, local_qpn: int, starting_psn: int,
                private_data: bytes = b"", **rep: Any) -> None:
         """Answer a REQ with a REP."""
-        self._run(lambda: self.agent.send_rep(cm_id, self.now, local_qpn=local_qpn,
+        self._run(lambda: self.agent.send_rep(cm_id, local_qpn=local_qpn,
                                               starting_psn=starting_psn,
                                               private_data=private_data, **rep))
 
-    def ready_to_use(self, cm_id: CmId, private_data: bytes = b"") -> None:
+    def ready_to_use(self, cm_id: IbCmId, private_data: bytes = b"") -> None:
         """Answer a REP with an RTU."""
-        self._run(lambda: self.agent.send_rtu(cm_id, self.now, private_data))
+        self._run(lambda: self.agent.send_rtu(cm_id, private_data))
 
-    def reject(self, cm_id: CmId, reason: int | None = None, private_data: bytes = b"",
+    def reject(self, cm_id: IbCmId, reason: int | None = None, private_data: bytes = b"",
                ari: bytes = b"") -> None:
         kw: dict[str, Any] = {"private_data": private_data, "ari": ari}
         if reason is not None:
             kw["reason"] = reason
-        self._run(lambda: self.agent.send_rej(cm_id, self.now, **kw))
+        self._run(lambda: self.agent.send_rej(cm_id, **kw))
 
-    def send_mra(self, cm_id: CmId, service_timeout: int, private_data: bytes = b"") -> None:
-        self._run(lambda: self.agent.send_mra(cm_id, self.now, service_timeout,
+    def send_mra(self, cm_id: IbCmId, service_timeout: int, private_data: bytes = b"") -> None:
+        self._run(lambda: self.agent.send_mra(cm_id, service_timeout,
                                               private_data))
 
-    def disconnect(self, cm_id: CmId, private_data: bytes = b"") -> None:
+    def disconnect(self, cm_id: IbCmId, private_data: bytes = b"") -> None:
         """Send a DREQ."""
-        self._run(lambda: self.agent.send_dreq(cm_id, self.now, private_data))
+        self._run(lambda: self.agent.send_dreq(cm_id, private_data))
 
-    def disconnect_reply(self, cm_id: CmId, private_data: bytes = b"") -> None:
+    def disconnect_reply(self, cm_id: IbCmId, private_data: bytes = b"") -> None:
         """Answer a DREQ with a DREP."""
-        self._run(lambda: self.agent.send_drep(cm_id, self.now, private_data))
+        self._run(lambda: self.agent.send_drep(cm_id, private_data))
 
     def sidr_request(self, dest: Hashable, *, service_id: int, private_data: bytes = b"",
-                     context: Any = None, **kw: Any) -> CmId:
+                     context: Any = None, **kw: Any) -> IbCmId:
         """A new id and its SIDR_REQ to ``dest`` (an IP, or (ip, qpn)); ``kw`` are further
         :meth:`CmAgent.send_sidr_req` arguments (``timeout_ms``, ``max_cm_retries``,
         ``pkey``). The answer is a SIDR_REP_RECEIVED (or SIDR_REQ_ERROR) event."""
-        def go() -> CmId:
+        def go() -> IbCmId:
             cm_id = self.agent.create_id(context)
-            self.agent.send_sidr_req(cm_id, self.now, dest=dest, service_id=service_id,
+            self.agent.send_sidr_req(cm_id, dest=dest, service_id=service_id,
                                      private_data=private_data, **kw)
             return cm_id
         return self._run(go)
 
-    def sidr_reply(self, cm_id: CmId, *, status: int = 0, qpn: int = 0, qkey: int = 0,
+    def sidr_reply(self, cm_id: IbCmId, *, status: int = 0, qpn: int = 0, qkey: int = 0,
                    private_data: bytes = b"", info: bytes = b"") -> None:
         """Answer a SIDR_REQ_RECEIVED with a SIDR_REP (status 0: success, with the UD
         QP's number and Q_Key)."""
-        self._run(lambda: self.agent.send_sidr_rep(cm_id, self.now, status=status, qpn=qpn,
+        self._run(lambda: self.agent.send_sidr_rep(cm_id, status=status, qpn=qpn,
                                                    qkey=qkey, private_data=private_data,
                                                    info=info))
 
-    def establish(self, cm_id: CmId) -> None:
-        self._run(lambda: self.agent.establish(cm_id, self.now))
+    def establish(self, cm_id: IbCmId) -> None:
+        self._run(lambda: self.agent.establish(cm_id))
 
-    def destroy(self, cm_id: CmId) -> None:
-        self._run(lambda: self.agent.destroy(cm_id, self.now))
+    def destroy(self, cm_id: IbCmId) -> None:
+        self._run(lambda: self.agent.destroy(cm_id))
 
     def close(self) -> None:
         """Destroy every id (saying goodbye as :meth:`CmAgent.destroy` does), stop the
