@@ -141,7 +141,7 @@ def test_no_module_imports_another_modules_private_names(path):
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
                 not node.attr.startswith("__") and isinstance(node.value, ast.Name) and \
                 node.value.id in aliases and node.value.id[:1].islower() and \
-                _is_module_alias(tree, node.value.id):
+                _is_module_alias(tree, node.value.id, path):
             bad.append(f"{path.relative_to(ROOT)}:{node.lineno} reads "
                        f"{node.value.id}.{node.attr}")
     assert not bad, "\n".join(bad)
@@ -154,18 +154,90 @@ def _is_submodule(package: str, name: str) -> bool:
     return (base / f"{name}.py").exists() or (base / name / "__init__.py").exists()
 
 
-def _is_module_alias(tree: ast.AST, name: str) -> bool:
-    """``name`` was bound by importing a module (``import x`` / ``from . import x``)."""
+def _is_module_alias(tree: ast.AST, name: str, path: Path) -> bool:
+    """``name`` was bound by importing a module (``import x`` / ``from . import x`` /
+    ``from softrdma.tools import x``), relative imports resolved from ``path``'s package."""
+    pkg = module_name(path).split(".")
+    if path.name != "__init__.py":
+        pkg = pkg[:-1]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any((a.asname or a.name) == name for a in node.names):
             return True
         if isinstance(node, ast.ImportFrom):
             for a in node.names:
                 if (a.asname or a.name) == name:
-                    mod_file = None
-                    base = (node.module or "").replace(".", "/")
-                    for cand in (PKG / base / f"{a.name}.py", PKG / base / a.name / "__init__.py"):
-                        if cand.exists():
-                            mod_file = cand
-                    return mod_file is not None
+                    base = (pkg[:len(pkg) - (node.level - 1)] if node.level else []) \
+                        + (node.module.split(".") if node.module else [])
+                    where = ROOT.joinpath(*base, a.name)
+                    return where.with_suffix(".py").exists() or (where / "__init__.py").exists()
     return False
+
+
+# The handles by which a public object holds another layer's internals, and the packages
+# that own them: a verbs QP's protocol engine (the core's QpEngine: requester, completer,
+# responder), a CMID's rdma_cm id (``.id``: route, CM REQ, device) and a CMEventChannel's
+# channel (``.channel``). Anything else must use the public accessors those objects offer
+# (``QP.duplicate_requests``, ``CMID.peer_addr``, ``CMID.migrate``, ``CMEventChannel.wait``
+# ...), so that a layer can change its insides, or run on another backend, without its
+# callers noticing.
+HANDLES = {
+    "engine": ("softrdma.qp", "softrdma.verbs_api", "softrdma.soft"),
+    "id": ("softrdma.rdmacm",),
+}
+# The rdma_cm event channel's own operations, reached as ``<CMEventChannel>.channel.<op>``.
+CORE_CHANNEL_OPS = {"adopt", "wait", "pending", "put", "get", "drive"}
+
+
+def _owner(module: str, owners: tuple[str, ...]) -> bool:
+    return any(module == o or module.startswith(o + ".") for o in owners)
+
+
+def reach_throughs(path: Path, module: str | None = None) -> list[str]:
+    """``x.engine.y``, ``x.id.y``, ``getattr(x, "engine")`` outside the owning packages, and
+    ``x.channel.<op>`` / ``x.channel.channel`` (a CMEventChannel's insides) outside rdma_cm,
+    in line order. ``module`` names the file's module when it is not under the tree."""
+    tree = ast.parse(path.read_text(), str(path))
+    module = module or module_name(path)
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    bad: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+            handle = node.value.attr
+            if handle in HANDLES and not _owner(module, HANDLES[handle]):
+                bad.append((node.lineno, f".{handle}.{node.attr}"))
+            elif handle == "channel" and (node.attr in CORE_CHANNEL_OPS
+                                          or node.attr == "channel") \
+                    and not _owner(module, ("softrdma.rdmacm",)):
+                bad.append((node.lineno, f".channel.{node.attr}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id == "getattr" and len(node.args) >= 2 and \
+                isinstance(node.args[1], ast.Constant) and node.args[1].value in HANDLES and \
+                not _owner(module, HANDLES[node.args[1].value]):
+            bad.append((node.lineno, f"getattr(..., {node.args[1].value!r})"))
+    return [f"{where}:{line} reaches through {what}" for line, what in sorted(bad)]
+
+
+@pytest.mark.parametrize("path", all_modules(), ids=lambda p: str(p.relative_to(PKG)))
+def test_no_module_reaches_through_another_layers_handles(path):
+    bad = reach_throughs(path)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_reach_through_check_sees_what_it_should(tmp_path):
+    """The check above, on code written to break each rule (so it cannot pass vacuously),
+    as a tool would hold it and as the owning layers may."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(qp, cmid, ch):\n"
+                     "    qp.engine.comp.on_timeout()\n"
+                     "    cmid.id.device\n"
+                     "    ch.channel.adopt(cmid)\n"
+                     "    getattr(qp, 'engine')\n")
+    found = reach_throughs(probe, "softrdma.tools.probe")
+    assert [line.split(" reaches through ")[1] for line in found] == [
+        ".engine.comp", ".id.device", ".channel.adopt", "getattr(..., 'engine')"]
+    assert [line.split(" reaches through ")[1]
+            for line in reach_throughs(probe, "softrdma.verbs_api.probe")] == [
+        ".id.device", ".channel.adopt"]
+    assert reach_throughs(probe, "softrdma.rdmacm.probe") == [
+        "probe.py:2 reaches through .engine.comp",
+        "probe.py:5 reaches through getattr(..., 'engine')"]
