@@ -520,15 +520,6 @@ class SoftDevice:
         """Fire every timer due at ``now``; return how many owners were due."""
         return self.timers.fire(now)
 
-    @property
-    def on_timer_change(self) -> Callable[[float], None] | None:
-        """Told each new deadline (the progress thread, to wake early)."""
-        return self.timers.on_change
-
-    @on_timer_change.setter
-    def on_timer_change(self, fn: Callable[[float], None] | None) -> None:
-        self.timers.on_change = fn
-
     def emit_async(self, event: Any) -> None:
         if self.trace is not None:
             self.trace.emit(self, "event", getattr(getattr(event, "element", None), "qp_num",
