@@ -205,7 +205,9 @@ def _target_memory(pd: Any, dev: SoftDevice, roles: _Roles) -> dict[int, Any]:
     target_mrs = {}
     for rkey, (lo, hi) in remote.items():
         mr = MR(pd, hi - lo, _ALL, address=lo)
-        dev.keys.rekey(mr._entry, rkey)
+        entry = dev.keys.get(mr.rkey)  # the device's key table, not the MR's insides
+        assert entry is not None
+        dev.keys.rekey(entry, rkey)
         target_mrs[rkey] = mr
     return target_mrs
 
