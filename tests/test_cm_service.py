@@ -108,11 +108,11 @@ def test_a_lost_req_is_retransmitted_by_the_progress_thread(pair):
     a, b = pair
     dev_a = a.device
     b.listen(SID)
-    dev_a.tx_loss = 1.0  # the first REQ is lost on a's wire
+    dev_a.faults.tx.random.loss = 1.0  # the first REQ is lost on a's wire
     t0 = time.monotonic()
     ca = a.connect(B_IP, service_id=SID, local_qpn=0x111, starting_psn=1,
                    private_data=req_private_data(), **FAST)
-    dev_a.tx_loss = 0.0
+    dev_a.faults.tx.random.loss = 0.0
     assert dev_a.counters.drops.get(Drop.INJECTED_LOSS.value) == 1
     assert ca.state == CmState.REQ_SENT
     ev = next_event(b)  # only the retransmission can bring it
@@ -128,7 +128,7 @@ def test_a_lost_req_is_retransmitted_by_the_progress_thread(pair):
 
 def test_req_retries_run_out_to_req_error(pair):
     a, b = pair
-    a.device.tx_loss = 1.0
+    a.device.faults.tx.random.loss = 1.0
     ca = a.connect(B_IP, service_id=SID, local_qpn=0x111, starting_psn=1, max_cm_retries=2,
                    **FAST)
     ev = next_event(a)

@@ -174,7 +174,7 @@ def test_stale_entries_are_compacted_and_do_not_keep_closed_qps_alive():
     for _ in range(200):  # an ACK-driven retransmit timer, pushed earlier and later
         keep.arm(keep.deadline - 1)
     gc.collect()
-    assert len(d._timer_heap) <= 2 * len(d.timer_qps) + 66
+    assert d.timers.heap_size <= 2 * len(d.timer_qps) + 66
     assert sum(r() is not None for r in refs) <= 66
     assert d.next_deadline() == keep.deadline
 
@@ -214,3 +214,31 @@ def test_a_destroyed_qp_with_its_retransmit_timer_armed_leaves_the_timers():
     a.qp.close()
     assert qp not in dev.timer_qps and dev.next_deadline() is None
     assert dev.fire_timers(net.now + 1e6) == 0
+
+
+def test_the_timer_heap_stands_alone_and_tells_on_change_each_new_deadline():
+    """DeviceTimers needs no device: owners file themselves; ``on_change`` (the progress
+    thread's wake-up) hears every deadline armed or moved, not a cancellation."""
+    from softrdma.soft.timers import DeviceTimers
+
+    class Solo:
+        def __init__(self, t: DeviceTimers) -> None:
+            self.t, self.deadline, self.closed, self.fired = t, None, False, []
+
+        def arm(self, at: float | None) -> None:
+            self.deadline = at
+            self.t.changed(self)
+
+        def on_timer(self, now: float) -> None:
+            self.fired.append(now)
+            self.deadline = None
+
+    t = DeviceTimers()
+    heard: list[float] = []
+    t.on_change = heard.append
+    a, b = Solo(t), Solo(t)
+    a.arm(2.0), b.arm(1.0), a.arm(0.5), b.arm(None)
+    assert heard == [2.0, 1.0, 0.5] and list(t.owners) == [a]
+    assert t.next_deadline() == 0.5 and t.fire(0.4) == 0
+    assert t.fire(0.5) == 1 and a.fired == [0.5] and b.fired == []
+    assert t.next_deadline() is None and not t.owners

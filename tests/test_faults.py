@@ -18,6 +18,7 @@ from scapy.layers.inet import IP, UDP
 
 from softrdma.cli import main as cli_main
 from softrdma.enums import IBV_WR_RDMA_READ, IBV_WR_SEND
+from softrdma.harness.inject import inject_packet
 from softrdma.harness.sim import SimNetwork
 from softrdma.harness.testing import Endpoint, connect, connected_pair
 from softrdma.soft.device import SoftDevice
@@ -362,7 +363,7 @@ def test_inject_scapy_packets_into_a_live_device(udp_devices):
     pkt = (IP(src=da.ip, dst=db.ip) / UDP(sport=sport, dport=4791, chksum=0)
            / roce_packet(0x0A, dqpn=b.qp.qp_num, psn=5, va=b.mr.buf + 64, rkey=b.mr.rkey,
                          dma_len=5, payload=b"hello", ackreq=1))
-    db.inject(pkt)
+    inject_packet(db, pkt)
     assert b.mr.read(5, 64) == b"hello"
     assert db.counters.faults["rx_injected"] == 3
     # and the device keeps working: a's real traffic (PSN 6 on) flows
@@ -379,6 +380,21 @@ def test_inject_with_a_stale_icrc_is_caught_where_icrcs_are_checked():
     assert d.counters.drops == {"bad_icrc": 1}
     d.inject(raw, src="10.8.2.2")  # fixed: passes the ICRC, then: no such QP
     assert d.counters.drops == {"bad_icrc": 1, "no_qp": 1}
+
+
+def test_the_device_takes_bytes_and_the_harness_reads_scapy_packets():
+    """The device knows no scapy: a scapy packet handed to it is refused (its bytes would be
+    IP/UDP/BTH read as a BTH); the harness takes the BTH part and the IP source from it."""
+    d = SoftDevice("f-inj2", "10.8.2.1")
+    pkt = IP(src="10.8.2.2", dst="10.8.2.1") / UDP(sport=0xC001, dport=4791, chksum=0) \
+        / roce_packet(0x04, dqpn=0x20, psn=1, payload=b"hi")
+    with pytest.raises(TypeError, match="inject_packet"):
+        d.inject(pkt)
+    assert d.counters.rcvd_pkts == 0
+    inject_packet(d, pkt)  # from 10.8.2.2: a good ICRC for it, then no such QP
+    assert d.counters.drops == {"no_qp": 1}
+    inject_packet(d, pkt, src="10.8.2.3", fix_icrc=False)  # the scapy ICRC (0): wrong
+    assert d.counters.drops == {"no_qp": 1, "bad_icrc": 1}
 
 
 # -- the same scripted scenarios on the simulated network ------------------------------------
@@ -420,20 +436,17 @@ def test_simulated_link_and_live_direction_draw_alike():
 
 
 # -- environment and command line ---------------------------------------------------------
-def test_env_faults_and_tx_loss_aliases(udp_devices, monkeypatch):
+def test_env_faults_and_the_older_tx_loss_variables(udp_devices, monkeypatch):
     monkeypatch.setenv("SOFTRDMA_FAULTS", "rx:drop(ACKNOWLEDGE, nth=2); seed=3")
     monkeypatch.setenv("SOFTRDMA_TX_LOSS", "0.25")
     monkeypatch.setenv("SOFTRDMA_TX_LOSS_KIND", "requests")
     d = udp_devices("127.0.16.15", "f-env")
-    assert d.tx_loss == 0.25 and d.faults.tx.random.loss == 0.25
-    assert d.tx_loss_requests_only and d.faults.tx.random.loss_kind == "requests"
+    assert d.faults.tx.random.loss == 0.25 and d.faults.tx.random.loss_kind == "requests"
     assert d.faults.describe() == ("tx:loss=0.25, loss_kind=requests; "
                                    "rx:drop(ACKNOWLEDGE, nth=2)")
     d.detach()
     d.attach_udp()  # read once per device: re-attaching does not add the rule again
     assert len(d.faults.rules) == 1
-    d.tx_loss = 0.0  # the old attribute still works (tests/test_cm_service.py uses it)
-    assert d.faults.tx.random.loss == 0.0
 
 
 def test_bad_env_spec_fails_the_attach_naming_the_token(monkeypatch):

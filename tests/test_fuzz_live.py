@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from softrdma.tools.fuzz import load_seeds, _default_pcap_dir
+from softrdma.tools.fuzz import default_pcap_dir, load_seeds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +23,7 @@ def _fuzz(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def test_seeds_cover_every_capture_and_transport():
-    seeds, nfiles = load_seeds(_default_pcap_dir())
+    seeds, nfiles = load_seeds(default_pcap_dir())
     assert nfiles >= 20 and len(seeds) > 1000
     ops = {s[0] for s in seeds}
     # RC requests and responses, UC and UD sends, atomics and their ACKs

@@ -190,3 +190,31 @@ def test_an_answer_after_the_capture_ends_is_reported_not_compared(capsys):
     assert rc == 0, out
     assert "as 10.77.0.12 qpn 0x14: identical (3 packets); 1 answer(s) after the " \
            "capture's end not compared" in out
+
+
+def test_the_replay_takes_the_path_mtu_from_the_capture(tmp_path):
+    """A capture made with path MTU 4096 (jumbo frames) replays byte for byte: the replaying
+    device and QP use the MTU the capture's segmentation shows, not a fixed 1024 (which
+    would cut the READ responses at 1024 bytes)."""
+    from softrdma.enums import IBV_MTU_4096, IBV_WR_RDMA_READ, IBV_WR_SEND
+    from softrdma.harness.replay import replay_side
+    from softrdma.harness.sim import SimNetwork
+    from softrdma.harness.testing import connected_pair
+    from softrdma.soft.capture import PacketCapture
+
+    net = SimNetwork(seed=5)
+    a, b = connected_pair(net, "RC", mtu=9000, a_attrs={"path_mtu": IBV_MTU_4096},
+                          b_attrs={"path_mtu": IBV_MTU_4096})
+    path = tmp_path / "jumbo.pcap"
+    cap = PacketCapture(str(path), clock=lambda: net.now)
+    a.device.capture = cap
+    b.post_recv(b.buf_sge(0, 8000), wr_id=1)
+    a.post_send(IBV_WR_SEND, a.buf_sge(0, 8000), wr_id=2)
+    a.post_send(IBV_WR_RDMA_READ, a.buf_sge(16384, 10000), wr_id=3, remote_offset=32768)
+    assert net.run_until(lambda: a.ncomp() >= 2 and b.ncomp() >= 1)
+    cap.close()
+    packets = load_capture(str(path))
+    assert max(c.pkt.payload_len for c in packets) == 4096
+    for ip in {packets[0].src, packets[0].dst}:
+        res = replay_side(packets, ".".join(map(str, ip)), device_name="jumbo0")
+        assert res.mismatches == [] and len(res.sent) == len(res.expected) > 0

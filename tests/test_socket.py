@@ -107,7 +107,7 @@ def test_a_receiver_and_eight_sender_processes_under_loss(dev):
                 m = rx.recv(timeout=60)
                 peak = max(peak, rx.held + len(m.data))
                 if not lossy and len(rx.senders) == senders:
-                    d.tx_loss, lossy = 0.02, True
+                    d.faults.tx.random.loss, lossy = 0.02, True
                 k, i, f, n = (int(x) for x in m.data.split(b":")[:4])
                 frames_seen += 1
                 assert m.more == (f < n - 1)

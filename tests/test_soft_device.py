@@ -215,14 +215,14 @@ def test_injected_tx_loss_is_seeded_and_counted(udp_devices, monkeypatch):
     da = udp_devices("127.0.0.54", "t-loss")
     monkeypatch.delenv("SOFTRDMA_TX_LOSS")
     db = udp_devices("127.0.0.55", "t-noloss")
-    assert da.tx_loss == 1.0 and db.tx_loss == 0.0
+    assert da.faults.tx.random.loss == 1.0 and db.faults.tx.random.loss == 0.0
     a, b = _pair(da, db)
     b.post_recv(b.sge(0, 100), 1)
     a.post_send(IBV_WR_SEND, a.sge(0, 100), 2)
     time.sleep(0.2)
     assert len(b.cq) == 0  # nothing left device a
     assert da.counters.drops["injected_loss"] >= 1 and da.counters.sent_pkts == 0
-    da.tx_loss = 0.0  # the retransmit timer (timeout 14: 67 ms) delivers it now
+    da.faults.tx.random.loss = 0.0  # the retransmit timer (timeout 14: 67 ms) delivers it now
     assert _wait(lambda: len(a.cq) >= 1 and len(b.cq) >= 1, timeout=5)
     assert a.cq.poll_all()[0].status == 0
     assert da.counters.completer_retry_err >= 1

@@ -165,6 +165,13 @@ class QpEngine:
                                               self.owner))
 
     @property
+    def psn_state(self) -> tuple[int, int, int]:
+        """(the PSN the responder expects next, the oldest PSN the completer waits an ACK
+        for, the PSN the requester sends next): rxe's resp.psn, comp.psn and req.psn, for
+        tools that aim packets at a QP (``softrdma fuzz``)."""
+        return self.resp.psn, self.comp.psn, self.req.psn
+
+    @property
     def sq_draining(self) -> bool:
         return self.state == S.IBV_QPS_SQD and self.in_flight()
 

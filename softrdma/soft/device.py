@@ -16,7 +16,6 @@ device only moves packets and time between them and a driver:
 from __future__ import annotations
 
 import errno
-import heapq
 import ipaddress
 import logging
 import os
@@ -41,6 +40,7 @@ from .lock import DeviceLock
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
 from .progress import Progress, poll_once
 from .rx import receive_packet, receive_train, trace_packet
+from .timers import DeviceTimers
 from .udp import TransportError, UdpTransport
 
 __all__ = ["SoftDevice", "DeviceLimits", "DeviceFailed", "RXE_MAX_HDR_LENGTH",
@@ -151,16 +151,10 @@ class SoftDevice:
         # transport sets ``clock`` (time.monotonic) and ``now`` then reads it
         self._now = 0.0
         self.clock: Callable[[], float] | None = None
-        self.on_timer_change: Callable[[float | None], None] | None = None
         self.udp: Any = None  # UdpTransport when bound to sockets
         self.progress_thread: Any = None
         self.polled_at = float("-inf")  # when an application last polled a CQ (progress.py)
-        # the timers (see timer_changed): a heap of [deadline, seq, owner], the live entry
-        # of each owner with a timer armed, how many heap entries are stale
-        self._timer_heap: list[list[Any]] = []
-        self._timer_entry: dict[Any, list[Any]] = {}
-        self._timer_seq = 0
-        self._timer_stale = 0
+        self.timers = DeviceTimers()  # every QP's (and the CM's...) armed timers
         self._rxq: deque[tuple[bytes, bytes, bytes, int]] = deque()  # loopback deliveries
         self.capture: Any = None  # a PacketCapture, when capturing
         self.verify_icrc = True  # transports that cannot see the IPv4 ID switch this off
@@ -281,26 +275,6 @@ class SoftDevice:
             self.capture.record(data, self.ip_packed, dst_ip, sport)
         self.transmit(data, dst_ip, sport)
 
-    # the old names of the transmit loss (SOFTRDMA_TX_LOSS, SOFTRDMA_TX_LOSS_KIND)
-    @property
-    def tx_loss(self) -> float:
-        """``faults.tx.random.loss``: the fraction of outgoing packets dropped at random."""
-        return self.faults.tx.random.loss
-
-    @tx_loss.setter
-    def tx_loss(self, value: float) -> None:
-        self.faults.tx.random.loss = value
-
-    @property
-    def tx_loss_requests_only(self) -> bool:
-        """``faults.tx.random.loss_kind == "requests"``: random loss spares ACKs and
-        responses."""
-        return self.faults.tx.random.loss_kind == "requests"
-
-    @tx_loss_requests_only.setter
-    def tx_loss_requests_only(self, value: bool) -> None:
-        self.faults.tx.random.loss_kind = "requests" if value else "all"
-
     def set_mad_handler(self, handler: Callable[..., Any] | None) -> None:
         """QP1: hand every MAD that passes rxe's checks to ``handler(mad, source)``
         (``self.gsi.set_handler``; docs/device.md, "QP1")."""
@@ -349,32 +323,24 @@ class SoftDevice:
                           ip_header: bytes | None, sport: int, verify: bool) -> None:
         receive_packet(self, data, src_ip, dst_ip, ip_id, ip_header, sport, verify)
 
-    def inject(self, packet: Any, *, src: str | bytes | None = None, sport: int | None = None,
-               fix_icrc: bool = True) -> None:
+    def inject(self, data: bytes | bytearray | memoryview, *, src: str | bytes | None = None,
+               sport: int | None = None, fix_icrc: bool = True) -> None:
         """Feed a crafted packet to the receive path as if it had arrived from the network.
 
-        ``packet`` is the RoCE part (BTH .. ICRC) as bytes, or a scapy packet built with
-        softrdma.wire.scapy_layers (with or without IP/UDP under the BTH). ``src`` and
-        ``sport`` default to the scapy packet's IP source and UDP source port, else to this
-        device's own address and 0xC000. ``fix_icrc`` writes the ICRC the receive check
-        expects for them (False: the packet's own, right or wrong, as a peer sent it).
-        The packet meets the rx faults and every receive check, like any arrival, and is
-        counted in ``counters.faults["rx_injected"]``; whatever it provokes is sent at once
-        (the answers of a device with no transport wait for :meth:`progress`)."""
-        if isinstance(packet, (bytes, bytearray, memoryview)):
-            data = bytes(packet)
-        else:  # a scapy packet: the BTH and what follows, addresses from IP/UDP if present
-            bth = packet.getlayer("BTH")
-            if bth is None:
-                raise ValueError("inject: the scapy packet has no BTH layer")
-            ip = packet.getlayer("IP") or packet.getlayer("IPv6")
-            udp = packet.getlayer("UDP")
-            whole = bytes(packet)
-            data = whole[len(whole) - len(bytes(bth)):]
-            if src is None and ip is not None:
-                src = ip.src
-            if sport is None and udp is not None:
-                sport = int(udp.sport)
+        ``data`` is the RoCE part (BTH .. ICRC). ``src`` (an address, or its packed bytes)
+        and ``sport`` default to this device's own address and 0xC000. ``fix_icrc`` writes
+        the ICRC the receive check expects for them (False: the packet's own, right or
+        wrong, as a peer sent it). The packet meets the rx faults and every receive check,
+        like any arrival, and is counted in ``counters.faults["rx_injected"]``; whatever it
+        provokes is sent at once (the answers of a device with no transport wait for
+        :meth:`progress`). A scapy packet goes through
+        :func:`softrdma.harness.inject.inject_packet`."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            # bytes(scapy_packet) would be IP/UDP/BTH, read as a BTH: refuse rather than guess
+            raise TypeError(f"inject takes the RoCE bytes (BTH .. ICRC), not "
+                            f"{type(data).__name__}; for a scapy packet use "
+                            f"softrdma.harness.inject.inject_packet")
+        data = bytes(data)
         if src is None:
             src_ip = self.ip_packed
         elif isinstance(src, (bytes, bytearray)):
@@ -534,115 +500,25 @@ class SoftDevice:
             self._auto_attached = False
             self.transmit = self._loopback
 
-    # -- timers ----------------------------------------------------------------------------
-    # A min-heap of ``[deadline, seq, owner]`` entries, at most one live entry per owner (a
-    # QP engine, the CM service, a fault delay line: anything with ``deadline``, ``closed``
-    # and ``on_timer``), indexed by ``_timer_entry`` (owner -> its live entry). Costs do not
-    # grow with the number of QPs: arming, cancelling and moving a timer are O(log n) or
-    # O(1), the next deadline is the heap's top, and a QP with no timer armed is not in the
-    # structure at all (idle QPs cost nothing).
-    #
-    # Lazy maintenance: a timer moved *later* (the retransmit timer pushed out by every
-    # ACK, rxe's mod_timer) keeps its early entry; when that entry reaches the top it is
-    # checked against the owner's real deadline and re-filed. A timer moved *earlier* gets
-    # a fresh entry (the old one becomes stale). A cancelled timer's entry goes stale at
-    # once; stale entries are dropped when they reach the top, or all together when they
-    # outnumber the live ones (so a destroyed QP is not kept alive by a far-off timer).
+    # -- timers (soft/timers.py; the driver and the engines' DeviceServices use these) ------
     def timer_changed(self, owner: Any) -> None:
         """``owner``'s deadline changed (armed, moved, cancelled): refile it."""
-        d = owner.deadline
-        entries = self._timer_entry
-        e = entries.get(owner)
-        if d is None or owner.closed:
-            if e is not None:
-                del entries[owner]
-                self._timer_stale_one()
-            return
-        if e is None or d < e[0]:
-            if e is not None:
-                self._timer_stale_one()
-            self._timer_seq += 1
-            e = [d, self._timer_seq, owner]
-            entries[owner] = e
-            heapq.heappush(self._timer_heap, e)
-        if self.on_timer_change is not None:
-            self.on_timer_change(d)
-
-    def _timer_stale_one(self) -> None:
-        """One more heap entry went stale; compact once they outnumber the live ones."""
-        self._timer_stale += 1
-        if self._timer_stale > 64 and self._timer_stale > len(self._timer_entry):
-            self._timer_compact()
-
-    def _timer_compact(self) -> None:
-        """Rebuild the heap from the live entries alone."""
-        live = self._timer_entry
-        h = [e for e in self._timer_heap if live.get(e[2]) is e]
-        heapq.heapify(h)
-        self._timer_heap = h
-        self._timer_stale = 0
+        self.timers.changed(owner)
 
     @property
     def timer_qps(self) -> Any:
-        """The owners with a timer armed (a read-only view; :meth:`timer_changed` files
-        them)."""
-        return self._timer_entry.keys()
-
-    def _timer_top(self, now: float | None) -> list[Any] | None:
-        """The heap's first live, exact entry (stale entries dropped, early ones refiled on
-        the way); with ``now``, only if it is due by then. None if there is none."""
-        h = self._timer_heap
-        live = self._timer_entry
-        while h:
-            e = h[0]
-            if now is not None and e[0] > now:
-                return None
-            owner = e[2]
-            if live.get(owner) is not e:  # stale: cancelled or superseded
-                heapq.heappop(h)
-                self._timer_stale -= 1
-                continue
-            d = owner.deadline
-            if d is None or owner.closed:  # changed behind our back: drop it
-                heapq.heappop(h)
-                del live[owner]
-                continue
-            if d != e[0]:  # moved (later, normally): refile at the real deadline
-                self._timer_seq += 1
-                e2 = [d, self._timer_seq, owner]
-                live[owner] = e2
-                heapq.heapreplace(h, e2)
-                continue
-            return e
-        return None
+        """The owners with a timer armed (a read-only view)."""
+        return self.timers.owners
 
     def next_deadline(self) -> float | None:
         """The earliest armed timer's deadline, or None. It tidies the heap on the way: call
         it with the device lock held (or from the one thread driving a manual device), as
         :meth:`fire_timers` and :meth:`timer_changed` are called."""
-        e = self._timer_top(None)
-        return None if e is None else e[0]
+        return self.timers.next_deadline()
 
     def fire_timers(self, now: float) -> int:
-        """Fire every timer due at ``now`` (each owner's ``on_timer(now)`` once, earliest
-        first); return how many owners were due. An owner re-armed by its ``on_timer`` (or
-        still holding a later timer) is refiled and fires at a later call."""
-        due = []
-        live = self._timer_entry
-        h = self._timer_heap
-        while True:
-            e = self._timer_top(now)
-            if e is None:
-                break
-            heapq.heappop(h)
-            del live[e[2]]
-            due.append(e[2])
-        for owner in due:
-            if not owner.closed:
-                owner.on_timer(now)
-            if owner not in live and owner.deadline is not None and not owner.closed:
-                self.timer_changed(owner)  # a timer that was not due, still armed
-        return len(due)
+        """Fire every timer due at ``now``; return how many owners were due."""
+        return self.timers.fire(now)
 
     def emit_async(self, event: Any) -> None:
         if self.trace is not None:

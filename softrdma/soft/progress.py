@@ -78,7 +78,7 @@ class Progress(threading.Thread):
         self._stopping = False
         self._sleep_until = 0.0
         self._logged: set[type] = set()
-        device.on_timer_change = self._on_timer_change
+        device.timers.on_change = self._on_timer_change
 
     def start(self) -> None:
         super().start()
@@ -149,8 +149,8 @@ class Progress(threading.Thread):
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=5)
         _running.discard(self)
-        if self.device.on_timer_change == self._on_timer_change:
-            self.device.on_timer_change = None
+        if self.device.timers.on_change == self._on_timer_change:
+            self.device.timers.on_change = None
         self._sel.close()
         self._wake_sel.close()
         os.close(self._wake_r)

@@ -18,7 +18,7 @@ rnd = random.Random(ident)
 with rsock.socket() as s:
     s.bind((my_ip, 0))
     s.connect((rx_ip, int(rx_port)))
-    dev.tx_loss = loss  # from here on: data, ACKs, the goodbye
+    dev.faults.tx.random.loss = loss  # from here on: data, ACKs, the goodbye
     for i in range(count):
         frames = rnd.randint(1, 4)
         for f in range(frames):

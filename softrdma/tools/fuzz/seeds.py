@@ -1,0 +1,43 @@
+"""The fuzzer's seed frames: every RoCE packet of the captures under ``pcaps/``."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from ...wire.frames import FrameError, decode_frame
+from ...wire.packet import DecodeError, parse
+from ...wire.pcap import PcapError, read_pcap
+
+__all__ = ["default_pcap_dir", "load_seeds"]
+
+
+def default_pcap_dir() -> str:
+    """The repository's ``pcaps/``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.normpath(os.path.join(here, "..", "..", "..", "pcaps"))
+
+
+def load_seeds(root: str) -> tuple[list[bytes], int]:
+    """Every RoCE packet (BTH .. ICRC) that decodes, from every capture under ``root``;
+    and how many capture files were read."""
+    paths = sorted(p for pat in ("*.pcap", "*.pcapng")
+                   for p in glob.glob(os.path.join(root, "**", pat), recursive=True))
+    seeds: list[bytes] = []
+    for path in paths:
+        try:
+            for rec in read_pcap(path):
+                try:
+                    fr = decode_frame(rec.data, rec.linktype)
+                except FrameError:
+                    continue
+                if fr is None or not fr.is_roce:
+                    continue
+                try:
+                    parse(fr.payload)
+                except DecodeError:
+                    continue
+                seeds.append(bytes(fr.payload))
+        except (OSError, PcapError):
+            continue
+    return seeds, len(paths)
