@@ -22,7 +22,7 @@ from softrdma.rdmacm import (
     CMID, ConnParam, UDParam,
 )
 from softrdma.rdmacm import enums as ce
-from softrdma.rdmacm.core import flow_label
+from softrdma.rdmacm.addr import flow_label
 from softrdma.verbs_api import (
     AH, QPCap, QPInitAttr, add_device, remove_device,
 )
