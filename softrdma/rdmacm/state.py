@@ -42,6 +42,7 @@ TRANSITIONS: dict[str, dict[RdmaCmState, RdmaCmState]] = {
     # rdma_resolve_route, undone on error; cma_init_resolve_route_work (ROUTE_RESOLVED)
     # and cma_query_handler's failure (ROUTE_ERROR)
     "resolve_route": {S.ADDR_RESOLVED: S.ROUTE_QUERY},
+    "resolve_route_failed": {S.ROUTE_QUERY: S.ADDR_RESOLVED},
     "route_resolved": {S.ROUTE_QUERY: S.ROUTE_RESOLVED},
     "route_error": {S.ROUTE_QUERY: S.ADDR_RESOLVED},
     # rdma_set_ib_path, undone on error (softrdma has no rdma_set_ib_path: RoCE only)
