@@ -60,9 +60,9 @@ class CMEventChannel:
         thread) it moves the device one step and returns early: loop on it."""
         self.channel.wait(timeout)
 
-    def pending(self) -> int:
-        """How many events are queued (``get_cm_event`` returns at once while > 0)."""
-        return self.channel.pending()
+    def pending(self) -> bool:
+        """Whether an event is queued (``get_cm_event`` would return it at once)."""
+        return self.channel.pending() > 0
 
     def close(self) -> None:
         self.channel.close()
@@ -366,8 +366,11 @@ class CMID:
     @property
     def local_addr(self) -> tuple[str, int]:
         """The id's own address and port, as ``getsockname`` gives them (the wildcard
-        address while a wildcard-bound id has no device)."""
-        cid = self._check()
+        address while a wildcard-bound id has no device, port 0 while unbound; a closed
+        id keeps its last address)."""
+        cid = self.id
+        if cid is None:
+            return ("0.0.0.0", 0)
         ip = cid.local_ip
         return (str(ip) if ip is not None else "0.0.0.0", cid.src_port)
 
@@ -375,8 +378,8 @@ class CMID:
     def peer_addr(self) -> tuple[str, int]:
         """The peer's address and port, as ``getpeername`` gives them; ENOTCONN before a
         destination is known (an id that only listens)."""
-        cid = self._check()
-        if cid.dst_ip is None:
+        cid = self.id
+        if cid is None or cid.dst_ip is None:
             raise PyverbsRDMAError("peer_addr: the id has no peer", errno.ENOTCONN)
         return (str(cid.dst_ip), cid.dst_port)
 
@@ -385,7 +388,7 @@ class CMID:
         """The local ACK timeout exponent (4.096 us x 2^t) of the connection's path: the
         CM REQ's ``primary_local_ack_timeout`` on the passive side, the route's packet
         lifetime + 1 on the active side (what cm.c gives the QP); 0 if not known yet."""
-        return self._check().path_ack_timeout
+        return self.id.path_ack_timeout if self.id is not None else 0
 
     def migrate(self, channel: CMEventChannel) -> None:
         """``rdma_migrate_id``: this id's later events go to ``channel``."""
