@@ -23,7 +23,7 @@ from softrdma.rdmacm import (
     RAI_PASSIVE, AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam,
 )
 from softrdma.rdmacm import enums as ce
-from softrdma.rdmacm.core import flow_label
+from softrdma.rdmacm.addr import flow_label
 from softrdma.verbs_api import QPCap, QPInitAttr, add_device, remove_device
 from softrdma.verbs_api.enums import ibv_qp_type
 from softrdma.wire.packet import parse

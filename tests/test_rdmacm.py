@@ -22,7 +22,7 @@ from softrdma.rdmacm import (
     CMID, ConnParam, UDParam,
 )
 from softrdma.rdmacm import enums as ce
-from softrdma.rdmacm.core import flow_label
+from softrdma.rdmacm.addr import flow_label
 from softrdma.verbs_api import (
     AH, QPCap, QPInitAttr, add_device, remove_device,
 )
@@ -536,3 +536,96 @@ def test_a_reject_from_the_same_device_reaches_the_connecting_id(devices):
         c.close()
         lid.close()
         ch.close()
+
+
+# ---- the accessors other layers use (CMID / CMEventChannel) ------------------------------
+
+def _connected(p: Pair) -> None:
+    p.client.create_qp(rc_attr())
+    p.client.connect(ConnParam())
+    req = expect(p.sch, E.RDMA_CM_EVENT_CONNECT_REQUEST)
+    p.server = CMID(req, listen_id=p.listener)
+    p.server.create_qp(rc_attr())
+    p.server.accept()
+    expect(p.cch, E.RDMA_CM_EVENT_ESTABLISHED)
+    expect(p.sch, E.RDMA_CM_EVENT_ESTABLISHED)
+
+
+def test_local_and_peer_addr_are_what_getsockname_and_getpeername_give(devices):
+    p = Pair(7490)
+    try:
+        cport = p.client.local_addr[1]
+        assert 32768 <= cport <= 60999  # an ephemeral port (ip_local_port_range)
+        assert p.client.local_addr == (C_IP, cport)
+        assert p.client.peer_addr == (S_IP, 7490)
+        assert p.listener.local_addr == (S_IP, 7490)
+        with pytest.raises(PyverbsRDMAError) as ei:  # a listener has no peer
+            p.listener.peer_addr
+        assert ei.value.error_code == errno.ENOTCONN
+        _connected(p)
+        assert p.server.local_addr == (S_IP, 7490)
+        assert p.server.peer_addr == (C_IP, cport)
+        # the REQ's cma header named them: the server learnt them from the wire
+        hdr = CmaHeader.unpack(p.client.id.cm.req.private_data)
+        assert (str(hdr.src), hdr.sport) == p.server.peer_addr
+    finally:
+        p.close()
+
+
+def test_path_ack_timeout_is_the_reqs_on_the_passive_side_and_the_routes_on_the_active(
+        devices):
+    """cm.c: the active side's QP gets packet_life_time + 1 from its path, the passive
+    side the REQ's primary_local_ack_timeout, cm_ack_timeout(ACK delay 15, lifetime).
+    With a lifetime of 14 instead of RoCE's 18 the two differ: 15 and 16."""
+    p = Pair(7491)
+    try:
+        fresh = CMID(p.cch)
+        assert fresh.path_ack_timeout == 0  # nothing known yet
+        fresh.close()
+        assert p.client.path_ack_timeout == 18 + 1
+        p.client.id.route.packet_life_time = 14  # what an SA path could say instead
+        assert p.client.path_ack_timeout == 15
+        _connected(p)
+        assert p.server.path_ack_timeout == 16  # cm_ack_timeout(15, 14)
+        assert int(p.server.id.req.primary_local_ack_timeout) == 16
+        assert p.client.path_ack_timeout == 15
+    finally:
+        p.close()
+
+
+def test_migrate_sends_the_ids_later_events_to_the_new_channel(devices):
+    p = Pair(7492)
+    own = CMEventChannel()
+    try:
+        _connected(p)
+        p.server.migrate(own)  # rdma_migrate_id
+        p.client.disconnect()
+        expect(own, E.RDMA_CM_EVENT_DISCONNECTED)
+        assert not p.sch.pending()  # nothing for the migrated id on the listener's
+        with pytest.raises(PyverbsRDMAError) as ei:
+            p.server.migrate(p.sch.channel)  # not a CMEventChannel
+        assert ei.value.error_code == errno.EINVAL
+    finally:
+        p.close()
+        own.close()
+
+
+def test_channel_wait_blocks_until_an_event_or_the_timeout(devices):
+    p = Pair(7493)
+    try:
+        t0 = time.monotonic()
+        p.cch.wait(0.2)  # nothing comes
+        assert 0.15 < time.monotonic() - t0 < 2
+        assert p.cch.pending() is False
+        t0 = time.monotonic()
+        p.cch.wait(-5)  # a negative timeout is 0
+        assert time.monotonic() - t0 < 0.1
+        p.client.create_qp(rc_attr())
+        p.client.connect(ConnParam())
+        t0 = time.monotonic()
+        p.sch.wait(5)  # the CONNECT_REQUEST wakes it
+        assert time.monotonic() - t0 < 2 and p.sch.pending() is True
+        p.sch.wait(None)  # an event waits: returns at once
+        expect(p.sch, E.RDMA_CM_EVENT_CONNECT_REQUEST)  # wait took none
+    finally:
+        p.close()

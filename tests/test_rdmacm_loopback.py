@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from softrdma.rdmacm.core import RDMA_PS_TCP, RDMA_PS_UDP, LoopbackListeners
+from softrdma.rdmacm.enums import RDMA_PS_TCP, RDMA_PS_UDP
+from softrdma.rdmacm.loopback import LoopbackListeners
 
 ROOT = Path(__file__).resolve().parent.parent
 

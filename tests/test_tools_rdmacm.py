@@ -216,9 +216,8 @@ def test_reply_ah_from_a_roce_v2_ipv4_grh():
     ip = bytes([0x45, 0x02, 0, 100, 0, 0, 0x40, 0, 64, 17, 0, 0]) + \
         socket.inet_aton("127.0.9.62") + socket.inet_aton("127.0.9.61")
     grh = bytes(20) + ip
-    dev = SimpleNamespace(gid_table=[bytes(16), b"\0" * 10 + b"\xff\xff" +
-                                     socket.inet_aton("127.0.9.61")])
-    attr = ah_attr_from_wc(SimpleNamespace(slid=0, sl=0), grh, dev)
+    gids = [bytes(16), b"\0" * 10 + b"\xff\xff" + socket.inet_aton("127.0.9.61")]
+    attr = ah_attr_from_wc(SimpleNamespace(slid=0, sl=0), grh, gids)
     assert attr.is_global == 1
     assert attr.gr.dgid.raw == b"\0" * 10 + b"\xff\xff" + socket.inet_aton("127.0.9.62")
     assert attr.gr.sgid_index == 1 and attr.gr.hop_limit == 0xFF

@@ -1,7 +1,9 @@
-"""pyverbs.cmid: CMEventChannel, CMEvent, CMID, AddrInfo, ConnParam, UDParam, JoinMCAttrEx.
+"""The ``pyverbs.cmid`` module shim: what ``import pyverbs.cmid`` gives a pyverbs program
+on softrdma (CMEventChannel, CMEvent, CMID, AddrInfo, ConnParam, UDParam, JoinMCAttrEx).
 
-Backed by softrdma's rdma_cm (:mod:`softrdma.rdmacm`): each class here subclasses the one
-there, so ``isinstance`` holds both ways. What pyverbs adds over it:
+It is softrdma's own pyverbs-shaped rdma_cm API (:mod:`softrdma.rdmacm.cmid`):
+``CMEventChannel``, ``CMEvent``, ``ConnParam`` and ``UDParam`` are those classes
+themselves; ``CMID`` and ``AddrInfo`` subclass them for what pyverbs adds:
 
 * the id's PD, the MRs of ``reg_msgs``/``reg_read``/``reg_write``, the QP and CQs of
   ``create_qp`` are pyverbs_compat's (``mr.write``/``mr.read``, cascade close...), and
@@ -26,20 +28,10 @@ __all__ = ["CMEventChannel", "CMEvent", "CMID", "AddrInfo", "ConnParam", "UDPara
            "JoinMCAttrEx", "PyverbsRDMAErrno"]
 
 
-class CMEventChannel(_c.CMEventChannel):
-    pass
-
-
-class CMEvent(_c.CMEvent):
-    pass
-
-
-class ConnParam(_c.ConnParam):
-    pass
-
-
-class UDParam(_c.UDParam):
-    pass
+CMEventChannel = _c.CMEventChannel
+CMEvent = _c.CMEvent
+ConnParam = _c.ConnParam
+UDParam = _c.UDParam
 
 
 class AddrInfo(_c.AddrInfo):
@@ -75,8 +67,10 @@ def _compat_verbs() -> types.SimpleNamespace:
 
 
 class CMID(_c.CMID):
-    """pyverbs' ``CMID(creator=None, qp_init_attr=None, pd=None, port_space=RDMA_PS_TCP,
-    listen_id=None)``; creator a CMEventChannel, an AddrInfo or a CMEvent."""
+    """``pyverbs.cmid.CMID(creator=None, qp_init_attr=None, pd=None,
+    port_space=RDMA_PS_TCP, listen_id=None)``, creator a CMEventChannel, an AddrInfo or a
+    CMEvent: softrdma's :class:`softrdma.rdmacm.cmid.CMID` whose PD, MRs, QP and CQs are
+    pyverbs objects, with ECE and (unsupported) multicast."""
 
     @staticmethod
     def _verbs() -> Any:

@@ -23,7 +23,9 @@ from ipaddress import ip_address
 from typing import Any
 
 from ..errors import PyverbsRDMAError, PyverbsUserError
-from .core import CmaEvent, CmaId, ConnParams, EventChannel
+from .channel import EventChannel
+from .cm_id import RdmaCmId
+from .events import ConnParams, RdmaCmEvent
 from .enums import (
     RAI_PASSIVE, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, RDMA_OPTION_ID_REUSEADDR,
     RDMA_OPTION_ID_TOS, RDMA_PS_IB, RDMA_PS_TCP, RDMA_PS_UDP, RDMA_UDP_QKEY, event_str,
@@ -38,7 +40,8 @@ SYNC_TIMEOUT = 120.0
 
 
 class CMEventChannel:
-    """``rdma_event_channel``: where the events of the ids created on it arrive."""
+    """softrdma's ``pyverbs.cmid.CMEventChannel`` (librdmacm's ``rdma_event_channel``):
+    where the events of the ids created on it, or migrated to it, arrive."""
 
     def __init__(self) -> None:
         self.channel = EventChannel()
@@ -50,6 +53,16 @@ class CMEventChannel:
 
     def get_cm_event(self, timeout: float | None = None) -> "CMEvent":
         return CMEvent(self, timeout)
+
+    def wait(self, timeout: float | None) -> None:
+        """Block until an event is queued or ``timeout`` seconds pass (None: no limit; a
+        negative timeout counts as 0), taking none. On a manual device (no progress
+        thread) it moves the device one step and returns early: loop on it."""
+        self.channel.wait(timeout)
+
+    def pending(self) -> bool:
+        """Whether an event is queued (``get_cm_event`` would return it at once)."""
+        return self.channel.pending() > 0
 
     def close(self) -> None:
         self.channel.close()
@@ -72,7 +85,7 @@ class CMEvent:
             raise PyverbsRDMAError("Failed to create CMEvent: channel must be a "
                                    f"CMEventChannel, not {type(channel).__name__}",
                                    errno.EINVAL)
-        self.event: CmaEvent | None = channel.channel.get(timeout)
+        self.event: RdmaCmEvent | None = channel.channel.get(timeout)
         self._ev = self.event
 
     @property
@@ -93,11 +106,11 @@ class CMEvent:
         return self._ev.ud if self._ev.ud is not None else self._ev.conn
 
     @property
-    def id(self) -> CmaId:
+    def id(self) -> RdmaCmId:
         return self._ev.id
 
     @property
-    def listen_id(self) -> CmaId | None:
+    def listen_id(self) -> RdmaCmId | None:
         return self._ev.listen_id
 
     def event_str(self) -> str:
@@ -235,7 +248,10 @@ class AddrInfo:
 
 
 class CMID:
-    """``rdma_cm_id``. ``CMID(channel, port_space=...)`` for the event style,
+    """softrdma's ``pyverbs.cmid.CMID``: a librdmacm ``rdma_cm_id`` for Python, with the
+    rdma_verbs.h helpers (``reg_msgs``, ``post_send``, ``get_recv_comp``...). It holds
+    the rdma_cm id proper (:class:`~softrdma.rdmacm.cm_id.RdmaCmId`, :attr:`id`) and the
+    PD, QP and CQs made for it. ``CMID(channel, port_space=...)`` for the event style,
     ``CMID(AddrInfo(...), qp_init_attr, pd)`` for the synchronous one
     (``rdma_create_ep``), ``CMID(event, listen_id=listener)`` for the id a
     CONNECT_REQUEST carries."""
@@ -255,13 +271,13 @@ class CMID:
         self.sync = False
         self.qp_init_attr = qp_init_attr
         self._owned: list[Any] = []  # what close() destroys: QP, CQs, PD made for the id
-        self.id: CmaId | None = None
+        self.id: RdmaCmId | None = None
         self.closed = False
         if creator is None:
             return
         if isinstance(creator, CMEventChannel):
             self.event_channel = creator
-            self.id = CmaId(creator.channel, port_space, self)
+            self.id = RdmaCmId(creator.channel, port_space, self)
         elif isinstance(creator, AddrInfo):
             self._create_ep(creator, qp_init_attr, pd)
         elif isinstance(creator, CMEvent):
@@ -284,7 +300,7 @@ class CMID:
         (active), with a QP if ``qp_init_attr`` is given (active side)."""
         self.sync = True
         self._sync_channel = EventChannel()
-        self.id = CmaId(self._sync_channel, ai.port_space, self)
+        self.id = RdmaCmId(self._sync_channel, ai.port_space, self)
         try:
             if ai.flags & RAI_PASSIVE:
                 self.id.bind_addr(ai.src, ai.src_port)
@@ -309,7 +325,7 @@ class CMID:
                 self.pd = self._verbs().PD(self.ctx)
                 self._owned.append(self.pd)
 
-    def _wait(self, want: int, what: str, timeout: float = SYNC_TIMEOUT) -> CmaEvent:
+    def _wait(self, want: int, what: str, timeout: float = SYNC_TIMEOUT) -> RdmaCmEvent:
         """``ucma_complete``: the id's next event; an error unless it is ``want``."""
         ev = self.id.channel.get(timeout)
         if ev.event != want or ev.status:
@@ -326,6 +342,9 @@ class CMID:
 
     @property
     def context(self) -> Any:
+        """The verbs context of the id's device (None before the id has one)."""
+        if self.ctx is None and self.id is not None and self.id.cdev is not None:
+            self.ctx = self.id.cdev.ctx
         return self.ctx
 
     @property
@@ -344,7 +363,42 @@ class CMID:
     def qp(self) -> Any:
         return self.id.qp if self.id is not None else None
 
-    def _check(self) -> CmaId:
+    @property
+    def local_addr(self) -> tuple[str, int]:
+        """The id's own address and port, as ``getsockname`` gives them (the wildcard
+        address while a wildcard-bound id has no device, port 0 while unbound; a closed
+        id keeps its last address)."""
+        cid = self.id
+        if cid is None:
+            return ("0.0.0.0", 0)
+        ip = cid.local_ip
+        return (str(ip) if ip is not None else "0.0.0.0", cid.src_port)
+
+    @property
+    def peer_addr(self) -> tuple[str, int]:
+        """The peer's address and port, as ``getpeername`` gives them; ENOTCONN before a
+        destination is known (an id that only listens)."""
+        cid = self.id
+        if cid is None or cid.dst_ip is None:
+            raise PyverbsRDMAError("peer_addr: the id has no peer", errno.ENOTCONN)
+        return (str(cid.dst_ip), cid.dst_port)
+
+    @property
+    def path_ack_timeout(self) -> int:
+        """The local ACK timeout exponent (4.096 us x 2^t) of the connection's path: the
+        CM REQ's ``primary_local_ack_timeout`` on the passive side, the route's packet
+        lifetime + 1 on the active side (what cm.c gives the QP); 0 if not known yet."""
+        return self.id.path_ack_timeout if self.id is not None else 0
+
+    def migrate(self, channel: CMEventChannel) -> None:
+        """``rdma_migrate_id``: this id's later events go to ``channel``."""
+        if not isinstance(channel, CMEventChannel):
+            raise PyverbsRDMAError(f"migrate: channel must be a CMEventChannel, not "
+                                   f"{type(channel).__name__}", errno.EINVAL)
+        channel.channel.adopt(self._check())
+        self.event_channel = channel
+
+    def _check(self) -> RdmaCmId:
         if self.closed or self.id is None:
             raise PyverbsRDMAError("the CMID is closed", errno.EBADF)
         return self.id
@@ -560,7 +614,7 @@ class CMID:
 
     def _get_comp(self, cq: Any, timeout: float | None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
-        manual = [d for d in self._check().channel._manual]
+        manual = self._check().channel.manual_devices()
         while True:
             n, wcs = cq.poll(1)
             if n:

@@ -484,6 +484,24 @@ class SoftDevice:
             return self.progress()
         return poll_once(self, self.udp, timeout)
 
+    def step(self, jump_to_timer: bool = True) -> bool:
+        """One step for a caller waiting on a manual device (rdma_cm's event channel):
+        with sockets, up to 1 ms of packets and timers (:meth:`poll`); without, the
+        queued work, and when there was none and ``jump_to_timer`` allows it, the
+        virtual clock skips to the next timer, which fires. False when nothing happened."""
+        if self.udp is not None:
+            return bool(self.poll(0.001))
+        with self.lock:
+            if self.progress():
+                return True
+            nxt = self.next_deadline()
+            if nxt is None or not jump_to_timer:
+                return False
+            self.now = max(self.now, nxt)  # virtual time: nothing to wait for in between
+            self.fire_timers(self.now)
+            self.progress()
+            return True
+
     def detach(self) -> None:
         """Stop the progress thread and close the sockets and the capture (idempotent)."""
         if self.progress_thread is not None:

@@ -49,12 +49,14 @@ def add_parser(sub: Any) -> None:
         description="ucmatose, as librdmacm's: without -s a server, with -s a client; -c "
                     "connections each exchanging -C messages of -S bytes. Interoperates "
                     "with ucmatose on a Linux RDMA host.")
-    _common_options(p, port="7471")
+    common_options(p, port="7471")
     add_fault_option(p)
     p.set_defaults(func=run)
 
 
-def _common_options(p: argparse.ArgumentParser, port: str) -> None:
+def common_options(p: argparse.ArgumentParser, port: str) -> None:
+    """The options cmatose and udaddy share (librdmacm's common.c and the tools' own),
+    with ``port`` as the default port."""
     p.add_argument("-s", dest="server_addr", metavar="server_address",
                    help="the server to connect to (without it: be the server)")
     p.add_argument("-b", dest="bind_addr", metavar="bind_address",
@@ -68,7 +70,7 @@ def _common_options(p: argparse.ArgumentParser, port: str) -> None:
     p.add_argument("-t", dest="tos", type=c_int, default=None, metavar="type_of_service",
                    help="type of service (IP TOS) of the connections")
     if port == "7471":
-        p.add_argument("-p", dest="port", type=_port, default=int(port),
+        p.add_argument("-p", dest="port", type=port_arg, default=int(port),
                        metavar="port_number", help=f"port number ({port})")
 
 
@@ -79,7 +81,8 @@ def _atoi(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
 
 
-def _port(text: str) -> int:
+def port_arg(text: str) -> int:
+    """An argparse ``type``: a port number (0..65535) as the C tools parse it."""
     v = _atoi(text)
     if not 0 <= v <= 0xFFFF:
         raise argparse.ArgumentTypeError(f"{text} is not a port number")
@@ -160,7 +163,7 @@ class Test:
 
     def init_node(self, node: Node) -> None:
         from ..verbs_api import CQ, MR, PD, QPCap, QPInitAttr
-        ctx = node.cmid.ctx or node.cmid.id.cdev.ctx
+        ctx = node.cmid.context
         node.pd = PD(ctx)
         cqe = self.count or 1
         node.cqs = [CQ(ctx, cqe, None, None, 0), CQ(ctx, cqe, None, None, 0)]

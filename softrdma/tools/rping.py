@@ -196,7 +196,7 @@ class _Rping:
         if self.cq is not None:
             self.cq.req_notify()
             self._cq_events()
-        while self.channel.channel.pending():
+        while self.channel.pending():
             self._cma_event(CMEvent(self.channel, 0))
 
     def sem_wait(self) -> None:
@@ -315,7 +315,7 @@ class _Rping:
 
     def setup_qp(self, cmid: CMID) -> None:
         from ..verbs_api import CQ, MR, PD, CompChannel, QPCap, QPInitAttr
-        ctx = cmid.ctx or cmid.id.cdev.ctx
+        ctx = cmid.context
         self.pd = PD(ctx)
         self.dbg(f"created pd {self.pd!r}")
         self.comp = CompChannel(ctx)

@@ -48,24 +48,24 @@ def add_parser(sub: Any) -> None:
         description="udaddy, as librdmacm's: without -s a server, with -s a client; -c UD "
                     "'connections' resolved with SIDR, each exchanging -C SENDs with "
                     "immediate of -S bytes. Interoperates with udaddy on a Linux RDMA host.")
-    cmatose._common_options(p, port="7174")
+    cmatose.common_options(p, port="7174")
     p.add_argument("-p", dest="port_space", type=c_int, default=int(RDMA_PS_UDP),
                    metavar="port_space",
                    help=f"port space: {int(RDMA_PS_UDP):#x} for UDP (the default and the "
                         f"only one softrdma has)")
-    p.add_argument("--port", dest="port", type=cmatose._port, default=UDADDY_PORT,
+    p.add_argument("--port", dest="port", type=cmatose.port_arg, default=UDADDY_PORT,
                    help=f"the port number (udaddy always uses {UDADDY_PORT}; softrdma "
                         f"addition)")
     add_fault_option(p)
     p.set_defaults(func=run)
 
 
-def ah_attr_from_wc(wc: Any, grh: bytes, device: Any, port_num: int = 1) -> Any:
+def ah_attr_from_wc(wc: Any, grh: bytes, gid_table: list[bytes], port_num: int = 1) -> Any:
     """The reply AH's attributes from a UD receive (``ibv_create_ah_from_wc``, as udaddy
     calls it): :func:`softrdma.verbs_api.ah.ah_attr_from_wc` with the tool's errors."""
     from ..verbs_api.ah import ah_attr_from_wc as from_wc
     try:
-        return from_wc(wc, grh, device.gid_table, port_num)
+        return from_wc(wc, grh, gid_table, port_num)
     except PyverbsRDMAError as e:
         raise ToolError(f"udaddy: failed to create reply AH ({e})") from None
 
@@ -76,14 +76,15 @@ class Test(cmatose.Test):
     PS = RDMA_PS_UDP
 
     def verify(self, node: Any) -> None:
-        mtu = 128 << int(node.cmid.id.device.active_mtu)
+        port = node.cmid.context.query_port(node.cmid.port_num)
+        mtu = 128 << int(port.active_mtu)
         if self.count and self.size > mtu:
             print(f"{NAME}: message_size {self.size} is larger than active mtu {mtu}")
             raise PyverbsRDMAError("message size", 22)
 
     def init_node(self, node: Any) -> None:
         from ..verbs_api import CQ, MR, PD, QPCap, QPInitAttr
-        ctx = node.cmid.ctx or node.cmid.id.cdev.ctx
+        ctx = node.cmid.context
         node.pd = PD(ctx)
         cqe = self.count * 2 if self.count else 2
         cq = CQ(ctx, cqe, None, None, 0)
@@ -123,8 +124,8 @@ class Test(cmatose.Test):
         from ..verbs_api import AH
         if node.ah is not None:
             return
-        dev = node.cmid.id.device
-        node.ah = AH(node.pd, attr=ah_attr_from_wc(wc, node.mr.read(GRH_SIZE, 0), dev))
+        gids = [gid.raw for _, gid, _ in node.cmid.context.query_gid_table()]
+        node.ah = AH(node.pd, attr=ah_attr_from_wc(wc, node.mr.read(GRH_SIZE, 0), gids))
         node.remote_qpn = wc.imm_data & 0xFFFFFF  # be32toh(imm_data)
         node.remote_qkey = RDMA_UDP_QKEY  # ibv_query_qp(IBV_QP_QKEY): rdma_cm's Q_Key
 

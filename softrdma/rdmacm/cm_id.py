@@ -1,22 +1,23 @@
-"""rdma_cm: IP addressing and connection management over the IB CM, as Linux does it.
+"""The rdma_cm id (``struct rdma_cm_id``; cma.c's ``rdma_id_private`` and librdmacm's
+``cma_id_private``): IP addressing and connection management over the IB CM.
 
-This module is what the kernel's ``drivers/infiniband/core/cma.c`` and librdmacm's
-``cma.c`` do between them, for soft devices:
+What the kernel's ``drivers/infiniband/core/cma.c`` and librdmacm's ``cma.c`` do between
+them, for soft devices:
 
-* **addresses** (:meth:`CmaId.bind_addr`, :meth:`CmaId.resolve_addr`): an IP address
-  names a device (the soft device holding it) and a port in a port space (TCP for RC,
-  UDP for UD, IB for either); an unbound id gets an ephemeral port, as
-  ``inet_get_local_port_range`` gives one;
-* **routes** (:meth:`CmaId.resolve_route`): on RoCE there is no SA; the path is made
-  locally (``cma_resolve_iboe_route``): IP-mapped GIDs, the port's MTU, hop limit 64,
-  packet lifetime 18 and the flow label ``(sport * 31 + dport) & 0xFFFFF`` that decides
-  the RC UDP source port;
+* **addresses** (:meth:`RdmaCmId.bind_addr`, :meth:`RdmaCmId.resolve_addr`): an IP
+  address names a device (the soft device holding it, :mod:`.addr`) and a port in a port
+  space (TCP for RC, UDP for UD, IB for either; :mod:`.ports`); an unbound id gets an
+  ephemeral port;
+* **routes** (:meth:`RdmaCmId.resolve_route`): on RoCE there is no SA; the path is made
+  locally (``cma_resolve_iboe_route``, :class:`~.addr.Route`);
 * **connections**: REQ/REP/RTU through the device's :class:`~softrdma.soft.cm_service.CmService`
-  with the cma header in the REQ's private data, the QP moved INIT -> RTR -> RTS with the
-  attributes ``rdma_init_qp_attr`` gives (PSNs crossed, responder resources and
-  initiator depth swapped), REJ, DREQ/DREP, and SIDR for UD;
-* **events**: each id reports to its :class:`EventChannel` the ``RDMA_CM_EVENT_*`` Linux
-  reports, when Linux reports them (docs/cm.md, "rdma_cm").
+  (:mod:`.device`) with the cma header in the REQ's private data, the QP moved INIT ->
+  RTR -> RTS with the attributes ``rdma_init_qp_attr`` gives (PSNs crossed, responder
+  resources and initiator depth swapped), REJ, DREQ/DREP, and SIDR for UD;
+* **events**: each id reports to its :class:`~.channel.EventChannel` the
+  ``RDMA_CM_EVENT_*`` Linux reports, when Linux reports them (docs/cm.md, "rdma_cm");
+* **states**: every change of :attr:`RdmaCmId.state` is a row of cma.c's transitions
+  (:mod:`.state`), taken by :meth:`RdmaCmId._move`.
 
 Threads: CM events arrive with the device lock held (usually on the progress thread) and
 are turned into rdma_cm events there; every consumer call takes the same lock, so an id
@@ -26,44 +27,42 @@ never sees two things at once. Nothing here blocks while holding it.
 from __future__ import annotations
 
 import errno
-import itertools
-import os
 import random
-import socket
-import threading
-import time
-from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address, ip_address
-from typing import Any
+from contextlib import contextmanager, nullcontext
+from ipaddress import ip_address
+from typing import Any, Iterator
 
 from ..cm.cma import CmaError, CmaHeader, gid_from_ip, service_id
 from ..cm.messages import RejectReason, SidrStatus
 from ..cm.state import MRA_FLAG_DELAY, CmEvent, CmEventType, IbCmId, CmState
 from ..errors import PyverbsRDMAError
-from ..soft.cm_service import CmService
-from ..verbs_api.events import EventQueue
+from ..verbs_api.attr import GID, AHAttr, GlobalRoute, QPAttr
+from ..verbs_api.enums import (
+    ibv_access_flags as A, ibv_qp_attr_mask as M, ibv_qp_state as Q, ibv_qp_type,
+)
+from .addr import (
+    CMA_IBOE_PACKET_LIFETIME, IPAddress, Route, check_port, device_for_dst, device_for_ip,
+    flow_label, parse_ip, soft_devices,
+)
+from .channel import EventChannel
+from .device import CmaDevice
 from .enums import (
     RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES, RDMA_PS_IB, RDMA_PS_IPOIB, RDMA_PS_TCP,
     RDMA_PS_UDP, RDMA_UDP_QKEY, REJ_PRIVATE_DATA, REP_PRIVATE_DATA, REQ_PRIVATE_DATA,
     SIDR_REP_PRIVATE_DATA, SIDR_REQ_PRIVATE_DATA, RdmaCmState, rdma_cm_event_type as E,
 )
+from .events import ConnParams, RdmaCmEvent, UdParams
+from .loopback import LOOPBACK
+from .ports import PORTS
+from .state import TRANSITIONS, next_state
 
-__all__ = ["CmaId", "CmaEvent", "ConnParams", "UdParams", "Route", "EventChannel",
-           "CmaDevice", "PORT_RANGE"]
+__all__ = ["RdmaCmId"]
 
-IPAddress = IPv4Address | IPv6Address
-
-#: rdma_cm constants (cma.c): CM response timeout, CM retries, RoCE packet lifetime,
-#: the MRA setting it answers every REQ and REP with (state only, 24 ~ 68 s)
+#: rdma_cm constants (cma.c): CM response timeout, CM retries, the MRA setting it
+#: answers every REQ and REP with (state only, 24 ~ 68 s)
 CMA_CM_RESPONSE_TIMEOUT = 20
 CMA_MAX_CM_RETRIES = 15
-CMA_IBOE_PACKET_LIFETIME = 18
 CMA_CM_MRA_SETTING = MRA_FLAG_DELAY | 24
-#: SIDR_REQ timeout: ``1 << (CMA_CM_RESPONSE_TIMEOUT - 8)`` ms
-CMA_SIDR_TIMEOUT_MS = 1 << (CMA_CM_RESPONSE_TIMEOUT - 8)
-#: Linux's default ip_local_port_range, where ephemeral rdma_cm ports come from
-PORT_RANGE = (32768, 60999)
-HOP_LIMIT = 64
 ETIMEDOUT = errno.ETIMEDOUT
 
 _PS = {RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IB, RDMA_PS_IPOIB}
@@ -71,448 +70,6 @@ _PS = {RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IB, RDMA_PS_IPOIB}
 
 def _err(msg: str, code: int) -> PyverbsRDMAError:
     return PyverbsRDMAError(msg, code)
-
-
-# ---- parameters and events ---------------------------------------------------------------
-
-@dataclass
-class ConnParams:
-    """``struct rdma_conn_param``: what a connect/accept asks for, what an event reports."""
-
-    private_data: bytes = b""
-    responder_resources: int = 0
-    initiator_depth: int = 0
-    flow_control: int = 0
-    retry_count: int = 0
-    rnr_retry_count: int = 0
-    srq: int = 0
-    qp_num: int = 0
-
-
-@dataclass
-class UdParams:
-    """``struct rdma_ud_param``: a resolved UD service (ESTABLISHED on a UD id)."""
-
-    private_data: bytes = b""
-    ah_attr: Any = None
-    qp_num: int = 0
-    qkey: int = 0
-
-
-@dataclass
-class CmaEvent:
-    """``struct rdma_cm_event``: ``event``, ``id``, ``listen_id``, ``status`` and the
-    connection (``conn``) or UD (``ud``) parameters."""
-
-    event: E
-    id: "CmaId"
-    listen_id: "CmaId | None" = None
-    status: int = 0
-    conn: ConnParams | None = None
-    ud: UdParams | None = None
-
-    @property
-    def private_data(self) -> bytes:
-        p = self.ud if self.ud is not None else self.conn
-        return p.private_data if p is not None else b""
-
-    def __repr__(self) -> str:
-        return f"CmaEvent({self.event.name}, status={self.status}, id={self.id!r})"
-
-
-class EventChannel:
-    """``struct rdma_event_channel``: the queue of events of the ids created on it. Its
-    :attr:`fd` is readable while an event waits (select, poll, asyncio)."""
-
-    def __init__(self) -> None:
-        self._queue = EventQueue()
-        self._manual: set[Any] = set()  # manual devices: waiting means driving them
-        self.ids: set["CmaId"] = set()  # the ids whose events come here
-        self.closed = False
-
-    @property
-    def fd(self) -> int:
-        return self._queue.fd
-
-    def put(self, event: CmaEvent) -> None:
-        self._queue.put(event)
-
-    def get(self, timeout: float | None = None) -> CmaEvent:
-        """The next event (``rdma_get_cm_event``); blocks up to ``timeout`` seconds (None:
-        for ever). ETIMEDOUT when none comes; EBADF once closed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self.closed:
-                raise _err("rdma_get_cm_event: the event channel is closed", errno.EBADF)
-            ev = self._queue.get()
-            if ev is not None:
-                return ev
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise _err("rdma_get_cm_event: no event", errno.ETIMEDOUT)
-            manual = [d for d in self._manual if d.udp is None or d.progress_thread is None]
-            if manual:
-                if not self._drive(manual):
-                    time.sleep(0.001)
-                continue
-            self._queue.wait(None if left is None else time.monotonic() + min(left, 1.0))
-
-    def _drive(self, devices: list[Any]) -> bool:
-        """Waiting on manual devices means moving them: packets first; when nothing is
-        left to do, a device without sockets (virtual time) jumps to its next timer.
-        False when nothing at all happened."""
-        moved = False
-        for dev in devices:
-            if dev.udp is not None:
-                moved |= bool(dev.poll(0.001))
-                continue
-            with dev.lock:
-                if dev.progress():
-                    moved = True
-                    continue
-                nxt = dev.next_deadline()
-                if nxt is not None and not self._queue:
-                    dev.now = max(dev.now, nxt)  # virtual time: skip to the next timer
-                    dev.fire_timers(dev.now)
-                    dev.progress()
-                    moved = True
-        return moved
-
-    def wait(self, timeout: float) -> None:
-        """Block up to ``timeout`` seconds until an event may be waiting (no event is
-        taken); manual devices are moved meanwhile."""
-        if self._queue:
-            return
-        manual = [d for d in self._manual if d.udp is None or d.progress_thread is None]
-        if manual:
-            self._drive(manual)
-            return
-        self._queue.wait(time.monotonic() + max(0.0, timeout))
-
-    def pending(self) -> int:
-        return len(self._queue)
-
-    def close(self) -> None:
-        """Close the channel and destroy the ids still on it (what the kernel does when
-        the rdma_cm file closes): a connection request nobody took is rejected."""
-        if not self.closed:
-            self.closed = True
-            for cid in list(self.ids):
-                cid.destroy()
-            self._queue.close()
-
-    def adopt(self, cid: "CmaId") -> None:
-        """``rdma_migrate_id``: ``cid``'s events come here from now on."""
-        old = cid.channel
-        old.ids.discard(cid)
-        self._manual |= old._manual
-        cid.channel = self
-        self.ids.add(cid)
-
-
-# ---- the per-device part ------------------------------------------------------------------
-
-@dataclass
-class Route:
-    """``struct rdma_route`` on RoCE: the path a connection uses."""
-
-    sgid: bytes
-    dgid: bytes
-    sgid_index: int
-    path_mtu: int
-    hop_limit: int = HOP_LIMIT
-    traffic_class: int = 0
-    flow_label: int = 0
-    packet_life_time: int = CMA_IBOE_PACKET_LIFETIME
-    rate: int = 0
-
-
-class CmaDevice:
-    """rdma_cm's view of one soft device (``struct cma_device``): a verbs context kept
-    open while ids use the device, its :class:`CmService` (the IB CM on QP1), and the
-    listeners by service ID. Made on first use and closed with the last id."""
-
-    _all: dict[int, "CmaDevice"] = {}
-    _lock = threading.Lock()
-
-    def __init__(self, device: Any) -> None:
-        from ..verbs_api import Context  # the context makes a live device live
-        self.device = device
-        self.ctx = Context(name=device.name)
-        self.service = CmService(device, on_event=self._on_cm_event)
-        self.refs = 0
-        self.listeners: dict[int, "CmaId"] = {}  # service ID -> listening CmaId
-        lim = device.limits
-        self.max_responder_resources = lim.max_qp_rd_atom
-        self.max_initiator_depth = lim.max_qp_init_rd_atom
-
-    @classmethod
-    def acquire(cls, device: Any) -> "CmaDevice":
-        with cls._lock:
-            cdev = cls._all.get(id(device))
-            if cdev is None:
-                cdev = cls._all[id(device)] = CmaDevice(device)
-            cdev.refs += 1
-            return cdev
-
-    def ref(self) -> "CmaDevice":
-        """One more user of a device already in use (no construction, so safe with the
-        device lock held)."""
-        with CmaDevice._lock:
-            self.refs += 1
-        return self
-
-    def release(self) -> None:
-        with CmaDevice._lock:
-            self.refs -= 1
-            if self.refs > 0:
-                return
-            CmaDevice._all.pop(id(self.device), None)
-        self.service.close()
-        self.ctx.close()
-
-    @property
-    def ip(self) -> str:
-        return self.device.ip
-
-    @property
-    def now(self) -> float:
-        return self.device.now
-
-    def _on_cm_event(self, ev: CmEvent) -> None:
-        """A CM event (device lock held): to the rdma_cm id it belongs to."""
-        if ev.type in (CmEventType.REQ_RECEIVED, CmEventType.SIDR_REQ_RECEIVED):
-            listener = self.listeners.get(ev.cm_id.service_id)
-            if listener is None or listener.state != RdmaCmState.LISTEN:
-                if ev.type == CmEventType.REQ_RECEIVED:
-                    self.service.reject(ev.cm_id, RejectReason.INVALID_SERVICE_ID)
-                else:
-                    self._sidr_answer(ev.cm_id, SidrStatus.UNSUPPORTED)
-                return
-            listener._on_request(ev, self)
-            return
-        owner = ev.cm_id.context
-        if isinstance(owner, CmaId):
-            if owner.cm is None:  # the answer came before connect() returned (loopback)
-                owner.cm = ev.cm_id
-            if owner.cm is ev.cm_id:
-                owner._on_cm(ev)
-
-    def _sidr_answer(self, cm_id: IbCmId, status: int) -> None:
-        self.service.sidr_reply(cm_id, status=int(status))
-
-
-# ---- ports --------------------------------------------------------------------------------
-
-class _Ports:
-    """Bound ports per port space: ``rdma_bind_addr``'s conflicts (a wildcard address
-    conflicts with every address on its port) and ephemeral ports."""
-
-    def __init__(self) -> None:
-        self.bound: dict[tuple[int, int], list["CmaId"]] = {}
-        self.lock = threading.Lock()
-        self.rng = random.Random()
-
-    def bind(self, cid: "CmaId", ip: IPAddress | None, port: int) -> int:
-        ps = cid.ps
-        with self.lock:
-            if port == 0:
-                lo, hi = PORT_RANGE
-                start = self.rng.randint(lo, hi)
-                for p in itertools.chain(range(start, hi + 1), range(lo, start)):
-                    if not self._conflict(ps, ip, p, cid):
-                        port = p
-                        break
-                else:
-                    raise _err("rdma_bind_addr: no free port", errno.EADDRNOTAVAIL)
-            elif self._conflict(ps, ip, port, cid):
-                raise _err(f"rdma_bind_addr: port {port} is in use"
-                           f"{'' if ip is None else f' on {ip}'}", errno.EADDRINUSE)
-            self.bound.setdefault((ps, port), []).append(cid)
-            return port
-
-    def _conflict(self, ps: int, ip: IPAddress | None, port: int, cid: "CmaId") -> bool:
-        for other in self.bound.get((ps, port), ()):
-            if other is cid:
-                continue
-            oip = other.src_ip
-            if cid.reuseaddr and other.reuseaddr and other.state != RdmaCmState.LISTEN:
-                continue
-            if ip is None or oip is None or oip == ip:
-                return True
-        return False
-
-    def unbind(self, cid: "CmaId") -> None:
-        with self.lock:
-            ids = self.bound.get((cid.ps, cid.src_port))
-            if ids and cid in ids:
-                ids.remove(cid)
-                if not ids:
-                    del self.bound[(cid.ps, cid.src_port)]
-
-
-PORTS = _Ports()
-
-
-# ---- loopback addresses shared by processes -----------------------------------------------
-
-class LoopbackListeners:
-    """Linux holds all of 127/8 on ``lo``, and rdma_cm binds a loopback address to
-    whichever device (``cma_bind_loopback``); every process shares that kernel. Soft devices
-    are per process, each on its own loopback address, so a listener bound to a loopback
-    address its process's device does not hold is entered here (one file per listener,
-    under ``SOFTRDMA_RDMACM_DIR``, default ``/dev/shm`` or the temp dir): an id connecting
-    to that address and port in another process finds the device address to send to.
-    Entries of dead processes are ignored and removed."""
-
-    @property
-    def dir(self) -> str:
-        import tempfile
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        return os.environ.get("SOFTRDMA_RDMACM_DIR") or \
-            os.path.join(base, f"softrdma-rdmacm-{os.getuid()}")
-
-    def _path(self, ps: int, ip: IPAddress, port: int) -> str:
-        return os.path.join(self.dir, f"{ps:x}-{ip}-{port}")
-
-    def publish(self, ps: int, ip: IPAddress, port: int, dev_ip: str) -> None:
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        path = self._path(ps, ip, port)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(f"{os.getpid()} {dev_ip}\n")
-        os.replace(tmp, path)
-
-    def withdraw(self, ps: int, ip: IPAddress, port: int) -> None:
-        path = self._path(ps, ip, port)
-        try:
-            with open(path) as f:
-                if f.read().split()[0] == str(os.getpid()):
-                    os.unlink(path)
-        except (OSError, IndexError):
-            pass
-
-    def lookup(self, ps: int, ip: IPAddress, port: int) -> IPAddress | None:
-        path = self._path(ps, ip, port)
-        try:
-            with open(path) as f:
-                pid_s, dev_ip = f.read().split()[:2]
-            pid = int(pid_s)
-        except (OSError, ValueError):
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-            return None
-        except PermissionError:
-            pass
-        return ip_address(dev_ip)
-
-
-LOOPBACK = LoopbackListeners()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child starts with no rdma_cm state (its devices are fresh too:
-    softrdma.verbs_api.device): the parent's ids, devices and ports stay the parent's."""
-    global PORTS
-    CmaDevice._all = {}
-    CmaDevice._lock = threading.Lock()
-    PORTS = _Ports()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# ---- finding devices ----------------------------------------------------------------------
-
-def _soft_devices() -> list[Any]:
-    from ..verbs_api.device import soft_devices
-    return soft_devices()
-
-
-def _open_default_ip(keep: list[CmaDevice]) -> None:
-    """Fix the default device's address (it moves off a loopback address another
-    process holds when it goes live) before addresses are compared with it; the caller
-    releases what lands in ``keep`` once it holds the device it chose."""
-    for dev in _soft_devices():
-        if getattr(dev, "auto_address", False) and dev.live and dev.udp is None:
-            keep.append(CmaDevice.acquire(dev))
-
-
-def device_for_ip(ip: IPAddress, keep: list[CmaDevice]) -> Any | None:
-    """The soft device whose address is ``ip`` (IPv4-mapped IPv6 counts as IPv4). The
-    default device, whose loopback address is only settled when it goes live, is opened
-    for the comparison only when ``ip`` is a loopback address no other device holds (so
-    a lookup never starts it, and its capture file, for nothing)."""
-    if isinstance(ip, IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    for dev in _soft_devices():
-        if ip_address(dev.ip) == ip and not (getattr(dev, "auto_address", False)
-                                            and dev.udp is None):
-            return dev
-    if not ip.is_loopback:
-        return None
-    _open_default_ip(keep)
-    for dev in _soft_devices():
-        if ip_address(dev.ip) == ip:
-            return dev
-    return None
-
-
-def route_source(dst: IPAddress) -> IPAddress | None:
-    """The source address the host's routing table picks for ``dst`` (a connected UDP
-    socket sends nothing), as ``rdma_resolve_addr`` asks the IP stack."""
-    fam = socket.AF_INET if dst.version == 4 else socket.AF_INET6
-    try:
-        with socket.socket(fam, socket.SOCK_DGRAM) as s:
-            s.connect((str(dst), 9))
-            return ip_address(s.getsockname()[0])
-    except OSError:
-        return None
-
-
-def device_for_dst(dst: IPAddress, keep: list[CmaDevice]) -> Any | None:
-    """The device a connection to ``dst`` leaves from: one holding ``dst`` itself
-    (loopback to a local device), else the one holding the route's source address,
-    else for a loopback destination the default device."""
-    dev = device_for_ip(dst, keep)
-    if dev is not None:
-        return dev
-    src = route_source(dst)
-    if src is not None:
-        dev = device_for_ip(src, keep)
-        if dev is not None:
-            return dev
-    if dst.is_loopback:
-        for d in _soft_devices():
-            if ip_address(d.ip).version == dst.version:
-                return d
-    return None
-
-
-def _parse_ip(value: Any, what: str) -> IPAddress | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, (IPv4Address, IPv6Address)):
-        return value
-    try:
-        a = ip_address(value.decode() if isinstance(value, bytes) else str(value))
-    except ValueError:
-        raise _err(f"{what}: {value!r:.60} is not an IP address", errno.EINVAL) from None
-    if isinstance(a, IPv6Address) and a.ipv4_mapped is not None:
-        return a.ipv4_mapped
-    return a
-
-
-def _check_port(port: Any, what: str) -> int:
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 0xFFFF:
-        raise _err(f"{what}: port {port!r:.40} is not 0..65535", errno.EINVAL)
-    return port
 
 
 def _check_private(data: Any, limit: int, what: str) -> bytes:
@@ -528,15 +85,9 @@ def _check_private(data: Any, limit: int, what: str) -> bytes:
     return data
 
 
-def flow_label(sport: int, dport: int) -> int:
-    """The RoCEv2 flow label rdma_cm puts in the path (cma.c
-    ``cma_get_roce_udp_flow_label``); rxe derives the RC UDP source port from it."""
-    return (sport * 31 + dport) & 0xFFFFF
 
 
-# ---- the id -------------------------------------------------------------------------------
-
-class CmaId:
+class RdmaCmId:
     """``struct rdma_cm_id`` with the kernel's ``rdma_id_private`` and librdmacm's
     ``cma_id_private`` in one: address, route, port space, QP, the IB CM id under it,
     and its state (:class:`RdmaCmState`).
@@ -546,7 +97,6 @@ class CmaId:
 
     def __init__(self, channel: EventChannel, ps: int = RDMA_PS_TCP, context: Any = None,
                  *, qp_type: int | None = None) -> None:
-        from ..verbs_api.enums import ibv_qp_type
         if ps not in _PS:
             raise _err(f"rdma_create_id: port space {ps!r:.40} is not RDMA_PS_TCP, _UDP, "
                        f"_IB or _IPOIB", errno.EINVAL)
@@ -560,7 +110,7 @@ class CmaId:
             qp_type = ibv_qp_type.IBV_QPT_UD if ps in (RDMA_PS_UDP, RDMA_PS_IPOIB) \
                 else ibv_qp_type.IBV_QPT_RC
         self.qp_type = int(qp_type)
-        self.state = RdmaCmState.IDLE
+        self._state = RdmaCmState.IDLE  # written by _move only
         self.cdev: CmaDevice | None = None
         self.src_ip: IPAddress | None = None
         self.src_loopback = False  # src_ip: a loopback address another process may hold
@@ -571,7 +121,7 @@ class CmaId:
         self.route: Route | None = None
         self.qp: Any = None
         self.cm: IbCmId | None = None
-        self.listen_id: "CmaId | None" = None
+        self.listen_id: "RdmaCmId | None" = None
         self.backlog = 0
         self.reuseaddr = False
         self.tos = 0
@@ -592,7 +142,31 @@ class CmaId:
         src = f"{self.src_ip}:{self.src_port}" if self.src_ip is not None else \
             f"*:{self.src_port}"
         dst = f" -> {self.dst_ip}:{self.dst_port}" if self.dst_ip is not None else ""
-        return f"CmaId({src}{dst}, {self.state.name})"
+        return f"RdmaCmId({src}{dst}, {self.state.name})"
+
+    # ---- state -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> RdmaCmState:
+        """``rdma_id_private.state``; it changes only along :data:`.state.TRANSITIONS`."""
+        return self._state
+
+    def _move(self, step: str, what: str = "") -> None:
+        """Take ``step`` (a row of :data:`.state.TRANSITIONS`): the one place an id's
+        state changes. EINVAL (cma.c's ``cma_comp_exch`` failing) if the state does not
+        allow it."""
+        self._state = next_state(step, self._state, what)
+
+    def _can(self, step: str) -> bool:
+        """Whether ``step`` is allowed now (an event handler drops what is not)."""
+        return self._state in TRANSITIONS[step]
+
+    def _check(self, step: str, what: str) -> None:
+        """Refuse a call before it does anything: EBADF on a destroyed id, EINVAL
+        unless ``step`` is allowed in the id's state."""
+        if self.destroyed:
+            raise _err(f"{what}: the id is destroyed", errno.EBADF)
+        next_state(step, self._state, what)
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -602,25 +176,24 @@ class CmaId:
 
     @property
     def is_ud(self) -> bool:
-        from ..verbs_api.enums import ibv_qp_type
         return self.qp_type == ibv_qp_type.IBV_QPT_UD
 
     def _lock(self) -> Any:
-        return self.cdev.device.lock if self.cdev is not None else _NullLock()
+        return self.cdev.device.lock if self.cdev is not None else nullcontext()
 
     def _attach(self, dev: Any) -> None:
         if self.cdev is None:
             self.cdev = CmaDevice.acquire(dev)
             if not dev.live or dev.progress_thread is None:
-                self.channel._manual.add(dev)
+                self.channel.watch(dev)
 
     def _event(self, ev: E, *, status: int = 0, conn: ConnParams | None = None,
-               ud: UdParams | None = None, listen_id: "CmaId | None" = None,
-               cid: "CmaId | None" = None) -> None:
+               ud: UdParams | None = None, listen_id: "RdmaCmId | None" = None,
+               cid: "RdmaCmId | None" = None) -> None:
         target = cid or self
         if target.destroyed:
             return
-        target.channel.put(CmaEvent(ev, target, listen_id, status, conn, ud))
+        target.channel.put(RdmaCmEvent(ev, target, listen_id, status, conn, ud))
 
     def _require(self, what: str, *states: RdmaCmState) -> None:
         if self.destroyed:
@@ -636,18 +209,19 @@ class CmaId:
         (0: an ephemeral one). A specific address binds the id to its device (ENODEV if
         no soft device holds it)."""
         what = "rdma_bind_addr"
-        self._require(what, RdmaCmState.IDLE)
-        addr = _parse_ip(ip, what)
-        port = _check_port(port, what)
+        self._check("bind_addr", what)
+        addr = parse_ip(ip, what)
+        port = check_port(port, what)
         dev = None
         keep: list[CmaDevice] = []
+        self._move("bind_addr", what)
         try:
             if addr is not None and not addr.is_unspecified:
                 dev = device_for_ip(addr, keep)
                 if dev is None and addr.is_loopback:
                     # all of 127/8 (and ::1) is local: the device of this process, as
                     # Linux's cma_bind_loopback takes any device (LoopbackListeners)
-                    dev = next((d for d in _soft_devices()
+                    dev = next((d for d in soft_devices()
                                 if ip_address(d.ip).version == addr.version), None)
                     self.src_loopback = dev is not None
                 if dev is None:
@@ -658,10 +232,12 @@ class CmaId:
             self.src_ip = addr
             if dev is not None:
                 self._attach(dev)
+        except BaseException:
+            self._move("bind_addr_failed")
+            raise
         finally:
             for c in keep:
                 c.release()
-        self.state = RdmaCmState.ADDR_BOUND
 
     def resolve_addr(self, src: Any, dst: Any, dst_port: int = 0,
                      timeout_ms: int = 2000) -> None:
@@ -669,34 +245,40 @@ class CmaId:
         (binding the id if it is not), then ADDR_RESOLVED, or ADDR_ERROR when no soft
         device can reach ``dst``."""
         what = "rdma_resolve_addr"
-        self._require(what, RdmaCmState.IDLE, RdmaCmState.ADDR_BOUND,
-                      RdmaCmState.ADDR_RESOLVED)
-        daddr = _parse_ip(dst, what)
+        if self.state != RdmaCmState.IDLE or self.destroyed:  # IDLE: bound first
+            self._check("resolve_addr", what)
+        daddr = parse_ip(dst, what)
         if daddr is None:
             raise _err(f"{what}: a destination address is required", errno.EINVAL)
-        dst_port = _check_port(dst_port, what)
+        dst_port = check_port(dst_port, what)
         if self.state == RdmaCmState.IDLE:
             self.bind_addr(src, 0)
-        elif src is not None and _parse_ip(src, what) not in (None, self.src_ip):
+        elif src is not None and parse_ip(src, what) not in (None, self.src_ip):
             raise _err(f"{what}: the id is bound to {self.src_ip}, not {src}", errno.EINVAL)
-        if self.src_ip is not None and self.src_ip.version != daddr.version:
-            raise _err(f"{what}: {self.src_ip} and {daddr} are of different families",
-                       errno.EAFNOSUPPORT)
-        self.dst_ip, self.dst_port = daddr, dst_port
-        if self.cdev is None:
-            keep: list[CmaDevice] = []
-            try:
-                dev = device_for_dst(daddr, keep)
-                if dev is not None:
-                    self._attach(dev)
-            finally:
-                for c in keep:
-                    c.release()
+        self._move("resolve_addr", what)
+        try:
+            if self.src_ip is not None and self.src_ip.version != daddr.version:
+                raise _err(f"{what}: {self.src_ip} and {daddr} are of different families",
+                           errno.EAFNOSUPPORT)
+            self.dst_ip, self.dst_port = daddr, dst_port
+            dev = self.device
             if dev is None:
-                self.state = RdmaCmState.ADDR_BOUND
-                self._event(E.RDMA_CM_EVENT_ADDR_ERROR, status=-errno.ENETUNREACH)
-                return
-        self.state = RdmaCmState.ADDR_RESOLVED
+                keep: list[CmaDevice] = []
+                try:
+                    dev = device_for_dst(daddr, keep)
+                    if dev is not None:
+                        self._attach(dev)
+                finally:
+                    for c in keep:
+                        c.release()
+        except BaseException:
+            self._move("resolve_addr_failed")
+            raise
+        self._move("addr_resolved")  # addr_handler: resolved, or failed to find a device
+        if dev is None:
+            self._move("addr_error")
+            self._event(E.RDMA_CM_EVENT_ADDR_ERROR, status=-errno.ENETUNREACH)
+            return
         self._event(E.RDMA_CM_EVENT_ADDR_RESOLVED)
 
     @property
@@ -712,7 +294,7 @@ class CmaId:
         dst = self.dst_ip
         if dst is None or not dst.is_loopback or self.route is None:
             return
-        if any(ip_address(d.ip) == dst for d in _soft_devices()):
+        if any(ip_address(d.ip) == dst for d in soft_devices()):
             return
         peer = LOOPBACK.lookup(self.ps, dst, self.dst_port)
         if peer is not None and peer != dst:
@@ -723,15 +305,20 @@ class CmaId:
         """``rdma_resolve_route``, RoCE style (``cma_resolve_iboe_route``): no SA query;
         the path is built here and ROUTE_RESOLVED follows at once."""
         what = "rdma_resolve_route"
-        self._require(what, RdmaCmState.ADDR_RESOLVED)
-        dev = self.device
-        sip = self.local_ip
-        sgid = gid_from_ip(sip)
-        sgid_index = dev.gid_table.index(sgid) if sgid in dev.gid_table else 1
-        self.route = Route(sgid=sgid, dgid=gid_from_ip(self.dst_ip), sgid_index=sgid_index,
-                           path_mtu=int(dev.active_mtu), traffic_class=self.tos,
-                           flow_label=flow_label(self.src_port, self.dst_port))
-        self.state = RdmaCmState.ROUTE_RESOLVED
+        self._check("resolve_route", what)
+        self._move("resolve_route", what)
+        try:
+            dev = self.device
+            sgid = gid_from_ip(self.local_ip)
+            sgid_index = dev.gid_table.index(sgid) if sgid in dev.gid_table else 1
+            self.route = Route(sgid=sgid, dgid=gid_from_ip(self.dst_ip),
+                               sgid_index=sgid_index, path_mtu=int(dev.active_mtu),
+                               traffic_class=self.tos,
+                               flow_label=flow_label(self.src_port, self.dst_port))
+        except BaseException:
+            self._move("resolve_route_failed")
+            raise
+        self._move("route_resolved")
         self._event(E.RDMA_CM_EVENT_ROUTE_RESOLVED)
 
     # ---- listening ----------------------------------------------------------------------
@@ -740,19 +327,32 @@ class CmaId:
         """``rdma_listen``: take REQs (or SIDR_REQs) for this port on the bound address's
         device, or on every soft device for the wildcard address."""
         what = "rdma_listen"
-        if self.state == RdmaCmState.IDLE:
+        if self.state == RdmaCmState.IDLE and not self.destroyed:
             self.bind_addr(None, 0)
-        self._require(what, RdmaCmState.ADDR_BOUND)
+        self._check("listen", what)
         if self.src_port == 0:
             raise _err(f"{what}: the id has no port", errno.EINVAL)
-        devs = [self.device] if self.cdev is not None else _soft_devices()
+        self._move("listen", what)
+        try:
+            self._listen_on_devices(what)
+        except BaseException:
+            self._move("listen_failed")
+            raise
+        self.backlog = backlog
+        if self.src_loopback and self.cdev is not None:
+            LOOPBACK.publish(self.ps, self.src_ip, self.src_port, self.cdev.ip)
+            self._published = True
+
+    def _listen_on_devices(self, what: str) -> None:
+        """Listen on the id's device, or on every soft device (``cma_listen_on_all``)."""
+        devs = [self.device] if self.cdev is not None else soft_devices()
         sid = service_id(self.ps, self.src_port)
         cdevs = [self.cdev] if self.cdev is not None else []
         if self.cdev is None:
             for dev in devs:
                 cdevs.append(CmaDevice.acquire(dev))
                 if not dev.live or dev.progress_thread is None:
-                    self.channel._manual.add(dev)
+                    self.channel.watch(dev)
         for c in cdevs:
             if sid in c.listeners and c.listeners[sid] is not self:
                 for c2 in cdevs:
@@ -768,13 +368,8 @@ class CmaId:
                 self._listen_cms.append((c, c.service.listen(sid, context=self)))
             except Exception as e:  # the CM has a listener there already
                 raise _err(f"{what}: port {self.src_port}: {e}", errno.EADDRINUSE) from None
-        self.backlog = backlog
-        self.state = RdmaCmState.LISTEN
-        if self.src_loopback and self.cdev is not None:
-            LOOPBACK.publish(self.ps, self.src_ip, self.src_port, self.cdev.ip)
-            self._published = True
 
-    def _on_request(self, ev: CmEvent, cdev: CmaDevice) -> None:
+    def on_request(self, ev: CmEvent, cdev: CmaDevice) -> None:
         """A REQ or SIDR_REQ for our service (device lock held): a new id in CONNECT and
         CONNECT_REQUEST, or a reject as cma.c ``cma_ib_req_handler`` sends one."""
         sidr = ev.type == CmEventType.SIDR_REQ_RECEIVED
@@ -787,7 +382,6 @@ class CmaId:
         if hdr.dst != local or (self.src_ip is not None and hdr.dst != self.local_ip) \
                 or hdr.src.is_unspecified or hdr.src.is_multicast:
             return self._refuse(cdev, ev.cm_id, sidr)
-        from ..verbs_api.enums import ibv_qp_type
         # cma.c cma_check_req_qp_type: a REQ's transport must be the listener's QP type,
         # a SIDR_REQ needs a UD listener
         qp_type = ibv_qp_type.IBV_QPT_UD if sidr else {
@@ -795,14 +389,14 @@ class CmaId:
         if qp_type is None or (qp_type != self.qp_type and self.ps != RDMA_PS_IB) or \
                 (self.ps == RDMA_PS_IB and sidr != self.is_ud):
             return self._refuse(cdev, ev.cm_id, sidr)
-        child = CmaId(self.channel, self.ps, qp_type=qp_type)
+        child = RdmaCmId(self.channel, self.ps, qp_type=qp_type)
         child.cdev = cdev.ref()
         child.listen_id = self
         child.src_ip, child.src_port = local, self.src_port
         child.dst_ip, child.dst_port = hdr.src, hdr.sport
         child.cm = ev.cm_id
         ev.cm_id.context = child
-        child.state = RdmaCmState.CONNECT
+        child._move("conn_request")
         user = bytes((ev.private_data or b"")[36:])
         if sidr:
             child.route = Route(sgid=gid_from_ip(local), dgid=gid_from_ip(hdr.src),
@@ -850,7 +444,6 @@ class CmaId:
     def attach_qp(self, qp: Any) -> None:
         """``rdma_create_qp``'s second half: the QP becomes the id's and goes to INIT
         (UD: on to RTS at once, with rdma_cm's Q_Key), as librdmacm does."""
-        from ..verbs_api.enums import ibv_qp_type
         if self.qp is not None:
             raise _err("rdma_create_qp: the id already has a QP", errno.EINVAL)
         if self.cdev is None:
@@ -874,9 +467,6 @@ class CmaId:
         """``rdma_init_qp_attr``: the attributes and mask for moving this id's QP to
         ``state`` ("INIT", "RTR" or "RTS"), as the kernel computes them
         (cma.c / cm.c ``cm_init_qp_*_attr``)."""
-        from ..verbs_api.attr import AHAttr, GlobalRoute, GID, QPAttr
-        from ..verbs_api.enums import ibv_access_flags as A, ibv_qp_attr_mask as M, \
-            ibv_qp_state as Q
         a = QPAttr()
         if state == "INIT":
             a.qp_state = Q.IBV_QPS_INIT
@@ -912,7 +502,6 @@ class CmaId:
             a.rq_psn = self.seq_num
             mask = (M.IBV_QP_STATE | M.IBV_QP_AV | M.IBV_QP_PATH_MTU | M.IBV_QP_DEST_QPN
                     | M.IBV_QP_RQ_PSN)
-            from ..verbs_api.enums import ibv_qp_type
             if self.qp_type == ibv_qp_type.IBV_QPT_RC:
                 a.max_dest_rd_atomic = self.responder_resources
                 a.min_rnr_timer = 0
@@ -922,7 +511,6 @@ class CmaId:
             a.qp_state = Q.IBV_QPS_RTS
             a.sq_psn = self.sq_psn
             mask = M.IBV_QP_STATE | M.IBV_QP_SQ_PSN
-            from ..verbs_api.enums import ibv_qp_type
             if self.qp_type == ibv_qp_type.IBV_QPT_RC:
                 a.timeout = self.ack_timeout if self.ack_timeout is not None else \
                     self._av_timeout()
@@ -934,6 +522,16 @@ class CmaId:
             return a, mask
         raise _err(f"rdma_init_qp_attr: state {state!r} is not INIT, RTR or RTS",
                    errno.EINVAL)
+
+    @property
+    def path_ack_timeout(self) -> int:
+        """The local ACK timeout exponent of the connection's path: the CM REQ's
+        ``primary_local_ack_timeout`` where one was received (passive side), the route's
+        packet lifetime + 1 otherwise (active side; what cm.c gives the QP); 0 before
+        either is known."""
+        if self.req is not None:
+            return int(self.req.primary_local_ack_timeout)
+        return self.route.packet_life_time + 1 if self.route is not None else 0
 
     def _av_timeout(self) -> int:
         """The QP's ACK timeout: the REQ's local ACK timeout on the passive side, the
@@ -954,7 +552,6 @@ class CmaId:
     def _qp_to_rts(self, resp_res: int | None = None, init_depth: int | None = None) -> None:
         """librdmacm ``ucma_modify_qp_rtr`` then ``ucma_modify_qp_rts``: INIT again
         (the access flags now that the connection is known), RTR, RTS."""
-        from ..verbs_api.enums import ibv_qp_state as Q
         if self.qp is None:
             return
         if self.qp.state in (Q.IBV_QPS_RESET, Q.IBV_QPS_INIT):
@@ -963,8 +560,6 @@ class CmaId:
         self._modify_qp("RTS")
 
     def _qp_to_error(self) -> None:
-        from ..verbs_api.attr import QPAttr
-        from ..verbs_api.enums import ibv_qp_attr_mask as M, ibv_qp_state as Q
         if self.qp is None or getattr(self.qp, "closed", False):
             return
         try:
@@ -977,7 +572,7 @@ class CmaId:
     def connect(self, param: ConnParams | None = None) -> None:
         """``rdma_connect``: a REQ (RC/UC) or a SIDR_REQ (UD) to the resolved address."""
         what = "rdma_connect"
-        self._require(what, RdmaCmState.ROUTE_RESOLVED)
+        self._check("connect", what)
         cdev = self.cdev
         assert cdev is not None and self.route is not None
         self._loopback_peer()
@@ -1000,9 +595,7 @@ class CmaId:
         self.retry_count = retry
         hdr = CmaHeader(src=self.local_ip, dst=self.dst_ip, sport=self.src_port)
         r = self.route
-        from ..verbs_api.enums import ibv_qp_type
-        with self._lock():
-            self.state = RdmaCmState.CONNECT
+        with self._lock(), self._connecting(what):
             self.cm = cdev.service.connect(
                 str(self.dst_ip),
                 service_id=service_id(self.ps, self.dst_port), local_qpn=qpn,
@@ -1019,6 +612,18 @@ class CmaId:
                 primary_local_gid=r.sgid, primary_remote_gid=r.dgid,
                 primary_flow_label=r.flow_label, primary_traffic_class=r.traffic_class,
                 primary_hop_limit=r.hop_limit, primary_packet_rate=r.rate)
+
+    @contextmanager
+    def _connecting(self, what: str) -> Iterator[None]:
+        """``rdma_connect_locked``: CONNECT before the REQ goes (on loopback the answer
+        may come before the send returns), back to ROUTE_RESOLVED if it cannot go."""
+        self._move("connect", what)
+        try:
+            yield
+        except BaseException:
+            if self._can("connect_failed"):
+                self._move("connect_failed")
+            raise
 
     def _check_resources(self, param: ConnParams | None, what: str) -> None:
         """librdmacm ``ucma_valid_param``."""
@@ -1039,8 +644,7 @@ class CmaId:
         user = _check_private(param.private_data if param else b"", SIDR_REQ_PRIVATE_DATA,
                               what)
         hdr = CmaHeader(src=self.local_ip, dst=self.dst_ip, sport=self.src_port)
-        with self._lock():
-            self.state = RdmaCmState.CONNECT
+        with self._lock(), self._connecting(what):
             self.cm = self.cdev.service.sidr_request(
                 str(self.dst_ip), service_id=service_id(self.ps, self.dst_port),
                 private_data=hdr.pack() + user, context=self)
@@ -1141,9 +745,14 @@ class CmaId:
 
     # ---- CM events (device lock held) ---------------------------------------------------
 
-    def _on_cm(self, ev: CmEvent) -> None:
-        """cma.c ``cma_ib_handler`` / ``cma_sidr_rep_handler`` and librdmacm's event
-        processing for one CM event on this id."""
+    def on_cm_event(self, ev: CmEvent) -> None:
+        """An event of an IB CM id this id made (device lock held; :class:`CmaDevice`
+        calls it): cma.c ``cma_ib_handler`` / ``cma_sidr_rep_handler`` and librdmacm's
+        event processing."""
+        if self.cm is None:  # the answer came before connect() returned (loopback)
+            self.cm = ev.cm_id
+        if self.cm is not ev.cm_id:
+            return
         t = ev.type
         T = CmEventType
         if t == T.TIMEWAIT_EXIT:
@@ -1164,7 +773,7 @@ class CmaId:
         elif t in (T.RTU_RECEIVED, T.USER_ESTABLISHED):
             self._event(E.RDMA_CM_EVENT_ESTABLISHED, conn=ConnParams())
         elif t in (T.DREQ_ERROR, T.DREQ_RECEIVED, T.DREP_RECEIVED):
-            self.state = RdmaCmState.DISCONNECT
+            self._move("disconnected")
             self._event(E.RDMA_CM_EVENT_DISCONNECTED,
                         status=-ETIMEDOUT if t == T.DREQ_ERROR else 0)
         elif t == T.REJ_RECEIVED:
@@ -1217,7 +826,6 @@ class CmaId:
             self._event(E.RDMA_CM_EVENT_UNREACHABLE, status=-errno.EINVAL,
                         ud=UdParams(private_data=data))
             return
-        from ..verbs_api.attr import AHAttr, GlobalRoute, GID
         r = self.route
         ah = AHAttr(is_global=1, port_num=1, gr=GlobalRoute(
             dgid=GID(r.dgid), flow_label=r.flow_label, sgid_index=r.sgid_index,
@@ -1257,17 +865,10 @@ class CmaId:
                 if cdev.service.agent.ids.get(self.cm.local_id) is self.cm:
                     cdev.service.destroy(self.cm)
         self.destroyed = True
-        self.state = RdmaCmState.DESTROYING
+        self._move("destroy")
         self.channel.ids.discard(self)
         PORTS.unbind(self)
         if cdev is not None:
             self.cdev = None
             cdev.release()
 
-
-class _NullLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
