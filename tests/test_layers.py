@@ -184,12 +184,20 @@ HANDLES = {
     "engine": ("softrdma.qp", "softrdma.verbs_api", "softrdma.soft"),
     "id": ("softrdma.rdmacm",),
 }
-# The rdma_cm event channel's own operations, reached as ``<CMEventChannel>.channel.<op>``.
-CORE_CHANNEL_OPS = {"adopt", "wait", "pending", "put", "get", "drive"}
+# The rdma_cm event channel's insides, reached as ``<CMEventChannel>.channel.<op>``.
+# ``wait`` and ``pending`` are public on a CMEventChannel too, so ``self.channel.wait()``
+# (an object's own channel) is fine while ``ch.channel.wait()`` and
+# ``self.ctl_ch.channel.pending()`` reach through one.
+CORE_CHANNEL_OPS = {"channel", "adopt", "put", "watch"}
+CHANNEL_OPS_ON_OTHERS = {"wait", "pending"}
 
 
 def _owner(module: str, owners: tuple[str, ...]) -> bool:
     return any(module == o or module.startswith(o + ".") for o in owners)
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
 
 
 def reach_throughs(path: Path, module: str | None = None) -> list[str]:
@@ -205,8 +213,9 @@ def reach_throughs(path: Path, module: str | None = None) -> list[str]:
             handle = node.value.attr
             if handle in HANDLES and not _owner(module, HANDLES[handle]):
                 bad.append((node.lineno, f".{handle}.{node.attr}"))
-            elif handle == "channel" and (node.attr in CORE_CHANNEL_OPS
-                                          or node.attr == "channel") \
+            elif handle == "channel" and (
+                    node.attr in CORE_CHANNEL_OPS
+                    or node.attr in CHANNEL_OPS_ON_OTHERS and not _is_self(node.value.value)) \
                     and not _owner(module, ("softrdma.rdmacm",)):
                 bad.append((node.lineno, f".channel.{node.attr}"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
@@ -231,13 +240,17 @@ def test_the_reach_through_check_sees_what_it_should(tmp_path):
                      "    qp.engine.comp.on_timeout()\n"
                      "    cmid.id.device\n"
                      "    ch.channel.adopt(cmid)\n"
-                     "    getattr(qp, 'engine')\n")
+                     "    getattr(qp, 'engine')\n"
+                     "    sock._channel.channel.wait(0.25)\n"
+                     "    ch.wait(0.25); ch.pending(); self.channel.pending()\n"
+                     "    self.ctl_ch.channel.pending()\n")
     found = reach_throughs(probe, "softrdma.tools.probe")
     assert [line.split(" reaches through ")[1] for line in found] == [
-        ".engine.comp", ".id.device", ".channel.adopt", "getattr(..., 'engine')"]
+        ".engine.comp", ".id.device", ".channel.adopt", "getattr(..., 'engine')",
+        ".channel.wait", ".channel.pending"]
     assert [line.split(" reaches through ")[1]
             for line in reach_throughs(probe, "softrdma.verbs_api.probe")] == [
-        ".id.device", ".channel.adopt"]
+        ".id.device", ".channel.adopt", ".channel.wait", ".channel.pending"]
     assert reach_throughs(probe, "softrdma.rdmacm.probe") == [
         "probe.py:2 reaches through .engine.comp",
         "probe.py:5 reaches through getattr(..., 'engine')"]

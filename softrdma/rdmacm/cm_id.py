@@ -862,7 +862,7 @@ class RdmaCmId:
                     cdev.service.sidr_reply(self.cm, status=int(SidrStatus.REJECT))
                 if self.cm.context is self:
                     self.cm.context = None
-                if cdev.service.agent.ids.get(self.cm.local_id) is self.cm:
+                if cdev.service.holds(self.cm):
                     cdev.service.destroy(self.cm)
         self.destroyed = True
         self._move("destroy")

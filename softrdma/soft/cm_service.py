@@ -197,6 +197,11 @@ class CmService:
     def destroy(self, cm_id: IbCmId) -> None:
         self._run(lambda: self.agent.destroy(cm_id))
 
+    def holds(self, cm_id: IbCmId) -> bool:
+        """Whether ``cm_id`` is still one of this service's ids (not destroyed, and not
+        dropped by the agent when a connection ended)."""
+        return self.agent.ids.get(cm_id.local_id) is cm_id
+
     def close(self) -> None:
         """Destroy every id (saying goodbye as :meth:`CmAgent.destroy` does), stop the
         timers and unregister the MAD handler. Idempotent."""

@@ -307,7 +307,7 @@ class CmLink:
     # -- the end --------------------------------------------------------------------------
     def peer_disconnected(self) -> bool:
         """Whether the control connection got DISCONNECTED (the peer went away)."""
-        while self.ctl_ch.channel.pending():
+        while self.ctl_ch.pending():
             ev = self._get(self.ctl_ch, 0.0)
             if ev is None:
                 break
