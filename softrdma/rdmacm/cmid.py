@@ -60,6 +60,17 @@ class CMEventChannel:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    # ---- accessors for the layers above (issue 25) ----------------------------------
+
+    def wait(self, timeout: float | None) -> None:
+        """Block up to ``timeout`` seconds (None: a long while) until an event may be
+        waiting; no event is taken. A negative timeout counts as 0."""
+        self.channel.wait(SYNC_TIMEOUT if timeout is None else max(0.0, timeout))
+
+    def pending(self) -> bool:
+        """An event is waiting (``get_cm_event(0)`` would return one)."""
+        return self.channel.pending() > 0
+
 
 class CMEvent:
     """``rdma_cm_event``, read from a channel (``rdma_get_cm_event``; blocks up to
@@ -629,3 +640,38 @@ class CMID:
 
     def __repr__(self) -> str:
         return f"CMID({self.id!r})"
+
+    # ---- accessors for the layers above (issue 25) ----------------------------------
+
+    def migrate(self, channel: CMEventChannel) -> None:
+        """``rdma_migrate_id``: this id's events arrive on ``channel`` from now on."""
+        channel.channel.adopt(self._check())
+        self.event_channel = channel
+
+    @property
+    def local_addr(self) -> tuple[str, int]:
+        """``(ip, port)`` the id is bound to (``rdma_get_local_addr``); ("0.0.0.0", 0)
+        while unbound."""
+        if self.id is None:
+            return ("0.0.0.0", 0)
+        ip = self.id.local_ip
+        return (str(ip) if ip is not None else "0.0.0.0", self.id.src_port)
+
+    @property
+    def peer_addr(self) -> tuple[str, int]:
+        """``(ip, port)`` of the peer (``rdma_get_peer_addr``)."""
+        ip = self.id.dst_ip if self.id is not None else None
+        return (str(ip) if ip is not None else "0.0.0.0",
+                self.id.dst_port if self.id is not None else 0)
+
+    @property
+    def path_ack_timeout(self) -> int:
+        """The connection's local ACK timeout exponent as its CM REQ carries it: the
+        received REQ's on the passive side, the route's packet lifetime + 1 on the active
+        side (cm.c); 0 while unknown."""
+        cid = self.id
+        if cid is None:
+            return 0
+        if cid.listen_id is not None and cid.req is not None:
+            return int(cid.req.primary_local_ack_timeout)
+        return cid.route.packet_life_time + 1 if cid.route is not None else 0
