@@ -181,7 +181,10 @@ class SocketBase:
 
     def getsockname(self) -> tuple[str, int]:
         cid = self._conn.cmid if self._conn is not None else self._id
-        return cid.local_addr if cid is not None else ("0.0.0.0", 0)
+        try:
+            return cid.local_addr if cid is not None else ("0.0.0.0", 0)
+        except PyverbsRDMAError:  # the id is gone (a closed socket's, on librdmacm)
+            return ("0.0.0.0", 0)
 
     def getpeername(self) -> tuple[str, int]:
         if self._peer is None:
