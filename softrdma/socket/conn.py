@@ -165,12 +165,22 @@ class Hub:
         fds = [self.comp.fd] + ([self.channel.fd] if self.channel is not None else [])
         r, _, _ = select.select(fds, [], [], left)
         if self.comp.fd in r:
-            with self.lock:
-                try:
-                    self.comp.get_cq_event(self.cq, timeout=0)
-                    self.cq.ack_events(1)
-                except PyverbsRDMAError:
-                    pass
+            self.take_cq_event()
+
+    def arm(self) -> None:
+        """Ask for the next completion's event (before waiting on :meth:`fileno`)."""
+        with self.lock:
+            self.cq.req_notify()
+
+    def take_cq_event(self) -> None:
+        """Take and acknowledge the completion event that made :meth:`fileno` readable
+        (none there is fine: another waiter took it)."""
+        with self.lock:
+            try:
+                self.comp.get_cq_event(self.cq, timeout=0)
+                self.cq.ack_events(1)
+            except PyverbsRDMAError:
+                pass
 
     def fileno(self) -> int:
         return self.comp.fd

@@ -162,18 +162,12 @@ class Receiver:
     def _wait(self, deadline: float | None) -> None:
         fds = [self.channel.fd]
         for hub in self.hubs.values():
-            with hub.lock:
-                hub.cq.req_notify()
-            fds.append(hub.comp.fd)
+            hub.arm()
+            fds.append(hub.fileno())
         r, _, _ = select.select(fds, [], [], wait_slice(deadline))
         for hub in self.hubs.values():
-            if hub.comp.fd in r:
-                with hub.lock:
-                    try:
-                        hub.comp.get_cq_event(hub.cq, timeout=0)
-                        hub.cq.ack_events(1)
-                    except PyverbsRDMAError:
-                        pass
+            if hub.fileno() in r:
+                hub.take_cq_event()
 
     # ---- the application's side ---------------------------------------------------------
 

@@ -22,7 +22,6 @@ import asyncio
 import time
 from typing import Any
 
-from ..errors import PyverbsRDMAError
 from ..rdmacm import CMEventChannel, CMID
 from .base import SocketBase
 from .conn import Connection, Hub, Message, Options
@@ -136,7 +135,7 @@ class socket(SocketBase):
     def _fds(self) -> list[int]:
         fds = []
         if self._hub is not None:
-            fds += [self._hub.comp.fd, self._hub.channel.fd]
+            fds += [self._hub.fileno(), self._hub.channel.fd]
         if self._channel is not None and self._channel.fd not in fds:
             fds.append(self._channel.fd)
         return fds
@@ -153,8 +152,7 @@ class socket(SocketBase):
             finally:
                 self._timeout = saved
             if self._hub is not None:
-                with self._hub.lock:
-                    self._hub.cq.req_notify()
+                self._hub.arm()
             fut = loop.create_future()
             fds = self._fds()
             for fd in fds:
@@ -166,13 +164,8 @@ class socket(SocketBase):
             finally:
                 for fd in fds:
                     loop.remove_reader(fd)
-                if self._hub is not None and self._hub.comp.fd in fds:
-                    with self._hub.lock:
-                        try:
-                            self._hub.comp.get_cq_event(self._hub.cq, timeout=0)
-                            self._hub.cq.ack_events(1)
-                        except PyverbsRDMAError:
-                            pass
+                if self._hub is not None and self._hub.fileno() in fds:
+                    self._hub.take_cq_event()
 
     async def arecv(self) -> bytes:
         """``recv`` for asyncio: awaits the next message without blocking the loop."""
