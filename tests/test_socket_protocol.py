@@ -59,11 +59,11 @@ def connect(net: SimNetwork, opts: Options, made: list
     child = CMID(ev, listen_id=lid)
     child.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT, opts.ack_timeout)
     cb = Connection(Hub(child.context, None), child, opts)
-    cb.set_peer(ev.private_data)
+    cb.save_conn_data(ev.private_data)
     child.accept(cb.conn_param())
     ev = next_event(net, cch)
     assert ev.event_type == E.RDMA_CM_EVENT_ESTABLISHED, ev.event_str()
-    ca.set_peer(ev.private_data)
+    ca.save_conn_data(ev.private_data)
     ca.established = True
     ev = next_event(net, sch)
     assert ev.event_type == E.RDMA_CM_EVENT_ESTABLISHED, ev.event_str()

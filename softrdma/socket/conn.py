@@ -29,6 +29,7 @@ from ..verbs_api import CQ, MR, PD, QPCap, QPInitAttr, SGE, CompChannel, RecvWR,
 from ..verbs_api.enums import (
     ibv_access_flags as A, ibv_qp_type, ibv_send_flags as F, ibv_wc_status as WS, ibv_wr_opcode as O,
 )
+from .base import wait_slice
 from .record import (
     CTRL_SLOTS, FEATURE_INLINE, MORE, RECORD_SIZE, Hello, ProtocolError, Record,
     RecordType as RT,
@@ -124,7 +125,7 @@ class Hub:
                     conn = self.conns.get(wc.qp_num)
                     if conn is not None:
                         conn.on_wc(wc)
-            while self.channel is not None and self.channel.channel.pending():
+            while self.channel is not None and self.channel.pending():
                 ev = CMEvent(self.channel, 0)
                 n += 1
                 self._on_cm(ev)
@@ -160,16 +161,26 @@ class Hub:
                     if conn is not None:
                         conn.on_wc(wc)
                 return
-        left = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+        left = wait_slice(deadline)
         fds = [self.comp.fd] + ([self.channel.fd] if self.channel is not None else [])
         r, _, _ = select.select(fds, [], [], left)
         if self.comp.fd in r:
-            with self.lock:
-                try:
-                    self.comp.get_cq_event(self.cq, timeout=0)
-                    self.cq.ack_events(1)
-                except PyverbsRDMAError:
-                    pass
+            self.take_cq_event()
+
+    def arm(self) -> None:
+        """Ask for the next completion's event (before waiting on :meth:`fileno`)."""
+        with self.lock:
+            self.cq.req_notify()
+
+    def take_cq_event(self) -> None:
+        """Take and acknowledge the completion event that made :meth:`fileno` readable
+        (none there is fine: another waiter took it)."""
+        with self.lock:
+            try:
+                self.comp.get_cq_event(self.cq, timeout=0)
+                self.cq.ack_events(1)
+            except PyverbsRDMAError:
+                pass
 
     def fileno(self) -> int:
         return self.comp.fd
@@ -248,14 +259,17 @@ class Connection:
     def hello(self) -> Hello:
         return Hello(self.opts.slots, self.opts.inline_max)
 
-    def conn_param(self) -> ConnParam:
+    def conn_param(self, req: Any = None) -> ConnParam:
+        """The REQ's parameters, or the REP's (``req``, the REQ's, are not echoed: each
+        side asks for what it can take) with our hello as private data."""
         data = self.hello().pack()
         cp = ConnParam(resources=ce.RDMA_MAX_RESP_RES, depth=ce.RDMA_MAX_INIT_DEPTH,
                        retry=self.opts.retry, rnr_retry=7, data_len=len(data))
         cp.set_private_data(data)
         return cp
 
-    def set_peer(self, private_data: bytes) -> None:
+    def save_conn_data(self, private_data: bytes) -> None:
+        """Take the peer's hello (ProtocolError, a ConnectionError, if malformed)."""
         self.peer = Hello.unpack(private_data)
         self.credits = self.peer.slots
 

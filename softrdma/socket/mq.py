@@ -37,6 +37,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, RAI_PASSIVE
 from ..rdmacm import enums as ce
+from .base import accept_request, wait_slice
 from .conn import Connection, Hub, Options
 
 __all__ = ["Receiver", "ReceivedMessage"]
@@ -80,8 +81,7 @@ class Receiver:
 
     @property
     def address(self) -> tuple[str, int]:
-        i = self.listener.id
-        return (str(i.local_ip) if i.local_ip is not None else "0.0.0.0", i.src_port)
+        return self.listener.local_addr
 
     @property
     def senders(self) -> list[tuple[str, int]]:
@@ -103,26 +103,16 @@ class Receiver:
     def _accept(self, ev: CMEvent) -> None:
         child = CMID(ev, listen_id=self.listener)
         hub = self._hub(child)
-        try:
-            child.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT,
-                             self.options.ack_timeout)
-            conn = Connection(hub, child, self.options)
-            conn.set_peer(ev.private_data)
-            child.accept(conn.conn_param())
-        except Exception:
-            try:
-                child.reject(b"")
-            except Exception:
-                pass
-            return
-        self.conns[id(conn)] = (conn, (str(child.id.dst_ip), child.id.dst_port))
+        conn = accept_request(child, ev, self.options.ack_timeout,
+                              lambda cmid: Connection(hub, cmid, self.options))
+        if conn is not None:
+            self.conns[id(conn)] = (conn, child.peer_addr)
 
     def progress(self) -> int:
         """Accept senders, move every connection, collect complete runs; returns how many
         things happened."""
         n = 0
-        ch = self.channel.channel
-        while ch.pending():
+        while self.channel.pending():
             ev = CMEvent(self.channel, 0)
             n += 1
             if ev.event_type == E.RDMA_CM_EVENT_CONNECT_REQUEST:
@@ -172,19 +162,12 @@ class Receiver:
     def _wait(self, deadline: float | None) -> None:
         fds = [self.channel.fd]
         for hub in self.hubs.values():
-            with hub.lock:
-                hub.cq.req_notify()
-            fds.append(hub.comp.fd)
-        left = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
-        r, _, _ = select.select(fds, [], [], left)
+            hub.arm()
+            fds.append(hub.fileno())
+        r, _, _ = select.select(fds, [], [], wait_slice(deadline))
         for hub in self.hubs.values():
-            if hub.comp.fd in r:
-                with hub.lock:
-                    try:
-                        hub.comp.get_cq_event(hub.cq, timeout=0)
-                        hub.cq.ack_events(1)
-                    except PyverbsRDMAError:
-                        pass
+            if hub.fileno() in r:
+                hub.take_cq_event()
 
     # ---- the application's side ---------------------------------------------------------
 

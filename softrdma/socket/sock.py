@@ -19,19 +19,17 @@ connection broke (the peer vanished: noticed within ~3 s, see docs/socket.md).
 from __future__ import annotations
 
 import asyncio
-import errno
 import time
 from typing import Any
 
-from ..errors import PyverbsRDMAError
-from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID
-from ..rdmacm import enums as ce
-from .base import SocketBase, check_address, os_error
+from ..rdmacm import CMEventChannel, CMID
+from .base import SocketBase
 from .conn import Connection, Hub, Message, Options
+from .record import Record, RecordType
+from .rsocket import RSocket
 
 __all__ = ["socket", "create_connection", "create_server", "CLOSE_TIMEOUT"]
 
-E = ce.rdma_cm_event_type
 #: how long ``close()`` waits for a live peer to take what was sent (SO_LINGER's role);
 #: a peer that vanished is noticed sooner (docs/socket.md, "Failures")
 CLOSE_TIMEOUT = 60.0
@@ -47,7 +45,6 @@ class socket(SocketBase):
 
     def __new__(cls, *args: Any, protocol: str = "softrdma", **kw: Any) -> Any:
         if protocol == "rsocket":
-            from .rsocket import RSocket
             return RSocket(*args, **kw)
         if protocol != "softrdma":
             raise ValueError(f"protocol must be 'softrdma' or 'rsocket', not {protocol!r}")
@@ -59,153 +56,19 @@ class socket(SocketBase):
         super().__init__(_conn, _hub, _peer)
         self.options = options or Options()
 
-    # ---- server -------------------------------------------------------------------------
+    # ---- the handshake's hooks (SocketBase) -------------------------------------------
 
-    def listen(self, backlog: int = 128) -> None:
-        self._check_open()
-        ch, cid = self._cm()
-        try:
-            cid.listen(backlog)
-        except PyverbsRDMAError as e:
-            raise os_error(e, "listen") from None
-        self._listening = True
-        self._backlog = backlog
+    def _make_hub(self, cmid: CMID, channel: CMEventChannel) -> Hub:
+        return Hub(cmid.context, channel)
 
-    def _listener_progress(self) -> None:
-        """Take connection requests off the channel; turn away what exceeds the backlog."""
-        ch = self._channel.channel
-        while ch.pending():
-            ev = CMEvent(self._channel, 0)
-            if ev.event_type == E.RDMA_CM_EVENT_CONNECT_REQUEST:
-                if len(self._pending) >= max(self._backlog, 1):
-                    CMID(ev, listen_id=self._id).reject(b"backlog")
-                else:
-                    self._pending.append(ev)
-        if self._hub is not None:
-            self._hub.progress()
+    def _make_conn(self, hub: Hub, cmid: CMID) -> Connection:
+        return Connection(hub, cmid, self.options)
 
     def accept(self) -> tuple["socket", tuple[str, int]]:
         """Wait for a connection; return a connected socket and the peer's (ip, port)."""
-        self._check_open()
-        if not self._listening:
-            raise OSError(errno.EINVAL, "accept: the socket is not listening")
-        deadline = self._deadline()
-        while True:
-            self._listener_progress()
-            while self._pending:
-                ev = self._pending.popleft()
-                sock = self._accept_one(ev, deadline)
-                if sock is not None:
-                    return sock, sock._peer
-            self._expired(deadline, "accept")
-            self._channel.channel.wait(0.25 if deadline is None
-                                       else min(0.25, deadline - time.monotonic()))
-
-    def _hub_for(self, cmid: CMID, channel: CMEventChannel) -> Hub:
-        return Hub(cmid.context, channel)
-
-    def _accept_one(self, ev: CMEvent, deadline: float | None) -> "socket | None":
-        child = CMID(ev, listen_id=self._id)
-        channel = CMEventChannel()  # the new connection's events come to its own hub
-        channel.channel.adopt(child.id)
-        hub = self._hub_for(child, channel)
-        try:
-            # the passive QP's ACK timeout is the REQ's (19: 2 s) unless set, as on Linux
-            child.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT,
-                             self.options.ack_timeout)
-            conn = Connection(hub, child, self.options)
-            conn.set_peer(ev.private_data)
-            child.accept(conn.conn_param())
-        except Exception:
-            try:
-                child.reject(b"")
-            except Exception:
-                pass
-            hub.close()
-            channel.close()
-            return None
-        peer = (str(child.id.dst_ip), child.id.dst_port)
-        sock = socket(options=self.options, _conn=conn, _hub=hub, _peer=peer)
-        sock._channel = channel
-        sock._timeout = self._timeout
-        while not conn.established and conn.error is None:
-            hub.progress()
-            if conn.established or conn.error is not None:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            hub.wait(deadline)
-        if conn.error is not None:
-            sock.close()
-            return None
-        return sock
-
-    # ---- client -------------------------------------------------------------------------
-
-    def connect(self, address: tuple[str, int]) -> None:
-        """Resolve, connect, and return once the connection is ESTABLISHED."""
-        self._check_open()
-        host, port = check_address(address, "connect")
-        ch, cid = self._cm()
-        deadline = self._deadline()
-        try:
-            cid.resolve_addr(AddrInfo(dst=host, dst_service=str(port)))
-            self._expect(E.RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "connect")
-            cid.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT,
-                           self.options.ack_timeout)
-            cid.resolve_route()
-            self._expect(E.RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "connect")
-        except PyverbsRDMAError as e:
-            raise os_error(e, "connect") from None
-        hub = Hub(cid.context, ch)
-        conn = Connection(hub, cid, self.options)
-        self._hub, self._conn = hub, conn
-        try:
-            cid.connect(conn.conn_param())
-        except PyverbsRDMAError as e:
-            raise os_error(e, "connect") from None
-        while True:
-            ch_ = ch.channel
-            if ch_.pending():
-                ev = CMEvent(ch, 0)
-                if ev.event_type == E.RDMA_CM_EVENT_ESTABLISHED:
-                    try:
-                        conn.set_peer(ev.private_data)
-                    except ConnectionError as e:
-                        self.close()
-                        raise ConnectionRefusedError(errno.ECONNREFUSED, str(e)) from None
-                    conn.established = True
-                    conn.pump()
-                    self._peer = (host, port)
-                    return
-                status = f"{ev.event_str()} (status {ev.status})"
-                self.close()
-                if ev.event_type == E.RDMA_CM_EVENT_REJECTED:
-                    raise ConnectionRefusedError(errno.ECONNREFUSED,
-                                                 f"connect to {host}:{port}: {status}")
-                raise ConnectionError(errno.EHOSTUNREACH, f"connect to {host}:{port}: {status}")
-            if deadline is not None and time.monotonic() >= deadline:
-                self.close()
-                raise TimeoutError(errno.ETIMEDOUT, f"connect to {host}:{port}: timed out")
-            ch_.wait(0.25 if deadline is None else min(0.25, deadline - time.monotonic()))
-
-    def _expect(self, want: int, deadline: float | None, what: str) -> None:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            ev = CMEvent(self._channel, left)
-        except PyverbsRDMAError:
-            raise TimeoutError(errno.ETIMEDOUT, f"{what}: timed out") from None
-        if ev.event_type != want:
-            raise ConnectionError(errno.EHOSTUNREACH,
-                                  f"{what}: {ev.event_str()} (status {ev.status})")
+        return super().accept()
 
     # ---- data -----------------------------------------------------------------------------
-
-    def _connected(self) -> Connection:
-        self._check_open()
-        if self._conn is None:
-            raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
-        return self._conn
 
     def send(self, data: bytes | bytearray | memoryview, more: bool = False) -> int:
         """Send ``data`` as one message (``more``: a frame, another follows); returns its
@@ -269,21 +132,10 @@ class socket(SocketBase):
 
     # ---- select and asyncio ---------------------------------------------------------------
 
-    def fileno(self) -> int:
-        """A descriptor that becomes readable when there may be work: a completion (for a
-        connected socket) or a connection request (for a listening one). After it
-        fires, ``recv``/``accept`` may still find a message incomplete and, when
-        non-blocking, raise BlockingIOError."""
-        if self._hub is not None:
-            return self._hub.fileno()
-        if self._channel is not None:
-            return self._channel.fd
-        return -1
-
     def _fds(self) -> list[int]:
         fds = []
         if self._hub is not None:
-            fds += [self._hub.comp.fd, self._hub.channel.fd]
+            fds += [self._hub.fileno(), self._hub.channel.fd]
         if self._channel is not None and self._channel.fd not in fds:
             fds.append(self._channel.fd)
         return fds
@@ -300,8 +152,7 @@ class socket(SocketBase):
             finally:
                 self._timeout = saved
             if self._hub is not None:
-                with self._hub.lock:
-                    self._hub.cq.req_notify()
+                self._hub.arm()
             fut = loop.create_future()
             fds = self._fds()
             for fd in fds:
@@ -313,13 +164,8 @@ class socket(SocketBase):
             finally:
                 for fd in fds:
                     loop.remove_reader(fd)
-                if self._hub is not None and self._hub.comp.fd in fds:
-                    with self._hub.lock:
-                        try:
-                            self._hub.comp.get_cq_event(self._hub.cq, timeout=0)
-                            self._hub.cq.ack_events(1)
-                        except PyverbsRDMAError:
-                            pass
+                if self._hub is not None and self._hub.fileno() in fds:
+                    self._hub.take_cq_event()
 
     async def arecv(self) -> bytes:
         """``recv`` for asyncio: awaits the next message without blocking the loop."""
@@ -339,28 +185,11 @@ class socket(SocketBase):
         if self._closed:
             return
         self._closed = True
-        conn, hub = self._conn, self._hub
-        if conn is not None and hub is not None:
-            try:
-                self._goodbye(conn, hub)
-            finally:
-                try:
-                    conn.cmid.disconnect()
-                except Exception:
-                    pass
-                conn.release()
-        for ev in self._pending:
-            try:
-                CMID(ev, listen_id=self._id).reject(b"")
-            except Exception:
-                pass
-        self._pending.clear()
-        if hub is not None:
-            hub.close()
-        if self._id is not None and (conn is None or conn.cmid is not self._id):
-            self._id.close()
-        if self._channel is not None:
-            self._channel.close()
+        try:
+            if self._conn is not None and self._hub is not None:
+                self._goodbye(self._conn, self._hub)
+        finally:
+            self._free()
 
     def _goodbye(self, conn: Connection, hub: Hub) -> None:
         if conn.error is not None or conn.disconnected or not conn.established:
@@ -369,7 +198,6 @@ class socket(SocketBase):
         while time.monotonic() < deadline and conn.error is None and not conn.disconnected:
             hub.progress()
             if not conn.txq and not conn.local_closed:
-                from .record import Record, RecordType
                 if conn.send_control(Record(RecordType.CLOSE)):
                     conn.local_closed = True
             if conn.local_closed and conn.idle_tx():
@@ -377,9 +205,7 @@ class socket(SocketBase):
             hub.wait(deadline)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "listening" if self._listening else \
-            "connected" if self._conn is not None else "unconnected"
-        return f"<softrdma.socket {state} {self.getsockname()}>"
+        return f"<softrdma.socket {self._state()} {self.getsockname()}>"
 
 
 def create_connection(address: tuple[str, int], timeout: float | None = _UNSET, *,

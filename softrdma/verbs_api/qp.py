@@ -584,6 +584,13 @@ class QP(Resource):
     def __repr__(self) -> str:
         return f"<QP {self.qp_type.name.removeprefix('IBV_QPT_')} 0x{self.qp_num:x} {S(self.state).name}>"
 
+    @property
+    def duplicate_requests(self) -> int | None:
+        """Duplicate requests this QP's responder answered (rxe's duplicate count); None
+        where the backend does not count them."""
+        resp = getattr(getattr(self, "engine", None), "resp", None)
+        return getattr(resp, "duplicates", None)
+
 
 def _roundup_pow2(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()

@@ -252,7 +252,7 @@ def _lost_close_ack(addr: str, port: int, lost_retransmissions: int = 0) -> None
     finally:
         dev.send_packet = send_packet
     assert dropped, "the DISCONNECT's ACK was never sent"
-    assert active.err is None, f"the active close failed: {active.err!r}"
+    assert active.error is None, f"the active close failed: {active.error!r}"
     assert passive.qp.engine.resp.duplicates >= 1, "no retransmitted DISCONNECT was answered"
     assert len(sent_disconnects) >= 2 + lost_retransmissions
 

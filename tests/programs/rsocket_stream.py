@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from softrdma import socket as rsock  # noqa: E402
-from softrdma.socket.rsocket import _CONNECTED, RSOptions  # noqa: E402
+from softrdma.socket.rsconn import RS_CONNECTED, RSOptions  # noqa: E402
 
 PAT = bytes(range(256)) * 2
 
@@ -133,9 +133,9 @@ def riostream(s, args, client: bool) -> int:
             # a peer that went away (DISCONNECT, DREQ, a failed send) never writes the
             # marker: say so at once. Its writes are placed before its DISCONNECT's
             # completion (RC order), so the marker is looked at once more first.
-            if (not conn.state & _CONNECTED or conn.err) and mem[size - 1] != marker:
+            if (not conn.state & RS_CONNECTED or conn.error) and mem[size - 1] != marker:
                 raise SystemExit(f"the peer went away before marker {marker} (last byte "
-                                 f"{mem[size - 1]}, state {conn.state:#x}, {conn.err})")
+                                 f"{mem[size - 1]}, state {conn.state:#x}, {conn.error})")
             if time.monotonic() - t0 > args.timeout:
                 raise SystemExit(f"marker {marker} never came (last byte {mem[size - 1]})")
         if args.verify:
