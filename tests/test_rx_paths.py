@@ -33,6 +33,10 @@ from softrdma.harness.sim import SimNetwork
 from softrdma.harness.testing import connected_pair
 from softrdma.qp.responder import Responder
 from softrdma.verbs_api import QPAttr
+from softrdma.wire.headers import (
+    BTH_ACK, BTH_ACK_OFFSET, BTH_FLAGS_OFFSET, BTH_OPCODE_OFFSET, BTH_PAD_MASK, BTH_PAD_SHIFT,
+    BTH_PKEY_OFFSET, BTH_PSN_OFFSET, BTH_QPN_OFFSET, BTH_TVER_MASK,
+)
 from softrdma.wire.icrc import icrc_ipv4
 from softrdma.wire.opcodes import Opcode as O
 from softrdma.wire.packet import build, parse
@@ -263,3 +267,18 @@ def test_a_clean_train_takes_the_shortcut_and_lands_as_its_packets(monkeypatch):
             sent = b"".join(bytes((k * 7 + i) & 0xFF for i in range(MTU if k < 5 else 100))
                             for k in range(6))
             assert whole["memory"][at:at + len(sent)] == sent
+
+
+def test_the_bth_offsets_the_receive_path_reads_are_the_fields_parse_decodes():
+    """softrdma.soft.rx reads the BTH from bytes at wire.headers' offsets: each offset
+    holds the field parse decodes (the QPN runs up to the AckReq byte)."""
+    p = bytes(build(O.UC_SEND_MIDDLE, psn=0xABCDEF, dest_qp=0x123456, pkey=0x7ACE, tver=5,
+                    ackreq=True, fecn=True, resv7=0x11, payload=b"xy"))
+    d = parse(p)
+    assert p[BTH_OPCODE_OFFSET] == d.opcode == O.UC_SEND_MIDDLE
+    assert (p[BTH_FLAGS_OFFSET] & BTH_PAD_MASK) >> BTH_PAD_SHIFT == d.pad == 2
+    assert p[BTH_FLAGS_OFFSET] & BTH_TVER_MASK == d.tver == 5
+    assert int.from_bytes(p[BTH_PKEY_OFFSET:BTH_PKEY_OFFSET + 2], "big") == d.pkey == 0x7ACE
+    assert int.from_bytes(p[BTH_QPN_OFFSET:BTH_ACK_OFFSET], "big") == d.dest_qp == 0x123456
+    assert bool(p[BTH_ACK_OFFSET] << 24 & BTH_ACK) == d.ackreq is True
+    assert int.from_bytes(p[BTH_PSN_OFFSET:BTH_PSN_OFFSET + 3], "big") == d.psn == 0xABCDEF
