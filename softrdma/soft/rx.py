@@ -13,8 +13,7 @@ import struct
 from typing import Any
 
 from ..completion import AsyncEvent
-from ..enums import (ibv_event_type, ibv_qp_state as S,
-                     ibv_qp_type as T)
+from ..enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T
 from ..wire.frames import ip_checksum
 from ..wire.headers import (
     BTH_ACK_OFFSET, BTH_FLAGS_OFFSET, BTH_OPCODE_OFFSET, BTH_PAD_MASK, BTH_PKEY_OFFSET,
@@ -182,10 +181,10 @@ def receive_train(dev: Any, parts: list, src_ip: bytes, dst_ip: bytes, sport: in
 
     Each packet gets exactly what :func:`receive_packet` would give it, but a run of
     MIDDLE packets of the message a QP is receiving is checked as a run: the first packet
-    by the same :func:`drop_reason` as every packet on the other path,
-    the rest by :func:`next_middle` (the first one's header bytes again, the next PSN, no
-    AckReq, a full MTU), the ICRC of each; the responder says whether it expects such a
-    MIDDLE (:meth:`Responder.expects_middle`) and executes the run in one call
+    by the :func:`drop_reason` every packet gets on the other path, the rest by
+    :func:`next_middle` (the first one's header bytes again, the next PSN, no AckReq, a
+    full MTU), the ICRC of each; the responder says whether it expects such a MIDDLE
+    (:meth:`Responder.expects_middle`) and executes the run in one call
     (:meth:`Responder.take_middles`). Anything else, and any packet the shortcut stops at,
     goes through :func:`receive_packet`. ``ip_ids`` are the packets' IPv4 IDs when known
     (the ICRC covers them; default 0). Callers use this only when no capture, trace or
