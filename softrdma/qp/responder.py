@@ -350,13 +350,18 @@ class Responder:
                 self.wqe_offset += mtu
                 done += 1
         if done:
-            self.psn = psn_add(self.psn, done)
-            self.ack_psn = self.psn
-            self.opcode = op
-            self.status = _SUCCESS
+            # what on_request's start and its RC PSN check set, then _execute's ending
             self.syndrome = AETH_ACK_UNLIMITED
             self.sent_psn_nak = False
+            self._executed(psn_add(self.psn, done - 1), op)
         return done
+
+    def _executed(self, psn: int, opcode: int) -> None:
+        """A request up to PSN ``psn`` (of ``opcode``) executed: the next one is expected."""
+        self.psn = psn_add(psn, 1)
+        self.ack_psn = self.psn
+        self.opcode = opcode
+        self.status = _SUCCESS
 
     def _check_op_seq(self, pkt: Any, rc: bool) -> None:
         if self.qp.qp_type == _UD_QP:
@@ -482,10 +487,7 @@ class Responder:
                 return
         if info.last:
             self.msn += 1
-        self.psn = psn_add(pkt.psn, 1)
-        self.ack_psn = self.psn
-        self.opcode = pkt.opcode
-        self.status = _SUCCESS
+        self._executed(pkt.psn, pkt.opcode)
         if info.completes:
             self._complete(pkt)
         elif qp.qp_type == _RC_QP:
@@ -608,10 +610,7 @@ class Responder:
             value = (value + pkt.swap_add) & 0xFFFFFFFFFFFFFFFF
         mem[:] = _U64.pack(value)
         self.msn += 1
-        self.psn = psn_add(pkt.psn, 1)
-        self.ack_psn = self.psn
-        self.opcode = pkt.opcode
-        self.status = _SUCCESS
+        self._executed(pkt.psn, pkt.opcode)
         self._send(O.RC_ATOMIC_ACKNOWLEDGE, pkt.psn, orig=res.orig)
 
     def _find_resource(self, psn: int) -> RespResource | None:
