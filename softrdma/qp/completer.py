@@ -44,11 +44,10 @@ _U64 = struct.Struct("<Q")  # atomics are host-order (little-endian) 64-bit word
 
 
 class Completer:
-    __slots__ = ("eng", "qp", "psn", "opcode", "retry_cnt", "rnr_retry", "started_retry")
+    __slots__ = ("qp", "psn", "opcode", "retry_cnt", "rnr_retry", "started_retry")
 
-    def __init__(self, eng: "QpEngine") -> None:
-        self.eng = eng
-        self.qp = eng  # the QP is its engine (rxe: struct rxe_qp)
+    def __init__(self, qp: "QpEngine") -> None:
+        self.qp = qp  # the QP engine (rxe: struct rxe_qp)
         self.reset()
 
     def reset(self) -> None:
@@ -76,14 +75,14 @@ class Completer:
         sq = qp.sq
         if sq and sq[0] is wqe:
             sq.popleft()
-            req = self.eng.req
+            req = self.qp.req
             if req.wqe_index > 0:
                 req.wqe_index -= 1
         if wqe.status == WCS.IBV_WC_SUCCESS:
-            dev = self.eng.device
+            dev = self.qp.device
             if wqe.opcode in (W.IBV_WR_SEND, W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV):
                 dev.counters.rdma_sends += 1
-        req = self.eng.req
+        req = self.qp.req
         if wqe.has_rd_atomic:
             wqe.has_rd_atomic = False
             req.rd_atomic += 1
@@ -115,7 +114,6 @@ class Completer:
     def on_response(self, pkt: Any) -> None:
         """Handle one ACK / NAK / read response / atomic ACK (rxe_completer for a packet)."""
         qp = self.qp
-        eng = self.eng
         while True:
             sq = qp.sq
             # get_wqe
@@ -142,7 +140,7 @@ class Completer:
                         self.psn = psn_add(wqe.last_psn, 1)
                         self.opcode = -1
                     self.do_complete(wqe)
-                    eng.req_wake()
+                    qp.req_wake()
                     continue
                 return
             diff = psn_diff(pkt.psn, self.psn)
@@ -159,7 +157,7 @@ class Completer:
             return
 
     def _check_ack(self, wqe: SendWqe, pkt: Any) -> None:
-        eng = self.eng
+        qp = self.qp
         op = pkt.opcode
         info = pkt.info
         # sequence of read responses
@@ -188,7 +186,7 @@ class Completer:
                 return
             self.reset_retry_counters()
             try:
-                scatter(eng.device.keys, self.qp.pd, wqe.sges, 0, _U64.pack(pkt.orig))
+                scatter(qp.device.keys, qp.pd, wqe.sges, 0, _U64.pack(pkt.orig))
             except (AccessError, NoSpace):
                 self._fail(wqe, WCS.IBV_WC_LOC_PROT_ERR)
                 return
@@ -211,16 +209,16 @@ class Completer:
                     self._update_comp(pkt)
                 return
             if kind == _RNR_NAK:
-                eng.device.counters.rcvd_rnr_err += 1
+                qp.device.counters.rcvd_rnr_err += 1
                 self.rnr_retry_step(wqe, syn & _AETH_VALUE)
                 return
             if kind == _NAK:
                 if syn == NakCode.PSN_SEQ_ERROR:
                     # a NAK implicitly acknowledges every PSN before the one it names
                     if psn_diff(pkt.psn, self.psn) > 0:
-                        eng.device.counters.rcvd_seq_err += 1
+                        qp.device.counters.rcvd_seq_err += 1
                         self.psn = pkt.psn
-                        eng.req_wake()
+                        qp.req_wake()
                     self.error_retry(wqe, timeout=False)
                     return
                 self._fail(wqe, _NAK_STATUS.get(syn, WCS.IBV_WC_REM_OP_ERR))
@@ -230,7 +228,7 @@ class Completer:
     def _do_read(self, wqe: SendWqe, pkt: Any) -> None:
         data = pkt.payload
         try:
-            scatter(self.eng.device.keys, self.qp.pd, wqe.sges, wqe.read_bytes, data)
+            scatter(self.qp.device.keys, self.qp.pd, wqe.sges, wqe.read_bytes, data)
         except (AccessError, NoSpace):
             self._fail(wqe, WCS.IBV_WC_LOC_PROT_ERR)
             return
@@ -246,13 +244,13 @@ class Completer:
         if psn_diff(pkt.psn, self.psn) >= 0:
             self._update_comp(pkt)
         else:
-            self.eng.req_wake()
+            self.qp.req_wake()
 
     def _update_comp(self, pkt: Any) -> None:
         self.opcode = -1 if pkt.info.last else pkt.opcode
         if psn_diff(pkt.psn, self.psn) >= 0:
             self.psn = psn_add(pkt.psn, 1)
-        self.eng.req_wake()
+        self.qp.req_wake()
 
     # -- retries ---------------------------------------------------------------------------
     def on_timeout(self) -> None:
@@ -267,50 +265,50 @@ class Completer:
         self.error_retry(wqe, timeout=True)
 
     def error_retry(self, wqe: SendWqe, timeout: bool) -> None:
-        eng = self.eng
+        qp = self.qp
         why = "timeout" if timeout else "PSN sequence NAK"
         if self.started_retry and not timeout:
-            if eng.device.trace is not None:
-                eng.trace("retry", f"{why} for PSN {self.psn} ignored: a retry is already "
-                                   "under way (rxe: comp.started_retry)", why=why,
-                          psn=self.psn, action="ignored")
+            if qp.device.trace is not None:
+                qp.trace("retry", f"{why} for PSN {self.psn} ignored: a retry is already "
+                                  "under way (rxe: comp.started_retry)", why=why,
+                         psn=self.psn, action="ignored")
             return  # one retry sequence at a time, unless the timer says it failed
         if self.retry_cnt > 0:
             if self.retry_cnt != 7:  # rxe treats 7 as infinite, like rnr_retry
                 self.retry_cnt -= 1
-            if eng.device.trace is not None:
+            if qp.device.trace is not None:
                 left = "unlimited" if self.retry_cnt == 7 else str(self.retry_cnt)
-                eng.trace("retry", f"go back to PSN {self.psn}: {why} (retries left: {left})",
-                          why=why, psn=self.psn, retries_left=self.retry_cnt,
-                          action="go-back-n")
-            if psn_diff(eng.req.psn, self.psn) > 0:
-                eng.device.counters.completer_retry_err += 1
-                eng.req.need_retry = True
+                qp.trace("retry", f"go back to PSN {self.psn}: {why} (retries left: {left})",
+                         why=why, psn=self.psn, retries_left=self.retry_cnt,
+                         action="go-back-n")
+            if psn_diff(qp.req.psn, self.psn) > 0:
+                qp.device.counters.completer_retry_err += 1
+                qp.req.need_retry = True
                 self.started_retry = True
-                eng.req_wake()
+                qp.req_wake()
             return
-        eng.device.counters.retry_exceeded_err += 1
-        if eng.device.trace is not None:
-            eng.trace("retry", f"{why}: retry_cnt exhausted, the WQE fails with "
-                               "RETRY_EXC_ERR", why=why, psn=self.psn, action="exhausted")
+        qp.device.counters.retry_exceeded_err += 1
+        if qp.device.trace is not None:
+            qp.trace("retry", f"{why}: retry_cnt exhausted, the WQE fails with "
+                              "RETRY_EXC_ERR", why=why, psn=self.psn, action="exhausted")
         self._fail(wqe, WCS.IBV_WC_RETRY_EXC_ERR)
 
     def rnr_retry_step(self, wqe: SendWqe, timer_code: int) -> None:
-        eng = self.eng
+        qp = self.qp
         if self.rnr_retry > 0:
             if self.rnr_retry != 7:
                 self.rnr_retry -= 1
-            if eng.device.trace is not None:
-                eng.trace("retry", f"RNR NAK for PSN {self.psn}: wait "
-                                   f"{rnr_nak_seconds(timer_code):.6f} s, then retry",
-                          why="RNR NAK", psn=self.psn, retries_left=self.rnr_retry,
-                          action="rnr-wait")
-            eng.req.wait_for_rnr_timer = True
-            eng.arm_rnr(rnr_nak_seconds(timer_code))
+            if qp.device.trace is not None:
+                qp.trace("retry", f"RNR NAK for PSN {self.psn}: wait "
+                                  f"{rnr_nak_seconds(timer_code):.6f} s, then retry",
+                         why="RNR NAK", psn=self.psn, retries_left=self.rnr_retry,
+                         action="rnr-wait")
+            qp.req.wait_for_rnr_timer = True
+            qp.arm_rnr(rnr_nak_seconds(timer_code))
             return
-        eng.device.counters.retry_rnr_exceeded_err += 1
-        if eng.device.trace is not None:
-            eng.trace("retry", "RNR NAK: rnr_retry exhausted, the WQE fails with "
-                               "RNR_RETRY_EXC_ERR", why="RNR NAK", psn=self.psn,
-                      action="exhausted")
+        qp.device.counters.retry_rnr_exceeded_err += 1
+        if qp.device.trace is not None:
+            qp.trace("retry", "RNR NAK: rnr_retry exhausted, the WQE fails with "
+                              "RNR_RETRY_EXC_ERR", why="RNR NAK", psn=self.psn,
+                     action="exhausted")
         self._fail(wqe, WCS.IBV_WC_RNR_RETRY_EXC_ERR)

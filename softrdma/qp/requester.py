@@ -23,8 +23,8 @@ from ..enums import (
     ibv_event_type, ibv_qp_state as S, ibv_qp_type as T, ibv_send_flags as F,
     ibv_wc_status as WCS, ibv_wr_opcode as W,
 )
-from ..wire.headers import BTH, BTH_ACK, BTH_PSN_MASK, BTH_QPN_MASK, DEFAULT_PKEY
-from ..wire.opcodes import BTH_SIZE, ICRC_SIZE, OPCODE_LIST, Opcode as O
+from ..wire.headers import BTH_PSN_MASK
+from ..wire.opcodes import OPCODE_LIST, Opcode as O, Transport
 from ..wire.packet import REQUEST_BUILDERS
 from .dma import gather
 from .memory import AccessError
@@ -38,7 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Requester"]
 
-_pack_bth = BTH.struct.pack_into  # opcode, flags, P_Key, FECN..DestQP, AckReq..PSN
 _FENCE = int(F.IBV_SEND_FENCE)  # plain ints: IntFlag '&' is a Python call per packet
 _SOLICITED = int(F.IBV_SEND_SOLICITED)
 _READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
@@ -46,7 +45,8 @@ _LOCAL = {W.IBV_WR_LOCAL_INV, W.IBV_WR_BIND_MW}
 _SENDS = {W.IBV_WR_SEND, W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV}
 _WRITES = {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM}
 
-# (first-or-only opcode choice, continuation choice) per WR opcode, RC numbering; UC = +0x20.
+# (first-or-only opcode choice, continuation choice) per WR opcode, RC numbering; a UC
+# opcode is the RC one with the UC transport bits (_UC) added.
 #   fits -> (ONLY, LAST); not fits -> (FIRST, MIDDLE)
 _SEQ = {
     W.IBV_WR_SEND: ((O.RC_SEND_ONLY, O.RC_SEND_FIRST), (O.RC_SEND_LAST, O.RC_SEND_MIDDLE)),
@@ -59,18 +59,23 @@ _SEQ = {
     W.IBV_WR_RDMA_WRITE_WITH_IMM: ((O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, O.RC_RDMA_WRITE_FIRST),
                                    (O.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE, O.RC_RDMA_WRITE_MIDDLE)),
 }
+_UC = int(Transport.UC)
+# plain names for the members tested per packet (an Enum member lookup costs each time)
+_RTS, _SQD = S.IBV_QPS_RTS, S.IBV_QPS_SQD
+_RC_QP, _UC_QP, _UD_QP = T.IBV_QPT_RC, T.IBV_QPT_UC, T.IBV_QPT_UD
+_POSTED, _PROCESSING, _PENDING, _DONE, _ERROR = (
+    WqeState.POSTED, WqeState.PROCESSING, WqeState.PENDING, WqeState.DONE, WqeState.ERROR)
 _CONTINUES = {O.RC_SEND_FIRST, O.RC_SEND_MIDDLE, O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE,
               O.UC_SEND_FIRST, O.UC_SEND_MIDDLE, O.UC_RDMA_WRITE_FIRST, O.UC_RDMA_WRITE_MIDDLE}
 
 
 class Requester:
-    __slots__ = ("eng", "qp", "psn", "opcode", "wqe_index", "noack_pkts", "rd_atomic",
+    __slots__ = ("qp", "psn", "opcode", "wqe_index", "noack_pkts", "rd_atomic",
                  "need_retry", "wait_for_rnr_timer", "wait_fence", "wait_psn", "need_rd_atomic",
                  "drained_sent")
 
-    def __init__(self, eng: "QpEngine") -> None:
-        self.eng = eng
-        self.qp = eng  # the QP is its engine (rxe: struct rxe_qp)
+    def __init__(self, qp: "QpEngine") -> None:
+        self.qp = qp  # the QP engine (rxe: struct rxe_qp)
         self.reset()
 
     def reset(self) -> None:
@@ -90,32 +95,50 @@ class Requester:
     def _next_opcode(self, wqe: SendWqe, fits: bool) -> int:
         qpt = self.qp.qp_type
         op = wqe.opcode
-        if qpt == T.IBV_QPT_UD:
+        if qpt == _UD_QP:
             if op == W.IBV_WR_SEND:
                 return O.UD_SEND_ONLY
             if op == W.IBV_WR_SEND_WITH_IMM:
                 return O.UD_SEND_ONLY_WITH_IMMEDIATE
             return -1
         if op == W.IBV_WR_RDMA_READ:
-            return O.RC_RDMA_READ_REQUEST if qpt == T.IBV_QPT_RC else -1
+            return O.RC_RDMA_READ_REQUEST if qpt == _RC_QP else -1
         if op == W.IBV_WR_ATOMIC_CMP_AND_SWP:
-            return O.RC_COMPARE_SWAP if qpt == T.IBV_QPT_RC else -1
+            return O.RC_COMPARE_SWAP if qpt == _RC_QP else -1
         if op == W.IBV_WR_ATOMIC_FETCH_AND_ADD:
-            return O.RC_FETCH_ADD if qpt == T.IBV_QPT_RC else -1
+            return O.RC_FETCH_ADD if qpt == _RC_QP else -1
         seq = _SEQ.get(op)
         if seq is None:
             return -1
-        if qpt == T.IBV_QPT_UC and op == W.IBV_WR_SEND_WITH_INV:
+        if qpt == _UC_QP and op == W.IBV_WR_SEND_WITH_INV:
             return -1  # rxe's next_opcode_uc has no SEND_WITH_INV: LOC_QP_OP_ERR
         cont = self.opcode in _CONTINUES
         code = seq[1][0 if fits else 1] if cont else seq[0][0 if fits else 1]
-        return code + (0x20 if qpt == T.IBV_QPT_UC else 0)
+        return code + (_UC if qpt == _UC_QP else 0)
 
     def _fenced(self, wqe: SendWqe) -> bool:
         if wqe.opcode == W.IBV_WR_LOCAL_INV:
             return self.wqe_index != 0  # everything before it must have completed
         return bool(wqe.send_flags & _FENCE) and \
             self.rd_atomic != self.qp.attr.max_rd_atomic
+
+    def _window_room(self) -> int:
+        """How many more PSNs an RC requester may send before the unacknowledged window
+        closes: ``self.psn`` may run RXE_MAX_UNACKED_PSNS past the completer's PSN."""
+        return 1 - psn_diff(self.psn, psn_add(self.qp.comp.psn, RXE_MAX_UNACKED_PSNS))
+
+    def _ackreq(self, last: bool, rc: bool) -> bool:
+        """Whether the next packet asks for an ACK (rxe's need-ack rule), counting the
+        packets sent without: an RC message's last packet does, and one packet in every
+        RXE_MAX_PKT_PER_ACK + 2 of a long message; UC never does."""
+        if last or not rc:
+            self.noack_pkts = 0
+            return rc
+        self.noack_pkts += 1
+        if self.noack_pkts > RXE_MAX_PKT_PER_ACK + 1:
+            self.noack_pkts = 0
+            return True
+        return False
 
     def _check_init_depth(self, wqe: SendWqe) -> bool:
         if wqe.has_rd_atomic:
@@ -132,24 +155,23 @@ class Requester:
     def run(self) -> None:
         """Send as many packets as the gates allow (rxe_requester)."""
         qp = self.qp
-        eng = self.eng
         sq = qp.sq
-        rc = qp.qp_type == T.IBV_QPT_RC
+        rc = qp.qp_type == _RC_QP
         while True:
             st = qp.state
-            if st != S.IBV_QPS_RTS and st != S.IBV_QPS_SQD:
+            if st != _RTS and st != _SQD:
                 return
             if self.need_retry and not self.wait_for_rnr_timer:
                 self.retry()
                 self.need_retry = False
-                if eng.device.trace is not None:
-                    eng.trace("retry", f"retransmitting from PSN {self.psn}",
-                              psn=self.psn, action="retransmit")
+                if qp.device.trace is not None:
+                    qp.trace("retry", f"retransmitting from PSN {self.psn}",
+                             psn=self.psn, action="retransmit")
             if self.wqe_index >= len(sq):
                 self._check_drained()
                 return
             wqe = sq[self.wqe_index]
-            if st == S.IBV_QPS_SQD and wqe.state == WqeState.POSTED:
+            if st == _SQD and wqe.state == _POSTED:
                 # SQD: messages already under way finish; nothing new starts (rxe DRAIN)
                 self._check_drained()
                 return
@@ -159,10 +181,10 @@ class Requester:
             if wqe.opcode in _LOCAL:
                 self._do_local_op(wqe)
                 continue
-            if rc and psn_diff(self.psn, psn_add(eng.comp.psn, RXE_MAX_UNACKED_PSNS)) > 0:
+            if rc and self._window_room() <= 0:
                 self.wait_psn = True
                 return
-            mtu = eng.mtu()
+            mtu = qp.mtu()
             resid = wqe.length - wqe.offset
             opcode = self._next_opcode(wqe, resid <= mtu)
             if opcode < 0:
@@ -182,14 +204,14 @@ class Requester:
                 continue
             payload = resid if (info.send or info.write) else 0
             if payload > mtu:
-                if qp.qp_type == T.IBV_QPT_UD:
+                if qp.qp_type == _UD_QP:
                     # C10-93.1.1: a UD message over the MTU is not sent, and not an error.
                     wqe.first_psn = wqe.last_psn = self.psn
                     self.psn = psn_add(self.psn, 1)
                     self.opcode = O.UD_SEND_ONLY
                     self.wqe_index += 1
-                    wqe.state = WqeState.DONE
-                    eng.comp.retire()
+                    wqe.state = _DONE
+                    qp.comp.retire()
                     continue
                 payload = mtu
             try:
@@ -199,9 +221,9 @@ class Requester:
                 return
             # update_wqe_state / update_wqe_psn / update_state
             if info.last:
-                wqe.state = WqeState.PENDING if rc else WqeState.DONE
+                wqe.state = _PENDING if rc else _DONE
             else:
-                wqe.state = WqeState.PROCESSING
+                wqe.state = _PROCESSING
             if info.first:
                 npkts = max(1, -(-(wqe.length - (wqe.read_bytes if info.read else wqe.offset)) // mtu))
                 wqe.first_psn = self.psn
@@ -215,26 +237,25 @@ class Requester:
             self.opcode = opcode
             if info.last:
                 self.wqe_index += 1
-            dst = wqe.av.dst_ip if wqe.av is not None else eng.dst_ip
-            eng.device.send_packet(qp, pkt, dst)
+            dst = wqe.av.dst_ip if wqe.av is not None else qp.dst_ip
+            qp.device.send_packet(qp, pkt, dst)
             if rc:
-                eng.arm_retrans_if_idle()
+                qp.arm_retrans_if_idle()
             elif info.last:
-                eng.comp.retire()
+                qp.comp.retire()
 
     def _send_middles(self, wqe: SendWqe, opcode: int, mtu: int, rc: bool) -> None:
         """Send the MIDDLE packets of ``wqe`` that the window allows, up to (not including)
-        its last packet: what :meth:`run` would send one loop at a time, byte for byte,
-        but with the gates checked, the source range resolved and the header fields
-        computed once. Nothing can change them between two of these packets: the device
-        lock is held and the engines are not re-entered while sending."""
-        eng = self.eng
+        its last packet: what :meth:`run` would send one loop at a time, byte for byte
+        (the same window, AckReq rule and packet builder), but with the gates checked, the
+        source range resolved and the header fields computed once. Nothing can change them
+        between two of these packets: the device lock is held and the engines are not
+        re-entered while sending."""
         qp = self.qp
-        dev = eng.device
+        dev = qp.device
         count = (wqe.length - wqe.offset - 1) // mtu  # packets before the last
         if rc:
-            room = psn_diff(psn_add(eng.comp.psn, RXE_MAX_UNACKED_PSNS), self.psn) + 1
-            count = min(count, room)
+            count = min(count, self._window_room())
         if count <= 0:
             return
         addr, length, lkey = wqe.sges[0]
@@ -243,46 +264,28 @@ class Requester:
             raise AccessError("range", "read past the end of the SGE list")
         # one lookup for the whole run, with rxe copy_data's checks (LOCAL access)
         src = dev.keys.resolve(lkey, qp.pd, addr + offset, count * mtu, 0, remote=False)
-        w1 = qp.attr.dest_qp_num & BTH_QPN_MASK
-        dst = wqe.av.dst_ip if wqe.av is not None else eng.dst_ip
+        dest_qp = qp.attr.dest_qp_num
+        dst = wqe.av.dst_ip if wqe.av is not None else qp.dst_ip
         psn = self.psn
-        noack = self.noack_pkts
         send = dev.send_packet
-        size = BTH_SIZE + mtu + ICRC_SIZE
-        end = BTH_SIZE + mtu
-        wqe.state = WqeState.PROCESSING
+        build = REQUEST_BUILDERS[opcode]  # _make_packet's builder: the same bytes
+        ackreq = self._ackreq
+        wqe.state = _PROCESSING
         self.opcode = opcode
         for k in range(count):
-            if rc:
-                noack += 1
-                ackreq = noack > RXE_MAX_PKT_PER_ACK + 1
-                if ackreq:
-                    noack = 0
-            else:
-                ackreq = False
-                noack = 0
-            pkt = bytearray(size)
-            _pack_bth(pkt, 0, opcode, 0, DEFAULT_PKEY, w1,
-                      (BTH_ACK | psn) if ackreq else psn)
-            pkt[BTH_SIZE:end] = src[k * mtu:(k + 1) * mtu]
+            # a MIDDLE is never solicited and carries no RETH, ImmDt, IETH or DETH
+            pkt = build(opcode, psn, dest_qp, ackreq(False, rc), False, 0, 0, 0, 0, 0, 0, 0,
+                        0, 0, src[k * mtu:(k + 1) * mtu])
             psn = (psn + 1) & BTH_PSN_MASK
             self.psn = psn
-            self.noack_pkts = noack
             wqe.offset += mtu
             send(qp, pkt, dst)
         if rc:
-            eng.arm_retrans_if_idle()
+            qp.arm_retrans_if_idle()
 
     def _make_packet(self, wqe: SendWqe, opcode: int, info, payload: int, rc: bool) -> bytearray:
         qp = self.qp
-        if info.last or not rc:
-            ackreq = rc
-            self.noack_pkts = 0
-        else:
-            self.noack_pkts += 1
-            ackreq = self.noack_pkts > RXE_MAX_PKT_PER_ACK + 1
-            if ackreq:
-                self.noack_pkts = 0
+        ackreq = self._ackreq(info.last, rc)
         solicited = bool(wqe.send_flags & _SOLICITED) and info.last and \
             (info.send or (info.write and info.with_imm))
         data = b""
@@ -290,7 +293,7 @@ class Requester:
             if wqe.inline is not None:
                 data = wqe.inline[wqe.offset:wqe.offset + payload]
             else:
-                data = gather(self.eng.device.keys, qp.pd, wqe.sges, wqe.offset, payload)
+                data = gather(self.qp.device.keys, qp.pd, wqe.sges, wqe.offset, payload)
         if info.read:
             va = wqe.remote_addr + wqe.read_bytes
             dma_len = wqe.length - wqe.read_bytes
@@ -301,7 +304,7 @@ class Requester:
             swap_add, compare = wqe.swap, wqe.compare_add
         else:
             swap_add, compare = wqe.compare_add, 0
-        if qp.qp_type == T.IBV_QPT_UD:
+        if qp.qp_type == _UD_QP:
             dest_qp = wqe.remote_qpn
         else:
             dest_qp = qp.attr.dest_qp_num
@@ -314,12 +317,12 @@ class Requester:
     def _error(self, wqe: SendWqe, status: int) -> None:
         """A local error: the WQE completes in error and the QP goes to ERR (rxe 'err:')."""
         wqe.status = status
-        wqe.state = WqeState.ERROR
+        wqe.state = _ERROR
         self.wqe_index += 1
-        self.eng.comp.retire()
+        self.qp.comp.retire()
 
     def _do_local_op(self, wqe: SendWqe) -> None:
-        keys = self.eng.device.keys
+        keys = self.qp.device.keys
         qp = self.qp
         status = WCS.IBV_WC_SUCCESS
         if wqe.opcode == W.IBV_WR_LOCAL_INV:
@@ -330,33 +333,33 @@ class Requester:
         self.wqe_index += 1
         if status != WCS.IBV_WC_SUCCESS:
             wqe.status = status
-            wqe.state = WqeState.ERROR
+            wqe.state = _ERROR
         else:
-            wqe.state = WqeState.DONE
-        self.eng.comp.retire()
+            wqe.state = _DONE
+        self.qp.comp.retire()
 
     def _check_drained(self) -> None:
         """In SQD with nothing in flight, tell the user once (IBV_EVENT_SQ_DRAINED)."""
         qp = self.qp
-        if qp.state == S.IBV_QPS_SQD and not self.drained_sent and not self.eng.in_flight():
+        if qp.state == _SQD and not self.drained_sent and not self.qp.in_flight():
             self.drained_sent = True
             if qp.attr.en_sqd_async_notify:
-                self.eng.device.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_SQ_DRAINED,
-                                                      qp.owner))
+                self.qp.device.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_SQ_DRAINED,
+                                                     qp.owner))
 
     # ------------------------------------------------------------------------------
     def retry(self) -> None:
         """Go back to the first unacknowledged packet (rxe req_retry)."""
-        eng = self.eng
-        mtu = eng.mtu()
+        qp = self.qp
+        mtu = qp.mtu()
         self.wqe_index = 0
-        self.psn = eng.comp.psn
+        self.psn = qp.comp.psn
         self.opcode = -1
         first = True
         for wqe in self.qp.sq:
-            if wqe.state == WqeState.POSTED:
+            if wqe.state == _POSTED:
                 break
-            if wqe.state == WqeState.DONE or wqe.state == WqeState.ERROR:
+            if wqe.state == _DONE or wqe.state == _ERROR:
                 continue
             if wqe.has_rd_atomic:
                 # Give the initiator-depth credit back: the WQE takes one again, in SQ
@@ -370,14 +373,14 @@ class Requester:
             if first:
                 first = False
                 if wqe.opcode in _SENDS or wqe.opcode in _WRITES:
-                    npsn = psn_add(eng.comp.psn, -wqe.first_psn)
+                    npsn = psn_add(qp.comp.psn, -wqe.first_psn)
                     self._skip_acked(wqe, npsn, mtu)
                 if is_read:
                     wqe.read_bytes = (wqe.read_bytes // mtu) * mtu
             else:
                 if is_read:
                     wqe.read_bytes = 0
-            wqe.state = WqeState.POSTED
+            wqe.state = _POSTED
 
     def _skip_acked(self, wqe: SendWqe, npsn: int, mtu: int) -> None:
         """retry_first_write_send: the first ``npsn`` packets of this WQE were acknowledged."""
@@ -387,6 +390,6 @@ class Requester:
         # the next packet continues the message: pretend a FIRST was sent last
         cont = {W.IBV_WR_RDMA_WRITE: O.RC_RDMA_WRITE_FIRST,
                 W.IBV_WR_RDMA_WRITE_WITH_IMM: O.RC_RDMA_WRITE_FIRST}.get(wqe.opcode, O.RC_SEND_FIRST)
-        self.opcode = cont + (0x20 if self.qp.qp_type == T.IBV_QPT_UC else 0)
-        wqe.state = WqeState.PROCESSING
+        self.opcode = cont + (_UC if self.qp.qp_type == _UC_QP else 0)
+        wqe.state = _PROCESSING
         # keep first_psn: the message's PSN range does not change on retry

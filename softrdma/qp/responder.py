@@ -36,8 +36,10 @@ from ..enums import (
     ibv_wc_status as WCS,
 )
 from ..completion import WC, WC_RECV, WC_RECV_RDMA_WITH_IMM
-from ..wire.headers import AETH_ACK_UNLIMITED, AethType, NakCode, make_syndrome
-from ..wire.opcodes import BTH_SIZE, Opcode as O
+from ..wire.headers import (
+    AETH_ACK_UNLIMITED, AETH_TYPE_MASK, AethType, NakCode, aeth_value, make_syndrome,
+)
+from ..wire.opcodes import BTH_SIZE, OPCODE_LIST, Opcode as O, Transport
 from ..wire.packet import build
 from .dma import NoSpace, scatter
 from .psn import psn_add, psn_diff
@@ -60,6 +62,11 @@ _WRITE_CONT = {O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE}
 _SEND_NEXT = {O.RC_SEND_MIDDLE, O.RC_SEND_LAST, O.RC_SEND_LAST_WITH_IMMEDIATE,
               O.RC_SEND_LAST_WITH_INVALIDATE}
 _WRITE_NEXT = {O.RC_RDMA_WRITE_MIDDLE, O.RC_RDMA_WRITE_LAST, O.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE}
+_UC_BITS = int(Transport.UC)  # a UC opcode is its RC counterpart with the UC transport bits
+# plain names for the members tested per packet (an Enum member lookup costs each time)
+_RC_QP, _UC_QP, _UD_QP, _ERR = T.IBV_QPT_RC, T.IBV_QPT_UC, T.IBV_QPT_UD, S.IBV_QPS_ERR
+_RC_OR_UC = (_RC_QP, _UC_QP)
+_SUCCESS = WCS.IBV_WC_SUCCESS
 
 
 class RespResource:
@@ -117,14 +124,52 @@ _NAK_OF = {
 }
 
 
+# The decisions the per-packet path (on_request) and the train path (expects_middle,
+# take_middles) share: one function each, so the two cannot disagree.
+
+def _op_seq_error(prev: int, op: int, rc: bool) -> RespErr | None:
+    """rxe's check_op_seq for a connected QP: may ``op`` follow ``prev``, the last opcode
+    executed (-1 at a message boundary)? None if so, else the error. UC opcodes are
+    judged in RC numbering (the same tables)."""
+    if not rc:
+        op -= _UC_BITS
+        if prev >= 0:
+            prev -= _UC_BITS
+    if prev in _SEND_CONT:
+        ok = op in _SEND_NEXT
+    elif prev in _WRITE_CONT:
+        ok = op in _WRITE_NEXT
+    else:
+        if op in _SEND_NEXT or op in _WRITE_NEXT:  # a MIDDLE or LAST with no FIRST
+            return RespErr.MISSING_OPCODE_FIRST if rc else RespErr.UC_MISSING_FIRST
+        return None
+    if ok:
+        return None
+    return RespErr.MISSING_OPCODE_LAST_C if rc else RespErr.MISSING_OPCODE_LAST_D1E
+
+
+def _op_allowed(info: Any, access: int) -> bool:
+    """rxe's check_op_valid: the QP's access flags allow the operation, and it is one the
+    responder implements (no FLUSH or ATOMIC WRITE)."""
+    return not ((info.read and not access & _R_READ) or (info.write and not access & _R_WRITE)
+                or (info.atomic and not access & _R_ATOMIC) or info.flush or info.atomic_write)
+
+
+def _write_fits(resid: int, n: int, pad: int, mtu: int) -> bool:
+    """rxe's write length rule (check_rkey): with more than an MTU of the message left, a
+    packet carries a full MTU and no pad; else exactly the rest, with rxe's pad."""
+    if resid > mtu:
+        return n == mtu and not pad
+    return n == resid and pad == (-resid) & 3
+
+
 class Responder:
-    __slots__ = ("eng", "qp", "psn", "ack_psn", "msn", "opcode", "sent_psn_nak", "drop_msg",
+    __slots__ = ("qp", "psn", "ack_psn", "msn", "opcode", "sent_psn_nak", "drop_msg",
                  "wqe", "wqe_offset", "va", "rkey", "resid", "length", "resources", "res_head",
                  "status", "syndrome", "goto_error", "far_dup_ack_at", "duplicates")
 
-    def __init__(self, eng: "QpEngine") -> None:
-        self.eng = eng
-        self.qp = eng  # the QP is its engine (rxe: struct rxe_qp)
+    def __init__(self, qp: "QpEngine") -> None:
+        self.qp = qp  # the QP engine (rxe: struct rxe_qp)
         self.resources: list[RespResource] = []
         self.reset()
 
@@ -141,7 +186,7 @@ class Responder:
         self.res_head = 0
         for r in self.resources:
             r.__init__()
-        self.status = WCS.IBV_WC_SUCCESS
+        self.status = _SUCCESS
         self.syndrome = AETH_ACK_UNLIMITED
         self.goto_error = False
         self.far_dup_ack_at = float("-inf")  # when a far-behind duplicate was last re-ACKed
@@ -159,36 +204,36 @@ class Responder:
         qp = self.qp
         pkt = build(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, syndrome=syndrome,
                     msn=self.msn, orig=orig, payload=payload)
-        self.eng.device.send_packet(qp, pkt, self.eng.dst_ip)
+        qp.device.send_packet(qp, pkt, qp.dst_ip)
 
     def send_ack(self, syndrome: int, psn: int) -> None:
-        if self.eng.device.trace is not None:
+        if self.qp.device.trace is not None:
             self._trace_ack(syndrome, psn)
         self._send(O.RC_ACKNOWLEDGE, psn, syndrome)
 
     def _trace_ack(self, syndrome: int, psn: int) -> None:
-        kind = syndrome & 0x60
+        kind = syndrome & AETH_TYPE_MASK
         if kind == int(AethType.ACK):
             what = f"ACK PSN {psn} MSN {self.msn}"
         elif kind == int(AethType.RNR_NAK):
-            what = f"RNR NAK PSN {psn}: no receive WQE (min_rnr_timer {syndrome & 0x1F})"
+            what = f"RNR NAK PSN {psn}: no receive WQE (min_rnr_timer {aeth_value(syndrome)})"
         else:
             try:
                 code = NakCode(syndrome).name
             except ValueError:
                 code = f"0x{syndrome:02x}"
             what = f"NAK {code} PSN {psn}"
-        self.eng.trace("ack", what, psn=psn, msn=self.msn, syndrome=syndrome)
+        self.qp.trace("ack", what, psn=psn, msn=self.msn, syndrome=syndrome)
 
     # -- the state machine ---------------------------------------------------------------
     def on_request(self, pkt: Any, ip_header: bytes) -> None:
         qp = self.qp
-        if qp.state == S.IBV_QPS_ERR:
+        if qp.state == _ERR:
             return
         self.syndrome = AETH_ACK_UNLIMITED
-        rc = qp.qp_type == T.IBV_QPT_RC
+        rc = qp.qp_type == _RC_QP
         info = pkt.info
-        dev = self.eng.device
+        dev = self.qp.device
         # check_psn
         if rc:
             diff = psn_diff(pkt.psn, self.psn)
@@ -197,9 +242,9 @@ class Responder:
                     # rxe counts RXE_CNT_OUT_OF_SEQ_REQ once per NAK, not per packet
                     dev.counters.out_of_seq_request += 1
                     if dev.trace is not None:
-                        self.eng.trace("ack", f"PSN {pkt.psn} arrived, {self.psn} expected: "
-                                              "a gap (one NAK, later packets dropped)",
-                                       psn=pkt.psn, expected=self.psn)
+                        self.qp.trace("ack", f"PSN {pkt.psn} arrived, {self.psn} expected: "
+                                             "a gap (one NAK, later packets dropped)",
+                                      psn=pkt.psn, expected=self.psn)
                     self.sent_psn_nak = True
                     self.send_ack(NakCode.PSN_SEQ_ERROR, self.psn)
                 else:
@@ -209,13 +254,13 @@ class Responder:
                 dev.counters.duplicate_request += 1
                 self.duplicates += 1
                 if dev.trace is not None:
-                    self.eng.trace("ack", f"duplicate request PSN {pkt.psn} (expected "
-                                          f"{self.psn}): answered, not executed again",
-                                   psn=pkt.psn, duplicate=True)
+                    self.qp.trace("ack", f"duplicate request PSN {pkt.psn} (expected "
+                                         f"{self.psn}): answered, not executed again",
+                                  psn=pkt.psn, duplicate=True)
                 self._duplicate(pkt)
                 return
             self.sent_psn_nak = False
-        elif qp.qp_type == T.IBV_QPT_UC:
+        elif qp.qp_type == _UC_QP:
             if self.drop_msg or pkt.psn != self.psn:
                 if not info.first:
                     self.drop_msg = True
@@ -238,30 +283,51 @@ class Responder:
             self.goto_error = False
             qp.to_error()
 
+    def expects_middle(self, op: int) -> bool:
+        """Whether :meth:`on_request` would execute a MIDDLE of opcode ``op`` that carries
+        PSN ``self.psn``, a full MTU of payload, no pad and no AckReq, without a question:
+        no error, NAK, ACK or drop for the opcode sequence, the access flags or a UC
+        message being dropped. The receive path asks this before it hands a run of such
+        packets to :meth:`take_middles`, which checks what remains (receive buffers, the
+        rkey and the write length) as it goes. The decisions are on_request's own
+        (:func:`_op_seq_error`, :func:`_op_allowed`)."""
+        qp = self.qp
+        qpt = qp.qp_type
+        if qp.state == _ERR or qpt not in _RC_OR_UC:
+            return False
+        rc = qpt == _RC_QP
+        if not rc and self.drop_msg:
+            return False  # UC: the rest of a damaged message is dropped
+        return _op_seq_error(self.opcode, op, rc) is None and \
+            _op_allowed(OPCODE_LIST[op], int(qp.attr.qp_access_flags))
+
     def take_middles(self, packets: list, mtu: int) -> int:
         """Execute a run of MIDDLE packets of the message under way, already checked by
-        the receive path (softrdma.soft.rx.receive_train): same QP and opcode, PSNs from
-        ``self.psn`` on, a full MTU of payload each, no pad, no AckReq. What
-        :meth:`on_request` would do packet by packet, without parsing each: the opcode
-        sequence and access were checked for the first, the rkey range is resolved once
-        for the whole message remainder (the check rxe repeats per packet, on the same
-        range or a part of it). Stops at the first packet these shortcuts do not cover (a
-        write that would reach the message's last bytes, receive buffers that run out, an
-        access error) and returns how many it executed; the caller hands the rest to the
-        per-packet path, which decides exactly as before."""
+        the receive path (softrdma.soft.rx.receive_train): same QP and opcode, one that
+        :meth:`expects_middle` accepts, PSNs from ``self.psn`` on, a full MTU of payload
+        each, no pad, no AckReq. What :meth:`on_request` would do packet by packet,
+        without parsing each: the rkey range is resolved once for the whole message
+        remainder (the check rxe repeats per packet, on the same range or a part of it).
+        Stops at the first packet these shortcuts do not cover (a write longer than what
+        is left, receive buffers that run out, an access error) and returns how many it
+        executed; the caller hands the rest to the per-packet path, which decides exactly
+        as before."""
         qp = self.qp
-        if not packets or qp.state == S.IBV_QPS_ERR:
+        if not packets or qp.state == _ERR:
             return 0
         op = packets[0][0]
-        keys = self.eng.device.keys
+        keys = qp.device.keys
         end = BTH_SIZE + mtu
         done = 0
         if op in (O.RC_RDMA_WRITE_MIDDLE, O.UC_RDMA_WRITE_MIDDLE):
-            count = min(len(packets), (self.resid - 1) // mtu)  # a MIDDLE needs resid > mtu
+            resid = self.resid
+            count = 0  # the packets on_request's length rule lets through
+            while count < len(packets) and _write_fits(resid - count * mtu, mtu, 0, mtu):
+                count += 1
             if count <= 0:
                 return 0
             try:
-                dst = keys.resolve(self.rkey, qp.pd, self.va, self.resid, Access.REMOTE_WRITE,
+                dst = keys.resolve(self.rkey, qp.pd, self.va, resid, Access.REMOTE_WRITE,
                                    remote=True, qp=qp)
             except AccessError:
                 return 0
@@ -284,48 +350,37 @@ class Responder:
                 self.wqe_offset += mtu
                 done += 1
         if done:
-            self.psn = psn_add(self.psn, done)
-            self.ack_psn = self.psn
-            self.opcode = op
-            self.status = WCS.IBV_WC_SUCCESS
+            # what on_request's start and its RC PSN check set, then _execute's ending
             self.syndrome = AETH_ACK_UNLIMITED
             self.sent_psn_nak = False
+            self._executed(psn_add(self.psn, done - 1), op)
         return done
 
+    def _executed(self, psn: int, opcode: int) -> None:
+        """A request up to PSN ``psn`` (of ``opcode``) executed: the next one is expected."""
+        self.psn = psn_add(psn, 1)
+        self.ack_psn = self.psn
+        self.opcode = opcode
+        self.status = _SUCCESS
+
     def _check_op_seq(self, pkt: Any, rc: bool) -> None:
-        op = pkt.opcode if rc else pkt.opcode - 0x20
-        if self.qp.qp_type == T.IBV_QPT_UD:
+        if self.qp.qp_type == _UD_QP:
             return
-        prev = self.opcode if rc else (self.opcode - 0x20 if self.opcode >= 0 else -1)
-        if prev in _SEND_CONT:
-            ok = op in _SEND_NEXT
-        elif prev in _WRITE_CONT:
-            ok = op in _WRITE_NEXT
-        else:
-            ok = op not in _SEND_NEXT and op not in _WRITE_NEXT
-            if not ok:
-                if rc:
-                    raise _Err(RespErr.MISSING_OPCODE_FIRST)
-                self.drop_msg = True
-                raise _Err(RespErr.UC_MISSING_FIRST)
-            return
-        if not ok:
-            raise _Err(RespErr.MISSING_OPCODE_LAST_C if rc else RespErr.MISSING_OPCODE_LAST_D1E)
+        err = _op_seq_error(self.opcode, pkt.opcode, rc)
+        if err is not None:
+            if err is RespErr.UC_MISSING_FIRST:
+                self.drop_msg = True  # dropped until the next FIRST
+            raise _Err(err)
 
     def _check_op_valid(self, pkt: Any, rc: bool) -> bool:
-        acc = int(self.qp.attr.qp_access_flags)
-        info = pkt.info
+        qp = self.qp
+        if qp.qp_type == _UD_QP or _op_allowed(pkt.info, int(qp.attr.qp_access_flags)):
+            return True
         if rc:
-            if (info.read and not acc & _R_READ) or \
-                    (info.write and not acc & _R_WRITE) or \
-                    (info.atomic and not acc & _R_ATOMIC) or \
-                    info.flush or info.atomic_write:
-                raise _Err(RespErr.UNSUPPORTED_OPCODE)
-        elif self.qp.qp_type == T.IBV_QPT_UC and info.write and not acc & _R_WRITE:
-            self.drop_msg = True
-            self.eng.device.counters.drop(Drop.UC_WRITE_NOT_ALLOWED)
-            return False
-        return True
+            raise _Err(RespErr.UNSUPPORTED_OPCODE)
+        self.drop_msg = True  # UC (a WRITE is the only operation it can be refused)
+        qp.device.counters.drop(Drop.UC_WRITE_NOT_ALLOWED)
+        return False
 
     def _check_resource(self, pkt: Any) -> bool:
         info = pkt.info
@@ -347,9 +402,9 @@ class Responder:
 
     def _check_length(self, pkt: Any) -> None:
         info = pkt.info
-        if self.qp.qp_type == T.IBV_QPT_UD:
+        if self.qp.qp_type == _UD_QP:
             return
-        mtu = self.eng.mtu()
+        mtu = self.qp.mtu()
         n = pkt.payload_len
         if info.first and info.last:
             bad = n > mtu
@@ -374,23 +429,18 @@ class Responder:
             if pkt.va is not None and pkt.dma_len == 0:
                 return  # a zero-byte RDMA needs no valid rkey (C9-88)
             try:
-                self.eng.device.keys.resolve(self.rkey, self.qp.pd, self.va, self.resid, need,
-                                             remote=True, qp=self.qp)
+                self.qp.device.keys.resolve(self.rkey, self.qp.pd, self.va, self.resid, need,
+                                            remote=True, qp=self.qp)
             except AccessError:
                 raise _Err(RespErr.RKEY_VIOLATION) from None
-            if info.write:
-                n = pkt.payload_len
-                mtu = self.eng.mtu()
-                if self.resid > mtu:
-                    if n != mtu or pkt.pad:
-                        raise _Err(RespErr.LENGTH)
-                elif n != self.resid or pkt.pad != (-self.resid) & 3:
-                    raise _Err(RespErr.LENGTH)
+            if info.write and not _write_fits(self.resid, pkt.payload_len, pkt.pad,
+                                              self.qp.mtu()):
+                raise _Err(RespErr.LENGTH)
         elif info.atomic:
             self.va, self.rkey, self.resid = pkt.va, pkt.rkey, 8
             try:
-                self.eng.device.keys.resolve(self.rkey, self.qp.pd, self.va, 8,
-                                             Access.REMOTE_ATOMIC, remote=True, qp=self.qp)
+                self.qp.device.keys.resolve(self.rkey, self.qp.pd, self.va, 8,
+                                            Access.REMOTE_ATOMIC, remote=True, qp=self.qp)
             except AccessError:
                 raise _Err(RespErr.RKEY_VIOLATION) from None
 
@@ -398,10 +448,10 @@ class Responder:
     def _execute(self, pkt: Any, ip_header: bytes) -> None:
         info = pkt.info
         qp = self.qp
-        keys = self.eng.device.keys
+        keys = self.qp.device.keys
         if info.send:
             try:
-                if qp.qp_type == T.IBV_QPT_UD:
+                if qp.qp_type == _UD_QP:
                     grh = ip_header if len(ip_header) == 40 else bytes(20) + ip_header[:20]
                     scatter(keys, qp.pd, self.wqe.sges, 0, grh)
                     self.wqe_offset = 40
@@ -430,20 +480,17 @@ class Responder:
             self._atomic_reply(pkt)
             return
         if info.with_inv:
-            if not invalidate_rkey(self.eng.device.keys, qp.pd, pkt.ieth_rkey):
+            if not invalidate_rkey(self.qp.device.keys, qp.pd, pkt.ieth_rkey):
                 self.status = WCS.IBV_WC_REM_INV_REQ_ERR
                 self.goto_error = True
                 self._complete(pkt)
                 return
         if info.last:
             self.msn += 1
-        self.psn = psn_add(pkt.psn, 1)
-        self.ack_psn = self.psn
-        self.opcode = pkt.opcode
-        self.status = WCS.IBV_WC_SUCCESS
+        self._executed(pkt.psn, pkt.opcode)
         if info.completes:
             self._complete(pkt)
-        elif qp.qp_type == T.IBV_QPT_RC:
+        elif qp.qp_type == _RC_QP:
             self._acknowledge(pkt)
 
     def _complete(self, pkt: Any) -> None:
@@ -453,8 +500,8 @@ class Responder:
         if wqe is not None:
             info = pkt.info if pkt is not None else None
             wc = WC(wr_id=wqe.wr_id, status=self.status, qp_num=qp.qp_num)
-            if self.status == WCS.IBV_WC_SUCCESS and info is not None:
-                self.eng.device.counters.rdma_recvs += 1
+            if self.status == _SUCCESS and info is not None:
+                self.qp.device.counters.rdma_recvs += 1
                 if info.with_imm and info.write:
                     wc.opcode = WC_RECV_RDMA_WITH_IMM
                     wc.byte_len = self.length
@@ -480,7 +527,7 @@ class Responder:
             self.wqe_offset = 0
             if not qp.recv_cq.push(wc, solicited=bool(pkt.se) if pkt is not None else True):
                 self.goto_error = True  # RESPST_ERR_CQ_OVERFLOW (class G)
-        if pkt is not None and qp.qp_type == T.IBV_QPT_RC:
+        if pkt is not None and qp.qp_type == _RC_QP:
             self._acknowledge(pkt)
 
     def _acknowledge(self, pkt: Any) -> None:
@@ -505,7 +552,7 @@ class Responder:
         res.is_read = read
         res.first_psn = res.cur_psn = pkt.psn
         if read:
-            mtu = self.eng.mtu()
+            mtu = self.qp.mtu()
             res.va = res.va_org = self.va
             res.resid = res.length = self.resid
             res.rkey = self.rkey
@@ -517,8 +564,8 @@ class Responder:
 
     def _read_reply(self, res: RespResource) -> None:
         """Send the read response packets for ``res`` from ``res.cur_psn`` on."""
-        mtu = self.eng.mtu()
-        keys = self.eng.device.keys
+        mtu = self.qp.mtu()
+        keys = self.qp.device.keys
         qp = self.qp
         while True:
             if res.new:
@@ -552,8 +599,8 @@ class Responder:
         if self.va & 7:
             raise _Err(RespErr.MISALIGNED_ATOMIC)
         res = self._prepare_res(pkt, read=False)
-        mem = self.eng.device.keys.resolve(self.rkey, qp.pd, self.va, 8, Access.REMOTE_ATOMIC,
-                                           remote=True, qp=qp)
+        mem = self.qp.device.keys.resolve(self.rkey, qp.pd, self.va, 8, Access.REMOTE_ATOMIC,
+                                          remote=True, qp=qp)
         (value,) = _U64.unpack(mem)
         res.orig = value
         if pkt.opcode == O.RC_COMPARE_SWAP:
@@ -563,10 +610,7 @@ class Responder:
             value = (value + pkt.swap_add) & 0xFFFFFFFFFFFFFFFF
         mem[:] = _U64.pack(value)
         self.msn += 1
-        self.psn = psn_add(pkt.psn, 1)
-        self.ack_psn = self.psn
-        self.opcode = pkt.opcode
-        self.status = WCS.IBV_WC_SUCCESS
+        self._executed(pkt.psn, pkt.opcode)
         self._send(O.RC_ATOMIC_ACKNOWLEDGE, pkt.psn, orig=res.orig)
 
     def _find_resource(self, psn: int) -> RespResource | None:
@@ -583,16 +627,16 @@ class Responder:
             # C9-105: acknowledge again, execute nothing; but not 1:1 for packets that are
             # too far behind to be a retransmission (see the module doc)
             if psn_diff(self.psn, pkt.psn) > DUP_ACK_WINDOW:
-                now = self.eng.device.now
+                now = self.qp.device.now
                 if now - self.far_dup_ack_at < DUP_ACK_INTERVAL:
-                    self.eng.device.counters.drop(Drop.DUPLICATE_ACK_LIMITED)
+                    self.qp.device.counters.drop(Drop.DUPLICATE_ACK_LIMITED)
                     return
                 self.far_dup_ack_at = now
             self.send_ack(AETH_ACK_UNLIMITED, psn_add(self.ack_psn, -1))
             return
         res = self._find_resource(pkt.psn)
         if res is None:
-            self.eng.device.counters.drop(Drop.DUPLICATE_WITHOUT_RESOURCE)
+            self.qp.device.counters.drop(Drop.DUPLICATE_WITHOUT_RESOURCE)
             return
         if info.read:
             if not res.is_read:
@@ -600,7 +644,7 @@ class Responder:
             iova, resid = pkt.va, pkt.dma_len
             if iova < res.va_org or resid > res.length or iova + resid > res.va_org + res.length \
                     or pkt.rkey != res.rkey:
-                self.eng.device.counters.drop(Drop.DUPLICATE_READ_MISMATCH)
+                self.qp.device.counters.drop(Drop.DUPLICATE_READ_MISMATCH)
                 return
             res.cur_psn = pkt.psn
             res.new = pkt.psn == res.first_psn
@@ -618,7 +662,7 @@ class Responder:
         """Leave an error state as rxe does: RC NAKs (``_NAK_OF``) and moves to ERR; UC and
         UD mostly drop, completing an SRQ's receive in error when one was taken."""
         qp = self.qp
-        dev = self.eng.device
+        dev = self.qp.device
         if kind is RespErr.UC_MISSING_FIRST:
             dev.counters.drop(Drop.UC_MISSING_FIRST)
         elif kind is RespErr.RNR:
@@ -657,10 +701,10 @@ class Responder:
         self.status = status
         self.goto_error = True
         if pkt is None:
-            if self.qp.qp_type == T.IBV_QPT_RC:
+            if self.qp.qp_type == _RC_QP:
                 self.send_ack(syndrome, psn if psn is not None else self.psn)
             return
         if self.wqe is not None:
             self._complete(pkt)
-        elif self.qp.qp_type == T.IBV_QPT_RC:
+        elif self.qp.qp_type == _RC_QP:
             self._acknowledge(pkt)

@@ -13,33 +13,35 @@ import struct
 from typing import Any
 
 from ..completion import AsyncEvent
-from ..enums import (ibv_access_flags as A, ibv_event_type, ibv_qp_state as S,
-                     ibv_qp_type as T)
+from ..enums import ibv_event_type, ibv_qp_state as S, ibv_qp_type as T
 from ..wire.frames import ip_checksum
-from ..wire.headers import ROCE_V2_UDP_DPORT
+from ..wire.headers import (
+    BTH_ACK_OFFSET, BTH_FLAGS_OFFSET, BTH_OPCODE_OFFSET, BTH_PAD_MASK, BTH_PKEY_OFFSET,
+    BTH_PSN_MASK, BTH_QPN_OFFSET, BTH_TVER_MASK, ROCE_V2_UDP_DPORT,
+)
 from ..wire.icrc import icrc_ok_ipv4, icrc_ok_ipv6
-from ..wire.opcodes import BTH_SIZE, Opcode as O, Transport
+from ..wire.opcodes import BTH_SIZE, ICRC_SIZE, OPCODE_LIST, Transport
 from ..wire.packet import DecodeError, parse
 from ..counters import Drop
 
-__all__ = ["receive_packet", "receive_train", "synth_ip_header", "trace_packet"]
+__all__ = ["receive_packet", "receive_train", "drop_reason", "next_middle",
+           "synth_ip_header", "trace_packet"]
 
 _MALFORMED = {"truncated": Drop.MALFORMED_TRUNCATED, "unknown_opcode": Drop.MALFORMED_UNKNOWN_OPCODE,
               "bad_pad": Drop.MALFORMED_BAD_PAD}  # DecodeError.reason -> drop reason
 
-_REMOTE_WRITE = int(A.IBV_ACCESS_REMOTE_WRITE)
 _TRANSPORT_OF_QPT = {T.IBV_QPT_RC: Transport.RC, T.IBV_QPT_UC: Transport.UC,
                      T.IBV_QPT_UD: Transport.UD}
 _RESP_READY = (S.IBV_QPS_RTR, S.IBV_QPS_RTS, S.IBV_QPS_SQD, S.IBV_QPS_SQE)
-# the MIDDLE opcodes a train of one message's body is made of, with the opcodes the
-# responder may have seen last for a MIDDLE to be in sequence (its FIRST or a MIDDLE)
-_MIDDLE_AFTER = {
-    O.RC_SEND_MIDDLE: (O.RC_SEND_FIRST, O.RC_SEND_MIDDLE),
-    O.RC_RDMA_WRITE_MIDDLE: (O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE),
-    O.UC_SEND_MIDDLE: (O.UC_SEND_FIRST, O.UC_SEND_MIDDLE),
-    O.UC_RDMA_WRITE_MIDDLE: (O.UC_RDMA_WRITE_FIRST, O.UC_RDMA_WRITE_MIDDLE)}
-_WRITE_MIDDLES = (O.RC_RDMA_WRITE_MIDDLE, O.UC_RDMA_WRITE_MIDDLE)
 _REQ_READY = (S.IBV_QPS_RTS, S.IBV_QPS_SQD)
+# plain names for the members tested per packet (an Enum member lookup costs each time)
+_CNP, _UD, _RTR = Transport.CNP, T.IBV_QPT_UD, S.IBV_QPS_RTR
+# The P_Key's partition, without the membership bit (its top bit): only the default
+# partition is accepted, by full and limited members alike (rxe's check_keys, pkey index 0).
+_PARTITION = 0x7FFF
+_FLAGS, _PKEY, _QPN, _ACK = BTH_FLAGS_OFFSET, BTH_PKEY_OFFSET, BTH_QPN_OFFSET, BTH_ACK_OFFSET
+# A run's first packet's bytes up to the AckReq byte, as an int, sit this far up in its BTH
+_HEAD_SHIFT = (BTH_SIZE - BTH_ACK_OFFSET) * 8
 
 
 def synth_ip_header(src: bytes, dst: bytes, payload_len: int, ip_id: int = 0) -> bytes:
@@ -75,8 +77,65 @@ def trace_packet(dev: Any, direction: str, data: Any, pkt: Any = None,
             peer=str(ipaddress.ip_address(peer)) if peer else None)
 
 
+def drop_reason(dev: Any, buf: Any, info: Any, qpn: int, qp: Any, src_ip: bytes,
+                dst_ip: bytes, sport: int, qkey: int | None) -> Drop | None:
+    """Why the device drops a packet that ``parse`` accepted, or None to deliver it: the
+    header checks of rxe_recv.c, in its order (the address, TVer, the RoCEv2 CNP, the
+    P_Key, QP0) and those of the QP it names (check_type_state, check_addr, check_keys).
+
+    ``buf`` is the packet (its BTH bytes are read at wire.headers' offsets), ``info`` its
+    opcode's row, ``qpn`` its destination QP and ``qp`` that QP (None: none), ``qkey`` its
+    DETH Q_Key (UD only). QPN 1 passes: the GSI makes its own checks (soft/gsi.py).
+
+    The one decision both receive paths take: :func:`receive_packet` for every packet,
+    :func:`receive_train` for the first packet of a run, whose header bytes every later
+    packet of the run must repeat (:func:`next_middle`). A check added here holds for both."""
+    if dst_ip != dev.ip_packed:
+        return Drop.NOT_OUR_ADDRESS
+    if buf[_FLAGS] & BTH_TVER_MASK:
+        return Drop.BAD_TVER
+    if info.transport == _CNP:
+        return Drop.CNP_IGNORED
+    if (buf[_PKEY] << 8 | buf[_PKEY + 1]) & _PARTITION != _PARTITION:
+        return Drop.BAD_PKEY
+    if qpn <= 1:  # the one comparison QPNs >= 16 pay for the special QPs
+        return Drop.QP0 if qpn == 0 else None
+    if qp is None or qp.closed:
+        return Drop.NO_QP
+    if _TRANSPORT_OF_QPT.get(qp.qp_type) != info.transport:
+        return Drop.WRONG_TRANSPORT
+    st = qp.state
+    if info.is_request:
+        if st not in _RESP_READY:
+            return Drop.QP_NOT_READY
+    elif st not in _REQ_READY:
+        return Drop.QP_NOT_READY
+    if qp.qp_type != _UD:
+        av = qp.av
+        if av is None or av.dst_ip != src_ip:
+            return Drop.WRONG_SOURCE
+        if dev.strict and sport != qp.src_port:
+            # strict mode: a connected rxe (or softrdma) peer sends every packet of this
+            # connection from the port both ends derive from the path (the flow label, or
+            # both QPNs when it is 0), the port we send from (docs/security.md)
+            return Drop.STRICT_SPORT
+    elif qkey != qp.attr.qkey:
+        return Drop.QKEY_VIOLATION
+    return None
+
+
+def _icrc_good(p: Any, src: bytes, dst: bytes, sport: int, ip_id: int) -> bool:
+    """The ICRC check, one crc32 over the packet from a cached pseudo-header state
+    (wire/icrc.py), over IPv4 or IPv6."""
+    if len(src) == 4:
+        return icrc_ok_ipv4(p, src, dst, sport, ROCE_V2_UDP_DPORT, ip_id)
+    return icrc_ok_ipv6(p, src, dst, sport)
+
+
 def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int,
                    ip_header: bytes | None, sport: int, verify: bool) -> None:
+    """One packet: counted, parsed, its ICRC checked, then judged by :func:`drop_reason`:
+    dropped with the reason it gives, else handed to its QP (or the GSI)."""
     c = dev.counters
     c.rcvd_pkts += 1
     try:
@@ -87,70 +146,31 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         return
     if dev.trace is not None:
         trace_packet(dev, "rx", data, pkt, peer=src_ip)
-    if verify:  # one crc32 over the packet from a cached pseudo-header state (wire/icrc.py)
+    if verify:  # _icrc_good, inlined: a call per packet costs
         if len(src_ip) == 4:
-            good = icrc_ok_ipv4(pkt.buf, src_ip, dst_ip, sport, ROCE_V2_UDP_DPORT, ip_id)
+            good = icrc_ok_ipv4(data, src_ip, dst_ip, sport, ROCE_V2_UDP_DPORT, ip_id)
         else:
-            good = icrc_ok_ipv6(pkt.buf, src_ip, dst_ip, sport)
+            good = icrc_ok_ipv6(data, src_ip, dst_ip, sport)
         if not good:
             c.icrc_err += 1
             c.drop(Drop.BAD_ICRC)
             return
     if dev.capture is not None:
         dev.capture.record(bytes(data), src_ip, dst_ip, sport, ip_id=ip_id)
-    if dst_ip != dev.ip_packed:
-        c.drop(Drop.NOT_OUR_ADDRESS)
-        return
-    if pkt.tver != 0:
-        c.drop(Drop.BAD_TVER)
-        return
     info = pkt.info
-    if info.transport == Transport.CNP:
-        c.drop(Drop.CNP_IGNORED)
-        return
-    if (pkt.pkey & 0x7FFF) != 0x7FFF:
-        c.drop(Drop.BAD_PKEY)
-        return
     qpn = pkt.dest_qp
-    if qpn <= 1:  # the one comparison QPNs >= 16 pay for the special QPs
-        if qpn == 0:
-            c.drop(Drop.QP0)
-        else:  # QP1, the GSI: its own checks, then the MAD handler (soft/gsi.py)
-            dev.gsi.on_packet(pkt, src_ip, dst_ip, sport)
-        return
     qp = dev.qps.get(qpn)
-    if qp is None or qp.closed:
-        c.drop(Drop.NO_QP)
+    why = drop_reason(dev, data, info, qpn, qp, src_ip, dst_ip, sport, pkt.qkey)
+    if why is not None:
+        c.drop(why)
         return
-    if _TRANSPORT_OF_QPT.get(qp.qp_type) != info.transport:
-        c.drop(Drop.WRONG_TRANSPORT)
+    if qpn == 1:  # the GSI: its own checks, then the MAD handler (soft/gsi.py)
+        dev.gsi.on_packet(pkt, src_ip, dst_ip, sport)
         return
-    st = qp.state
-    if info.is_request:
-        if st not in _RESP_READY:
-            c.drop(Drop.QP_NOT_READY)
-            return
-    elif st not in _REQ_READY:
-        c.drop(Drop.QP_NOT_READY)
-        return
-    if qp.qp_type != T.IBV_QPT_UD:
-        av = qp.av
-        if av is None or av.dst_ip != src_ip:
-            c.drop(Drop.WRONG_SOURCE)
-            return
-        if dev.strict and sport != qp.src_port:
-            # strict mode: a connected rxe (or softrdma) peer sends every packet of this
-            # connection from the port both ends derive from the path (the flow label, or
-            # both QPNs when it is 0), the port we send from (docs/security.md)
-            c.drop(Drop.STRICT_SPORT)
-            return
-    elif pkt.qkey != qp.attr.qkey:
-        c.drop(Drop.QKEY_VIOLATION)
-        return
-    if info.is_request and st == S.IBV_QPS_RTR and not qp.comm_est_sent:
+    if info.is_request and qp.state == _RTR and not qp.comm_est_sent:
         qp.comm_est_sent = True
         dev.emit_async(AsyncEvent(ibv_event_type.IBV_EVENT_COMM_EST, qp.owner))
-    if ip_header is None and qp.qp_type == T.IBV_QPT_UD:
+    if ip_header is None and qp.qp_type == _UD:
         ip_header = synth_ip_header(src_ip, dst_ip, len(data), ip_id)  # UDP payload length
     qp.on_packet(pkt, ip_header or b"")
 
@@ -160,19 +180,20 @@ def receive_train(dev: Any, parts: list, src_ip: bytes, dst_ip: bytes, sport: in
     """The packets of a train received whole (UDP GRO), in order, device lock held.
 
     Each packet gets exactly what :func:`receive_packet` would give it, but a run of
-    MIDDLE packets of the message a QP is receiving is checked as a run: the QP, its
-    state, the path and the opcode sequence once; per packet only what can differ (its
-    opcode, QPN, length, flags, P_Key, PSN, AckReq); then the responder executes the run
-    in one call (:meth:`Responder.take_middles`). Anything else, and any packet the
-    shortcut stops at, goes through :func:`receive_packet`. ``ip_ids`` are the packets'
-    IPv4 IDs when known (the ICRC covers them; default 0). Callers use this only when no
-    capture, trace or receive fault wants each packet on its own."""
+    MIDDLE packets of the message a QP is receiving is checked as a run: the first packet
+    by the :func:`drop_reason` every packet gets on the other path, the rest by
+    :func:`next_middle` (the first one's header bytes again, the next PSN, no AckReq, a
+    full MTU), the ICRC of each; the responder says whether it expects such a MIDDLE
+    (:meth:`Responder.expects_middle`) and executes the run in one call
+    (:meth:`Responder.take_middles`). Anything else, and any packet the shortcut stops at,
+    goes through :func:`receive_packet`. ``ip_ids`` are the packets' IPv4 IDs when known
+    (the ICRC covers them; default 0). Callers use this only when no capture, trace or
+    receive fault wants each packet on its own."""
     c = dev.counters
     n = len(parts)
     i = 0
     while i < n:
-        j, qp = _middle_run(dev, parts, i, src_ip, sport, verify, ip_ids) \
-            if dst_ip == dev.ip_packed else (i, None)
+        j, qp = _middle_run(dev, parts, i, src_ip, dst_ip, sport, verify, ip_ids)
         if j > i:
             try:
                 done = qp.resp.take_middles(parts[i:j], qp.mtu())
@@ -189,57 +210,48 @@ def receive_train(dev: Any, parts: list, src_ip: bytes, dst_ip: bytes, sport: in
         i += 1
 
 
-def _icrc_good(p: Any, src: bytes, dst: bytes, sport: int, ip_id: int) -> bool:
-    if len(src) == 4:
-        return icrc_ok_ipv4(p, src, dst, sport, ROCE_V2_UDP_DPORT, ip_id)
-    return icrc_ok_ipv6(p, src, dst, sport)
+def next_middle(p: Any, size: int, head: int, psn: int) -> bool:
+    """Whether ``p`` is the next packet of a run of MIDDLEs: ``size`` bytes (a full MTU of
+    payload) and a BTH that is ``head`` (the run's first packet's bytes before the AckReq
+    byte: opcode, flags, P_Key, FECN/BECN, QPN, shifted into place), then AckReq and resv7
+    clear and PSN ``psn``. What :func:`drop_reason` decided for the first packet it decides
+    the same for such a packet, so it needs no other check."""
+    return len(p) == size and int.from_bytes(p[:BTH_SIZE], "big") == head | psn
 
 
-def _middle_run(dev: Any, parts: list, i: int, src_ip: bytes, sport: int, verify: bool,
-                ip_ids: list[int] | None) -> tuple[int, Any]:
+def _middle_run(dev: Any, parts: list, i: int, src_ip: bytes, dst_ip: bytes, sport: int,
+                verify: bool, ip_ids: list[int] | None) -> tuple[int, Any]:
     """The end of the run of MIDDLE packets from ``parts[i]`` that the QP they are for
     expects next and would take without a question, and that QP; ``(i, None)`` if there
-    is none."""
+    is none. Anything it does not take, :func:`receive_packet` judges."""
     p = parts[i]
-    if len(p) < 16:
+    if len(p) < BTH_SIZE + ICRC_SIZE:
         return i, None
-    op = p[0]
-    after = _MIDDLE_AFTER.get(op)
-    if after is None:
+    info = OPCODE_LIST[p[BTH_OPCODE_OFFSET]]
+    # a request MIDDLE without pad: parse takes it whole (the length is checked below)
+    if info is None or not info.middle or not info.is_request or p[_FLAGS] & BTH_PAD_MASK:
         return i, None
-    qpn = p[5:8]
-    qp = dev.qps.get(int.from_bytes(qpn, "big"))
-    if qp is None or qp.closed:
-        return i, None
-    st = qp.state
-    if st not in _RESP_READY or (st == S.IBV_QPS_RTR and not qp.comm_est_sent):
-        return i, None
-    qpt = qp.qp_type
-    if qpt != (T.IBV_QPT_RC if op < 0x20 else T.IBV_QPT_UC):
-        return i, None
-    av = qp.av
-    if av is None or av.dst_ip != src_ip or (dev.strict and sport != qp.src_port):
-        return i, None
+    qpn = int.from_bytes(p[_QPN:_ACK], "big")
+    qp = dev.qps.get(qpn)
+    if qpn == 1 or drop_reason(dev, p, info, qpn, qp, src_ip, dst_ip, sport, None) is not None:
+        return i, None  # the GSI's, or dropped: receive_packet's
+    if qp.state == _RTR and not qp.comm_est_sent:
+        return i, None  # receive_packet raises IBV_EVENT_COMM_EST first
     resp = qp.resp
-    if resp.opcode not in after or (qpt == T.IBV_QPT_UC and resp.drop_msg):
+    if not resp.expects_middle(info.opcode):
         return i, None
-    if op in _WRITE_MIDDLES and not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
-        return i, None
-    size = BTH_SIZE + qp.mtu() + 4
+    size = info.length + qp.mtu() + ICRC_SIZE
+    head = int.from_bytes(p[:_ACK], "big") << _HEAD_SHIFT
     psn = resp.psn
+    own = dev.ip_packed
     j = i
     n = len(parts)
     while j < n:
         p = parts[j]
-        # opcode, flags 0 (no SE, MigReq, pad or TVer), a full P_Key, the QP, AckReq clear
-        # and the next PSN: anything else is for receive_packet to judge
-        if len(p) != size or p[0] != op or p[1] != 0 or p[5:8] != qpn or p[8] & 0x80 or \
-                (p[3] != 0xFF or p[2] & 0x7F != 0x7F) or \
-                int.from_bytes(p[9:12], "big") != psn:
+        if not next_middle(p, size, head, psn):
             break
-        if verify and not _icrc_good(p, src_ip, dev.ip_packed, sport,
-                                     ip_ids[j] if ip_ids else 0):
+        if verify and not _icrc_good(p, src_ip, own, sport, ip_ids[j] if ip_ids else 0):
             break  # receive_packet counts and drops it
-        psn = (psn + 1) & 0xFFFFFF
+        psn = (psn + 1) & BTH_PSN_MASK
         j += 1
     return j, qp

@@ -54,7 +54,8 @@ __all__ = [
     "ROCE_V2_UDP_DPORT", "DEFAULT_PKEY", "GSI_QKEY", "PSN_MASK", "QPN_MASK",
     "BTH_SE", "BTH_MIG", "BTH_PAD_MASK", "BTH_PAD_SHIFT", "BTH_TVER_MASK", "BTH_FECN",
     "BTH_BECN", "BTH_RESV6A_MASK", "BTH_QPN_MASK", "BTH_ACK", "BTH_RESV7_MASK",
-    "BTH_PSN_MASK",
+    "BTH_PSN_MASK", "BTH_OPCODE_OFFSET", "BTH_FLAGS_OFFSET", "BTH_PKEY_OFFSET",
+    "BTH_QPN_OFFSET", "BTH_ACK_OFFSET", "BTH_PSN_OFFSET",
     "AETH_TYPE_MASK", "AETH_VALUE_MASK", "AETH_MSN_MASK", "AETH_ACK_UNLIMITED",
     "AethType", "NakCode", "aeth_type", "aeth_value", "aeth_syndrome_name", "make_syndrome",
     # the descriptions
@@ -347,6 +348,31 @@ BTH = Header(None, "BTH", "base transport header", "!BBHII", (
     _f("resv7", 7, "reserved"),
     _f("psn", 24, "packet sequence number"),
 ))
+
+
+def _byte_offset(h: Header, name: str) -> int:
+    """Where field ``name`` of ``h`` starts, in bytes from the header's start."""
+    bits = 0
+    for f in h.fields:
+        if f.name == name:
+            if bits % 8:
+                raise ValueError(f"{h.name}.{name} does not start on a byte")
+            return bits // 8
+        bits += f.bits
+    raise KeyError(name)
+
+
+#: Byte offsets into the BTH, from its description above: for code that judges a packet
+#: from its bytes without decoding it (the receive path's train shortcut, softrdma.soft.rx).
+#: The flags byte holds SE, MigReq, PadCnt and TVer (BTH_SE .. BTH_TVER_MASK), the P_Key is
+#: two bytes, the QPN the three bytes after FECN/BECN/resv6, the AckReq byte holds AckReq
+#: (its top bit) and resv7, and the PSN is the last three bytes.
+BTH_OPCODE_OFFSET = _byte_offset(BTH, "opcode")  # 0
+BTH_FLAGS_OFFSET = _byte_offset(BTH, "se")  # 1
+BTH_PKEY_OFFSET = _byte_offset(BTH, "pkey")  # 2
+BTH_QPN_OFFSET = _byte_offset(BTH, "dest_qp")  # 5
+BTH_ACK_OFFSET = _byte_offset(BTH, "ackreq")  # 8
+BTH_PSN_OFFSET = _byte_offset(BTH, "psn")  # 9
 
 RETH = Header(Hdr.RETH, "RETH", "RDMA extended transport header", "!QII", (
     _f("va", 64, "virtual address of the remote buffer"),

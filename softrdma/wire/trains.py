@@ -37,6 +37,7 @@ import zlib
 from functools import lru_cache
 from typing import Iterator, Sequence
 
+from .headers import BTH_ACK_OFFSET, BTH_OPCODE_OFFSET, BTH_QPN_OFFSET
 from .opcodes import OPCODE_LIST
 
 __all__ = ["MAX_SEGMENTS", "MAX_TRAIN_BYTES", "coalesce", "ip_id_delta", "train_iov",
@@ -135,6 +136,7 @@ def split(buf: memoryview, nbytes: int, gso_size: int) -> list[memoryview]:
 
 
 _PATH_MTUS = (4096, 2048, 1024, 512, 256)
+_QPN, _QPN_END = BTH_QPN_OFFSET, BTH_ACK_OFFSET  # the destination QPN's bytes in the BTH
 
 
 def split_unsized(roce: bytes) -> list[bytes]:
@@ -149,14 +151,15 @@ def split_unsized(roce: bytes) -> list[bytes]:
     n = len(roce)
     if n < 32:
         return [roce]
-    first = OPCODE_LIST[roce[0]]
+    first = OPCODE_LIST[roce[BTH_OPCODE_OFFSET]]
     if first is None:
         return [roce]
-    qpn = roce[5:8]
+    qpn = roce[_QPN:_QPN_END]
     for seg in [first.length + m + 4 for m in _PATH_MTUS] + [first.length + 4]:
         if seg >= n:
             continue
-        if all(n - o >= 16 and roce[o + 5:o + 8] == qpn and OPCODE_LIST[roce[o]] is not None
+        if all(n - o >= 16 and roce[o + _QPN:o + _QPN_END] == qpn and
+               OPCODE_LIST[roce[o + BTH_OPCODE_OFFSET]] is not None
                for o in range(seg, n, seg)):
             return [roce[o:o + seg] for o in range(0, n, seg)]
     return [roce]
