@@ -28,7 +28,7 @@ from .ffi import ibv_ah_attr, ibv_gid, ibv_qp_attr
 
 __all__ = ["lib", "load_error", "call", "STRUCTS", "check_layouts", "sockaddr_in",
            "sockaddr_in6", "sockaddr_storage", "rdma_cm_id", "rdma_cm_event",
-           "rdma_conn_param", "rdma_ud_param", "rdma_event_channel", "AF_INET", "AF_INET6"]
+           "rdma_conn_param", "rdma_ud_param", "rdma_event_channel", "ibv_sa_path_rec", "AF_INET", "AF_INET6"]
 
 AF_INET, AF_INET6 = 2, 10  # Linux
 
@@ -85,6 +85,16 @@ class rdma_addr(Structure):
     _fields_ = [("_src", _src_u), ("_dst", _dst_u), ("addr", _ib_u)]
 
 
+class ibv_sa_path_rec(Structure):  # <infiniband/sa.h>, what rdma_route.path_rec points to
+    _fields_ = [("dgid", ibv_gid), ("sgid", ibv_gid), ("dlid", c_uint16), ("slid", c_uint16),
+                ("raw_traffic", c_int), ("flow_label", c_uint32), ("hop_limit", c_uint8),
+                ("traffic_class", c_uint8), ("reversible", c_int), ("numb_path", c_uint8),
+                ("pkey", c_uint16), ("sl", c_uint8), ("mtu_selector", c_uint8),
+                ("mtu", c_uint8), ("rate_selector", c_uint8), ("rate", c_uint8),
+                ("packet_life_time_selector", c_uint8), ("packet_life_time", c_uint8),
+                ("preference", c_uint8)]
+
+
 class rdma_route(Structure):
     _fields_ = [("addr", rdma_addr), ("path_rec", c_void_p), ("num_paths", c_int)]
 
@@ -126,7 +136,7 @@ STRUCTS: dict[str, type] = {
     "struct sockaddr": sockaddr, "struct sockaddr_in": sockaddr_in,
     "struct sockaddr_in6": sockaddr_in6, "struct sockaddr_storage": sockaddr_storage,
     "struct rdma_ib_addr": rdma_ib_addr, "struct rdma_addr": rdma_addr,
-    "struct rdma_route": rdma_route, "struct rdma_event_channel": rdma_event_channel,
+    "struct ibv_sa_path_rec": ibv_sa_path_rec, "struct rdma_route": rdma_route, "struct rdma_event_channel": rdma_event_channel,
     "struct rdma_cm_id": rdma_cm_id, "struct rdma_conn_param": rdma_conn_param,
     "struct rdma_ud_param": rdma_ud_param, "struct rdma_cm_event": rdma_cm_event,
 }
