@@ -246,8 +246,10 @@ class CMEventChannel:
         self.closed = True
         h = F.need().rdma_create_event_channel()
         if not h:
-            raise PyverbsRDMAError("Failed to create event channel", ctypes.get_errno() or
-                                   errno.ENODEV)
+            err = ctypes.get_errno() or errno.ENODEV
+            why = " (no /dev/infiniband/rdma_cm: is rdma_ucm loaded?)" \
+                if err in (errno.ENODEV, errno.ENOENT) else ""
+            raise PyverbsRDMAError(f"Failed to create event channel (librdmacm){why}", err)
         self.handle: int = h
         self.closed = False
 

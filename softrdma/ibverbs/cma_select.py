@@ -32,10 +32,10 @@ def _gid(ip: Any) -> bytes:
     return (b"\0" * 10 + b"\xff\xff" + ip.packed) if isinstance(ip, IPv4Address) else ip.packed
 
 
-def hw_holds_address(ip: Any, pattern: str = SYSFS_GIDS) -> bool:
+def hw_holds_address(ip: Any) -> bool:
     """Whether a kernel RDMA device (rxe0, a NIC) has ``ip`` in a GID table."""
     want = _gid(ip)
-    for path in glob.glob(pattern):
+    for path in glob.glob(SYSFS_GIDS):
         try:
             with open(path) as fh:
                 if bytes.fromhex(fh.read().strip().replace(":", "")) == want:
