@@ -53,7 +53,7 @@ PORTS = itertools.count(random.randint(20000, 40000))
 RC = QPInitAttr(qp_type=E.IBV_QPT_RC, cap=QPCap(max_send_wr=8, max_recv_wr=8))
 
 
-def _ipv4(dev: str) -> str:
+def _ipv4(dev: str) -> str | None:
     """The device's IPv4 address, from its IPv4-mapped GID (rxe: index 1)."""
     for path in sorted(glob.glob(f"/sys/class/infiniband/{dev}/ports/1/gids/*")):
         try:
@@ -62,7 +62,7 @@ def _ipv4(dev: str) -> str:
             continue
         if raw[:12] == bytes(10) + b"\xff\xff" and raw[12:] != bytes(4):
             return ".".join(str(b) for b in raw[12:])
-    raise AssertionError(f"{dev} has no IPv4 address in its GID table")
+    return None  # (collected on a host without the device: the fixture below says so)
 
 
 IP = _ipv4(DEV)
@@ -75,6 +75,7 @@ def rdma_cm_device():
     if not os.path.exists("/dev/infiniband/rdma_cm") and os.geteuid() == 0:
         subprocess.run(["modprobe", "rdma_ucm"], capture_output=True)
     assert os.path.exists("/dev/infiniband/rdma_cm"), "no /dev/infiniband/rdma_cm (rdma_ucm)"
+    assert IP is not None, f"{DEV} has no IPv4 address in its GID table"
 
 
 @pytest.fixture
