@@ -301,8 +301,14 @@ class CMEventChannel:
                                    errno.EBADF)
 
     def close(self) -> None:
+        """Destroy the ids still on the channel (librdmacm would otherwise keep ids whose
+        channel is freed), then the channel."""
         if not self.closed:
             self.closed = True
+            with _lock:
+                left = [rid for rid in _ids.values() if rid.channel is self]
+            for rid in left:
+                rid.destroy()
             F.need().rdma_destroy_event_channel(self.handle)
 
     def __enter__(self) -> "CMEventChannel":

@@ -29,14 +29,14 @@ from softrdma import socket as rsock
 from softrdma.errors import PyverbsRDMAError
 from softrdma.ibverbs import cma, cma_select
 from softrdma.rdmacm import (
-    RAI_PASSIVE, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, AddrInfo, CMEventChannel,
-    CMID, ConnParam,
+    RAI_PASSIVE, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, RDMA_PS_UDP, RDMA_UDP_QKEY,
+    AddrInfo, CMEventChannel, CMID, ConnParam, UDParam,
 )
 from softrdma.rdmacm import cmid as soft_cmid
 from softrdma.rdmacm.enums import rdma_cm_event_type as EV
 from softrdma.socket import Receiver
 from softrdma.socket.rsocket import RSocket
-from softrdma.verbs_api import QPCap, QPInitAttr, set_backend
+from softrdma.verbs_api import AH, QPCap, QPInitAttr, set_backend
 from softrdma.verbs_api import enums as E
 
 
@@ -253,6 +253,47 @@ def test_reject_carries_private_data_and_refuses(hw):
     finally:
         for x in (cli, lis, sch, cch):
             x.close()
+
+
+def test_ud_service_resolution_and_a_datagram(hw):
+    """RDMA_PS_UDP: SIDR REQ/REP; the client's ESTABLISHED carries the service's QPN,
+    Q_Key and address vector."""
+    port = next(PORTS)
+    ud_qp = QPInitAttr(qp_type=E.IBV_QPT_UD, cap=QPCap(max_send_wr=4, max_recv_wr=4))
+    sch, cch = CMEventChannel(), CMEventChannel()
+    lis, cli = CMID(sch, port_space=RDMA_PS_UDP), CMID(cch, port_space=RDMA_PS_UDP)
+    srv = None
+    try:
+        lis.bind_addr(AddrInfo(src=IP, src_service=str(port), flags=RAI_PASSIVE,
+                               port_space=RDMA_PS_UDP))
+        lis.listen()
+        cli.resolve_addr(AddrInfo(dst=IP, dst_service=str(port), port_space=RDMA_PS_UDP))
+        _ev(cch, EV.RDMA_CM_EVENT_ADDR_RESOLVED)
+        cli.resolve_route()
+        _ev(cch, EV.RDMA_CM_EVENT_ROUTE_RESOLVED)
+        cli.create_qp(ud_qp)
+        assert cli.qp.state == E.IBV_QPS_RTS
+        cli.connect(ConnParam())
+        srv = CMID(_ev(sch, EV.RDMA_CM_EVENT_CONNECT_REQUEST), listen_id=lis)
+        srv.create_qp(ud_qp)
+        rx = srv.reg_msgs(128)
+        srv.post_recv(rx)
+        srv.accept(ConnParam())
+        ud = UDParam(_ev(cch, EV.RDMA_CM_EVENT_ESTABLISHED))
+        assert ud.qp_num == srv.qpn and ud.qkey == RDMA_UDP_QKEY
+        ah = AH(cli.pd, attr=ud.ah_attr)
+        tx = cli.reg_msgs(64)
+        tx.write(b"datagram", 8, 0)
+        cli.post_ud_send(tx, ah, ud.qp_num, length=8)
+        assert cli.get_send_comp(10).status == E.IBV_WC_SUCCESS
+        wc = srv.get_recv_comp(10)
+        assert wc.status == E.IBV_WC_SUCCESS and wc.byte_len == 40 + 8
+        assert rx.read(8, 40) == b"datagram"
+        ah.close()
+    finally:
+        for x in (cli, srv, lis, sch, cch):
+            if x is not None:
+                x.close()
 
 
 # ---- the synchronous style (rdma_create_ep) --------------------------------------------------

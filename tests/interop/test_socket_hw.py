@@ -53,8 +53,10 @@ def _ready(p, word: str, timeout: float = 60) -> None:
 
 def test_rdmacm_socket_mq_and_rsocket_tests_on_rxe0_in_the_guest(lab):
     _rdma_ucm(lab)
-    run_in_guest(lab, "rdmacm-hw-rxe0", ROOT / "tests" / "hw" / "test_rdmacm_hw.py", HW_ENV,
-                 "", collect_env=HW_ENV)
+    # PYTHONPATH: this tree's softrdma before any installed one (the pytest plugin loads
+    # softrdma before the rootdir is on sys.path)
+    run_in_guest(lab, "rdmacm-hw-rxe0", ROOT / "tests" / "hw" / "test_rdmacm_hw.py",
+                 {**HW_ENV, "PYTHONPATH": str(ROOT)}, "", collect_env=HW_ENV)
 
 
 def test_socket_host_client_to_rxe0_server(scenario):
