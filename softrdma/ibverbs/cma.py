@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from ctypes import byref, c_int, c_uint8, c_void_p, sizeof
-from ipaddress import IPv4Address, IPv6Address, ip_address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from ..errors import PyverbsRDMAError, PyverbsUserError

@@ -28,7 +28,8 @@ from .ffi import ibv_ah_attr, ibv_gid, ibv_qp_attr
 
 __all__ = ["lib", "load_error", "call", "STRUCTS", "check_layouts", "sockaddr_in",
            "sockaddr_in6", "sockaddr_storage", "rdma_cm_id", "rdma_cm_event",
-           "rdma_conn_param", "rdma_ud_param", "rdma_event_channel", "ibv_sa_path_rec", "AF_INET", "AF_INET6"]
+           "rdma_conn_param", "rdma_ud_param", "rdma_event_channel", "ibv_sa_path_rec",
+           "AF_INET", "AF_INET6", "need", "header_missing"]
 
 AF_INET, AF_INET6 = 2, 10  # Linux
 
@@ -136,7 +137,8 @@ STRUCTS: dict[str, type] = {
     "struct sockaddr": sockaddr, "struct sockaddr_in": sockaddr_in,
     "struct sockaddr_in6": sockaddr_in6, "struct sockaddr_storage": sockaddr_storage,
     "struct rdma_ib_addr": rdma_ib_addr, "struct rdma_addr": rdma_addr,
-    "struct ibv_sa_path_rec": ibv_sa_path_rec, "struct rdma_route": rdma_route, "struct rdma_event_channel": rdma_event_channel,
+    "struct ibv_sa_path_rec": ibv_sa_path_rec, "struct rdma_route": rdma_route,
+    "struct rdma_event_channel": rdma_event_channel,
     "struct rdma_cm_id": rdma_cm_id, "struct rdma_conn_param": rdma_conn_param,
     "struct rdma_ud_param": rdma_ud_param, "struct rdma_cm_event": rdma_cm_event,
 }
