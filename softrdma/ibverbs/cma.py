@@ -20,6 +20,10 @@ same kind of object on both backends.
 Every event is copied out and acknowledged at once (``rdma_destroy_id`` and
 ``rdma_migrate_id`` wait for unacknowledged events), so a :class:`CMEvent` holds no
 librdmacm resource.
+
+Modules: :mod:`.cma_ffi` (rdma_cma.h in ctypes, its layout check), :mod:`.cma_id` (the C
+id, its addresses and QP transitions), :mod:`.cma_event` (channel and events), this one
+(the CMID API), :mod:`.cma_select` (which backend).
 """
 
 from __future__ import annotations
@@ -28,345 +32,26 @@ import copy
 import ctypes
 import errno
 import select
-import socket
 import sys
-import threading
 import time
 from ctypes import byref, c_int, c_uint8, c_void_p, sizeof
-from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from ..errors import PyverbsRDMAError, PyverbsUserError
 from ..rdmacm.enums import (
-    RAI_PASSIVE, RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES, RDMA_OPTION_ID,
-    RDMA_OPTION_ID_ACK_TIMEOUT, RDMA_OPTION_ID_REUSEADDR, RDMA_OPTION_ID_TOS, RDMA_PS_IB,
-    RDMA_PS_TCP, RDMA_PS_UDP, event_str, rdma_cm_event_type as E,
+    RAI_PASSIVE, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, RDMA_OPTION_ID_REUSEADDR,
+    RDMA_OPTION_ID_TOS, RDMA_PS_IB, RDMA_PS_TCP, RDMA_PS_UDP, event_str,
+    rdma_cm_event_type as E,
 )
-from ..verbs_api.enums import ibv_qp_state as Q, ibv_qp_type as T
+from ..verbs_api.enums import ibv_qp_state as Q
 from . import cma_ffi as F, convert
-from .context import HwContext
+from .cma_event import CMEvent, CMEventChannel, Event
+from .cma_id import RdmaCmId, context_of, sockaddr as _sockaddr
 
 __all__ = ["CMEventChannel", "CMEvent", "CMID", "RdmaCmId", "Event"]
 
 #: how long a synchronous call waits for its event (as softrdma.rdmacm.cmid)
 SYNC_TIMEOUT = 120.0
-_UD_SPACES = (RDMA_PS_UDP,)
-
-_lock = threading.Lock()
-_ids: dict[int, "RdmaCmId"] = {}  # rdma_cm_id* -> its object: an event names the CMID's own
-_contexts: dict[int, Any] = {}  # ibv_context* -> its Context: one per device, as librdmacm's
-
-
-def context_of(verbs: int) -> Any:
-    """The verbs_api Context of an ``ibv_context*`` librdmacm opened (made once)."""
-    with _lock:
-        ctx = _contexts.get(verbs)
-        if ctx is None or ctx.closed:
-            ctx = _contexts[verbs] = HwContext.adopt(verbs)
-        return ctx
-
-
-# ---- sockaddr <-> (ip, port) ----------------------------------------------------------------
-
-def _sockaddr(ip: Any, port: int) -> Any:
-    """A ``sockaddr_in``/``sockaddr_in6`` for ``ip`` (None: the IPv4 wildcard)."""
-    ip = IPv4Address(0) if ip is None else ip
-    if isinstance(ip, IPv4Address):
-        sa = F.sockaddr_in(sin_family=F.AF_INET, sin_port=socket.htons(port))
-        sa.sin_addr.s_addr = int.from_bytes(ip.packed, "little")
-        return sa
-    sa6 = F.sockaddr_in6(sin6_family=F.AF_INET6, sin6_port=socket.htons(port))
-    ctypes.memmove(ctypes.addressof(sa6.sin6_addr), ip.packed, 16)
-    return sa6
-
-
-def _from_sockaddr(storage: Any) -> tuple[Any, int]:
-    """``(ip_address or None, port)`` of a ``sockaddr_storage``."""
-    fam = storage.ss_family
-    base = ctypes.addressof(storage)
-    if fam == F.AF_INET:
-        sa = F.sockaddr_in.from_address(base)
-        return IPv4Address(sa.sin_addr.s_addr.to_bytes(4, "little")), socket.ntohs(sa.sin_port)
-    if fam == F.AF_INET6:
-        sa6 = F.sockaddr_in6.from_address(base)
-        return IPv6Address(bytes(sa6.sin6_addr)), socket.ntohs(sa6.sin6_port)
-    return None, 0
-
-
-# ---- the C id ---------------------------------------------------------------------------------
-
-class RdmaCmId:
-    """One ``struct rdma_cm_id``: its addresses, device, channel and the QP given to it.
-    The same object for the CMID and for every event about the id."""
-
-    def __init__(self, addr: int, channel: "CMEventChannel") -> None:
-        self.addr = addr
-        self.c = F.rdma_cm_id.from_address(addr)
-        self.channel = channel
-        self.qp: Any = None
-        self.is_ud = self.c.ps in _UD_SPACES
-        with _lock:
-            _ids[addr] = self
-
-    @staticmethod
-    def of(addr: int | None, channel: "CMEventChannel") -> "RdmaCmId | None":
-        """The object of ``addr``: the known one, or a new one (an id librdmacm made for a
-        connection request)."""
-        if not addr:
-            return None
-        with _lock:
-            rid = _ids.get(addr)
-        return rid if rid is not None else RdmaCmId(addr, channel)
-
-    # -- addresses (the soft id's names) -------------------------------------------------
-    @property
-    def local_ip(self) -> Any:
-        return _from_sockaddr(self.c.route.addr.src_storage)[0]
-
-    @property
-    def src_port(self) -> int:
-        return _from_sockaddr(self.c.route.addr.src_storage)[1]
-
-    @property
-    def dst_ip(self) -> Any:
-        return _from_sockaddr(self.c.route.addr.dst_storage)[0]
-
-    @property
-    def dst_port(self) -> int:
-        return _from_sockaddr(self.c.route.addr.dst_storage)[1]
-
-    @property
-    def verbs(self) -> int:
-        """The ``ibv_context*`` the id is bound to (0: none yet)."""
-        return self.c.verbs or 0
-
-    @property
-    def packet_life_time(self) -> int | None:
-        """The route's path record's packet lifetime (None without a path)."""
-        if self.c.route.num_paths < 1 or not self.c.route.path_rec:
-            return None
-        return F.ibv_sa_path_rec.from_address(self.c.route.path_rec).packet_life_time
-
-    # -- the QP's transitions (cma.c's ucma_modify_qp_*) ----------------------------------
-    def init_qp_attr(self, state: int) -> tuple[Any, int]:
-        """``rdma_init_qp_attr``: the attributes and mask for moving the QP to ``state``."""
-        a, mask = F.ibv_qp_attr(qp_state=int(state)), c_int(0)
-        F.call(f"Failed to get QP attributes for state {int(state)}", "rdma_init_qp_attr",
-               self.addr, byref(a), byref(mask))
-        return a, mask.value
-
-    def modify_qp(self, state: int, **override: int) -> None:
-        """Move the id's QP to ``state`` with rdma_cm's attributes (``override`` replaces
-        some, as librdmacm does with the connection's resources)."""
-        a, mask = self.init_qp_attr(state)
-        for name, val in override.items():
-            setattr(a, name, val)
-        self.qp.modify(convert.qp_attr_from_c(a), mask)
-
-    def to_rts(self, resp_res: int = RDMA_MAX_RESP_RES,
-               init_depth: int = RDMA_MAX_INIT_DEPTH) -> None:
-        """INIT (again: rdma_cm's values may have changed), RTR, RTS (``ucma_modify_qp_rtr``
-        and ``_rts``; RDMA_MAX_* keeps the kernel's numbers)."""
-        self.modify_qp(Q.IBV_QPS_INIT)
-        rtr = {} if resp_res == RDMA_MAX_RESP_RES else {"max_dest_rd_atomic": resp_res}
-        self.modify_qp(Q.IBV_QPS_RTR, **rtr)
-        rts = {} if init_depth == RDMA_MAX_INIT_DEPTH else {"max_rd_atomic": init_depth}
-        self.modify_qp(Q.IBV_QPS_RTS, **rts)
-
-    def attach_qp(self, qp: Any) -> None:
-        """The QP becomes the id's, in INIT (UD: up to RTS, ``ucma_init_ud_qp``)."""
-        self.qp = qp
-        try:
-            self.modify_qp(Q.IBV_QPS_INIT)
-            if qp.qp_type == T.IBV_QPT_UD:
-                from ..verbs_api import QPAttr
-                from ..verbs_api.enums import ibv_qp_attr_mask as M
-                qp.modify(QPAttr(qp_state=Q.IBV_QPS_RTR), int(M.IBV_QP_STATE))
-                qp.modify(QPAttr(qp_state=Q.IBV_QPS_RTS, sq_psn=0),
-                          int(M.IBV_QP_STATE | M.IBV_QP_SQ_PSN))
-        except BaseException:
-            self.qp = None
-            raise
-
-    def migrate(self, channel: "CMEventChannel") -> None:
-        F.call("Failed to migrate the id", "rdma_migrate_id", self.addr, channel.handle)
-        self.channel = channel
-
-    def destroy(self) -> None:
-        with _lock:
-            if _ids.pop(self.addr, None) is None:
-                return
-        F.need().rdma_destroy_id(self.addr)
-
-    def __repr__(self) -> str:
-        return f"<rdma_cm_id {self.local_ip}:{self.src_port} -> {self.dst_ip}:{self.dst_port}>"
-
-
-# ---- events -----------------------------------------------------------------------------------
-
-class Event:
-    """An ``rdma_cm_event`` copied out of librdmacm (already acknowledged)."""
-
-    def __init__(self, c: F.rdma_cm_event, channel: "CMEventChannel") -> None:
-        self.id = RdmaCmId.of(c.id, channel)
-        self.listen_id = RdmaCmId.of(c.listen_id, channel) if c.listen_id else None
-        self.event, self.status = c.event, c.status
-        ud = self.id is not None and self.id.is_ud
-        p = c.param.ud if ud else c.param.conn
-        n = p.private_data_len
-        self.private_data = ctypes.string_at(p.private_data, n) if p.private_data and n else b""
-        self.conn: Any = None
-        self.ud: Any = None
-        if ud:
-            self.ud = UDInfo(p.qp_num, p.qkey, convert.ah_attr_from_c(p.ah_attr))
-        else:
-            from ..rdmacm.cmid import ConnParam
-            cp = ConnParam(resources=p.responder_resources, depth=p.initiator_depth,
-                           flow_control=p.flow_control & 1, retry=p.retry_count,
-                           rnr_retry=p.rnr_retry_count, srq=p.srq & 1,
-                           qp_num=p.qp_num & 0xFFFFFF, data_len=len(self.private_data))
-            cp.set_private_data(self.private_data)
-            self.conn = cp.params
-
-
-class UDInfo:
-    """``rdma_ud_param``: how to reach a UD service (``qp_num``, ``qkey``, ``ah_attr``)."""
-
-    def __init__(self, qp_num: int, qkey: int, ah_attr: Any) -> None:
-        self.qp_num, self.qkey, self.ah_attr = qp_num, qkey, ah_attr
-
-
-class CMEventChannel:
-    """``rdma_event_channel`` of librdmacm: ``fd`` is readable while an event waits."""
-
-    #: what softrdma.rdmacm.cmid's classes look for to hand an object to this module
-    _hw_cm = sys.modules[__name__]
-
-    def __init__(self) -> None:
-        self.closed = True
-        h = F.need().rdma_create_event_channel()
-        if not h:
-            err = ctypes.get_errno() or errno.ENODEV
-            why = " (no /dev/infiniband/rdma_cm: is rdma_ucm loaded?)" \
-                if err in (errno.ENODEV, errno.ENOENT) else ""
-            raise PyverbsRDMAError(f"Failed to create event channel (librdmacm){why}", err)
-        self.handle: int = h
-        self.closed = False
-
-    @property
-    def fd(self) -> int:
-        return F.rdma_event_channel.from_address(self.handle).fd
-
-    def wait(self, timeout: float | None) -> bool:
-        """Block up to ``timeout`` seconds (None: for ever) until an event waits; no event
-        is taken. True when one does."""
-        self._check()
-        t = None if timeout is None else max(0.0, timeout)
-        return bool(select.select([self.fd], [], [], t)[0])
-
-    def pending(self) -> bool:
-        return self.wait(0)
-
-    def get(self, timeout: float | None = None) -> Event:
-        """The next event (``rdma_get_cm_event``, then ``rdma_ack_cm_event``); ETIMEDOUT
-        when none comes within ``timeout`` seconds."""
-        if not self.wait(timeout):
-            raise PyverbsRDMAError("rdma_get_cm_event: no event", errno.ETIMEDOUT)
-        p = c_void_p()
-        F.call("rdma_get_cm_event failed", "rdma_get_cm_event", self.handle, byref(p))
-        try:
-            ev = Event(F.rdma_cm_event.from_address(p.value), self)
-        finally:
-            F.need().rdma_ack_cm_event(p.value)
-        if ev.event == E.RDMA_CM_EVENT_CONNECT_RESPONSE and ev.id is not None and \
-                ev.id.qp is not None:
-            _complete_connect(ev)
-        return ev
-
-    def get_cm_event(self, timeout: float | None = None) -> "CMEvent":
-        return CMEvent(self, timeout)
-
-    # the socket layer reaches the soft channel as ``channel.channel`` until it uses the
-    # accessors above (issue 25, section 2): the same calls work on this one
-    @property
-    def channel(self) -> "CMEventChannel":
-        return self
-
-    def adopt(self, rid: RdmaCmId) -> None:
-        rid.migrate(self)
-
-    def _check(self) -> None:
-        if self.closed:
-            raise PyverbsRDMAError("rdma_get_cm_event: the event channel is closed",
-                                   errno.EBADF)
-
-    def close(self) -> None:
-        """Destroy the ids still on the channel (librdmacm would otherwise keep ids whose
-        channel is freed), then the channel."""
-        if not self.closed:
-            self.closed = True
-            with _lock:
-                left = [rid for rid in _ids.values() if rid.channel is self]
-            for rid in left:
-                rid.destroy()
-            F.need().rdma_destroy_event_channel(self.handle)
-
-    def __enter__(self) -> "CMEventChannel":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def _complete_connect(ev: Event) -> None:
-    """``ucma_process_conn_resp``: the REP arrived; our QP to RTS, RTU out, and the event
-    is ESTABLISHED (CONNECT_ERROR with the QP in ERR if a step fails)."""
-    rid = ev.id
-    try:
-        rid.to_rts()
-        F.call("rdma_establish failed", "rdma_establish", rid.addr)
-        ev.event = E.RDMA_CM_EVENT_ESTABLISHED
-    except PyverbsRDMAError as e:
-        ev.event, ev.status = E.RDMA_CM_EVENT_CONNECT_ERROR, -(e.error_code or errno.EIO)
-        try:
-            rid.qp.to_error()
-        except PyverbsRDMAError:
-            pass
-
-
-class CMEvent:
-    """``rdma_cm_event`` read from a hardware channel; the soft CMEvent's accessors."""
-
-    _hw_cm = sys.modules[__name__]
-
-    def __init__(self, channel: CMEventChannel, timeout: float | None = None) -> None:
-        if not isinstance(channel, CMEventChannel):
-            raise PyverbsRDMAError("Failed to create CMEvent: channel must be a "
-                                   f"CMEventChannel, not {type(channel).__name__}",
-                                   errno.EINVAL)
-        self._ev = channel.get(timeout)
-        self.event: Event | None = self._ev
-
-    event_type = property(lambda self: self._ev.event)
-    status = property(lambda self: self._ev.status)
-    private_data = property(lambda self: self._ev.private_data)
-    id = property(lambda self: self._ev.id)
-    listen_id = property(lambda self: self._ev.listen_id)
-
-    @property
-    def param(self) -> Any:
-        return self._ev.ud if self._ev.ud is not None else self._ev.conn
-
-    def event_str(self) -> str:
-        return event_str(self._ev.event)
-
-    def ack_cm_event(self) -> None:
-        self.event = None  # acknowledged when read
-
-    close = ack_cm_event
-
-    def __repr__(self) -> str:
-        return f"CMEvent({event_str(self._ev.event)}, status={self._ev.status})"
 
 
 # ---- the id -----------------------------------------------------------------------------------
@@ -381,8 +66,6 @@ class CMID:
     """``rdma_cm_id`` on librdmacm, made as the soft one: ``CMID(channel, port_space=...)``
     (events), ``CMID(AddrInfo(...), qp_init_attr, pd)`` (synchronous), ``CMID(event,
     listen_id=listener)`` (the id a CONNECT_REQUEST carries)."""
-
-    _hw_cm = sys.modules[__name__]
 
     @staticmethod
     def _verbs() -> Any:
@@ -769,3 +452,6 @@ def _share_rdma_verbs_helpers() -> None:
 
 _share_rdma_verbs_helpers()
 
+
+# what softrdma.rdmacm.cmid's classes look for to hand a new object to this module
+CMEventChannel._hw_cm = CMEvent._hw_cm = CMID._hw_cm = sys.modules[__name__]
