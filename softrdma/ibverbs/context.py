@@ -73,9 +73,23 @@ class HwContext(v_device.Context):
         if isinstance(name, bytes):
             name = name.decode()
         self.closed = True  # until open: __del__ and close() must not touch anything
+        self._attach(*devices.open_device(name), owned=True)
+
+    @classmethod
+    def adopt(cls, addr: int) -> "HwContext":
+        """The context of an ``ibv_context*`` that another library opened and keeps
+        (librdmacm's ``id->verbs``): ``close`` destroys what was made in it and leaves the
+        device open."""
+        self = object.__new__(dispatch.variant(v_device.Context))
+        self.closed = True
+        dev = ffi.ibv_context.from_address(addr).device
+        self._attach(addr, ffi.lib().ibv_get_device_name(ctypes.cast(dev, c_void_p)).decode(),
+                     owned=False)
+        return self
+
+    def _attach(self, addr: int, name: str, owned: bool) -> None:
         self.children: dict[Any, None] = {}
-        addr, self.name = devices.open_device(name)
-        self._addr = addr
+        self.name, self._addr, self._owned = name, addr, owned
         self._c = ffi.ibv_context.from_address(addr)
         self._ops = ffi.Ops(self._c)
         self._objs: dict[int, Any] = {}  # C address -> QP/CQ/SRQ object (async events, CQ events)
@@ -96,7 +110,7 @@ class HwContext(v_device.Context):
                     obj._destroy()
                 except PyverbsRDMAError as e:  # keep going: the context is going away
                     errs.append(e)
-        rc = ffi.lib().ibv_close_device(self._addr)
+        rc = ffi.lib().ibv_close_device(self._addr) if self._owned else 0
         self.closed = True
         self._objs.clear()
         if rc:

@@ -39,9 +39,27 @@ __all__ = ["CMEventChannel", "CMEvent", "CMID", "AddrInfo", "ConnParam", "UDPara
 SYNC_TIMEOUT = 120.0
 
 
+def _hardware(parent: Any, ask: bool) -> Any:
+    """softrdma.ibverbs.cma when the new object runs on librdmacm, else None (soft): a
+    hardware channel or event carries that module as ``_hw_cm``; a new channel, or an id
+    made from an AddrInfo (``ask``), follows the backend (docs/backends.md, "rdma_cm")."""
+    hw = getattr(parent, "_hw_cm", None)
+    if hw is None and ask:
+        from ..verbs_api.device import get_backend
+        if get_backend() != "soft":  # soft never imports the hardware backend
+            from ..ibverbs.cma_select import on_hardware
+            if on_hardware(parent):
+                from ..ibverbs import cma as hw
+    return hw
+
+
 class CMEventChannel:
     """softrdma's ``pyverbs.cmid.CMEventChannel`` (librdmacm's ``rdma_event_channel``):
     where the events of the ids created on it, or migrated to it, arrive."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        hw = _hardware(None, True)
+        return object.__new__(cls) if hw is None else hw.CMEventChannel(*args, **kwargs)
 
     def __init__(self) -> None:
         self.channel = EventChannel()
@@ -79,6 +97,10 @@ class CMEvent:
     ``timeout`` seconds, for ever by default). ``event_type``, ``status``,
     ``private_data``, ``event_str()``; ``ack_cm_event()`` is accepted and does nothing
     (events hold no kernel resources here)."""
+
+    def __new__(cls, channel: Any = None, *args: Any, **kwargs: Any) -> Any:
+        hw = _hardware(channel, False)
+        return object.__new__(cls) if hw is None else hw.CMEvent(channel, *args, **kwargs)
 
     def __init__(self, channel: CMEventChannel, timeout: float | None = None) -> None:
         if not isinstance(channel, CMEventChannel):
@@ -255,6 +277,10 @@ class CMID:
     ``CMID(AddrInfo(...), qp_init_attr, pd)`` for the synchronous one
     (``rdma_create_ep``), ``CMID(event, listen_id=listener)`` for the id a
     CONNECT_REQUEST carries."""
+
+    def __new__(cls, creator: Any = None, *args: Any, **kwargs: Any) -> Any:
+        hw = _hardware(creator, isinstance(creator, AddrInfo))
+        return object.__new__(cls) if hw is None else hw.CMID(creator, *args, **kwargs)
 
     @staticmethod
     def _verbs() -> Any:

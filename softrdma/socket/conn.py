@@ -116,6 +116,12 @@ class Hub:
         with self.lock:
             if self.closed:
                 return 0
+            # CM events are taken before the CQ is drained and handled after it: what the
+            # peer sent before it disconnected is in the CQ by the time DISCONNECTED is
+            # read (a real device completes the receive before it ACKs), and counts first
+            events = []
+            while self.channel is not None and self.channel.pending():
+                events.append(CMEvent(self.channel, 0))
             while True:
                 got, wcs = self.cq.poll(32)
                 if not got:
@@ -125,8 +131,7 @@ class Hub:
                     conn = self.conns.get(wc.qp_num)
                     if conn is not None:
                         conn.on_wc(wc)
-            while self.channel is not None and self.channel.pending():
-                ev = CMEvent(self.channel, 0)
+            for ev in events:
                 n += 1
                 self._on_cm(ev)
             for conn in list(self.conns.values()):
