@@ -99,15 +99,6 @@ class CMEventChannel:
     def get_cm_event(self, timeout: float | None = None) -> "CMEvent":
         return CMEvent(self, timeout)
 
-    # the socket layer reaches the soft channel as ``channel.channel`` until it uses the
-    # accessors above (issue 25, section 2): the same calls work on this one
-    @property
-    def channel(self) -> "CMEventChannel":
-        return self
-
-    def adopt(self, rid: RdmaCmId) -> None:
-        rid.migrate(self)
-
     def _check(self) -> None:
         if self.closed:
             raise PyverbsRDMAError("rdma_get_cm_event: the event channel is closed",
