@@ -31,12 +31,12 @@ from __future__ import annotations
 import copy
 import ctypes
 import errno
-import select
 import sys
 import time
 from ctypes import byref, c_int, c_uint8, c_void_p, sizeof
 from typing import Any
 
+from ..readiness import readable
 from ..errors import PyverbsRDMAError, PyverbsUserError
 from ..rdmacm.enums import (
     RAI_PASSIVE, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, RDMA_OPTION_ID_REUSEADDR,
@@ -393,7 +393,7 @@ class CMID:
             n, wcs = cq.poll(1)
             if n:
                 return wcs[0]
-            if select.select([ch.fd], [], [], 0.05)[0]:
+            if readable([ch.fd], 0.05):
                 try:
                     ch.get_cq_event(cq)
                     cq.ack_events(1)

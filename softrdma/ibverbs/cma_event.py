@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import select
 from ctypes import byref, c_void_p
 from typing import Any
 
+from ..readiness import readable
 from ..errors import PyverbsRDMAError
 from ..rdmacm.enums import event_str, rdma_cm_event_type as E
 from . import cma_ffi as F, convert
@@ -75,7 +75,7 @@ class CMEventChannel:
         is taken. True when one does."""
         self._check()
         t = None if timeout is None else max(0.0, timeout)
-        return bool(select.select([self.fd], [], [], t)[0])
+        return bool(readable([self.fd], t))
 
     def pending(self) -> bool:
         return self.wait(0)

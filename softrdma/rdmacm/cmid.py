@@ -17,11 +17,11 @@ field, ECONNREFUSED for a rejected connection, ETIMEDOUT for an unreachable peer
 from __future__ import annotations
 
 import errno
-import select
 import time
 from ipaddress import ip_address
 from typing import Any
 
+from ..readiness import readable
 from ..errors import PyverbsRDMAError, PyverbsUserError
 from .channel import EventChannel
 from .cm_id import RdmaCmId
@@ -658,7 +658,7 @@ class CMID:
                     n, wcs = cq.poll(1)
                     if n:
                         return wcs[0]
-                    select.select([ch.fd], [], [], 0.05)
+                    readable([ch.fd], 0.05)
                     try:
                         ch.get_cq_event(cq)
                         cq.ack_events(1)

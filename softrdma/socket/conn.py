@@ -15,7 +15,6 @@ the hub's lock makes a hub safe to share between threads.
 from __future__ import annotations
 
 import errno
-import select
 import threading
 import time
 from collections import deque
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import PyverbsRDMAError
+from ..readiness import readable
 from ..rdmacm import CMEvent, CMEventChannel, CMID, ConnParam
 from ..rdmacm import enums as ce
 from ..verbs_api import CQ, MR, PD, QPCap, QPInitAttr, SGE, CompChannel, RecvWR, SendWR
@@ -168,7 +168,7 @@ class Hub:
                 return
         left = wait_slice(deadline)
         fds = [self.comp.fd] + ([self.channel.fd] if self.channel is not None else [])
-        r, _, _ = select.select(fds, [], [], left)
+        r = readable(fds, left)
         if self.comp.fd in r:
             self.take_cq_event()
 

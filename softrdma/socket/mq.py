@@ -28,13 +28,13 @@ What it promises (docs/socket.md, "The message queue"):
 from __future__ import annotations
 
 import errno
-import select
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PyverbsRDMAError
+from ..readiness import readable
 from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, RAI_PASSIVE
 from ..rdmacm import enums as ce
 from .base import accept_request, wait_slice
@@ -164,7 +164,7 @@ class Receiver:
         for hub in self.hubs.values():
             hub.arm()
             fds.append(hub.fileno())
-        r, _, _ = select.select(fds, [], [], wait_slice(deadline))
+        r = readable(fds, wait_slice(deadline))
         for hub in self.hubs.values():
             if hub.fileno() in r:
                 hub.take_cq_event()

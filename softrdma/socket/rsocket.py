@@ -298,7 +298,7 @@ class RSocket(SocketBase):
         then disconnect and free the QP, MRs, CQ and ids. Idempotent."""
         if self._closed:
             return
-        conn, hub = self._conn, self._hub
+        conn = self._conn
         if conn is not None and conn.state & RS_CONNECTED and not conn.released:
             try:
                 self.shutdown(2)

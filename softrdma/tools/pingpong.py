@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import argparse
 import random
-import select
 import socket
 import time
 from typing import Any
 
+from ..readiness import readable
 from ..enums import (
     IBV_ACCESS_LOCAL_WRITE, IBV_QP_STATE, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPT_RC, IBV_QPT_UC,
     IBV_QPT_UD, IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_WR_SEND, bytes_to_mtu, wc_status_str,
@@ -218,7 +218,7 @@ class _Side:
                 n, wcs = self.cq.poll(16)
                 if n:
                     return wcs
-                while not select.select([self.channel.fd], [], [], 0)[0]:
+                while not readable([self.channel.fd], 0):
                     self.dev.poll(0.05)
                 self.channel.get_cq_event(self.cq)
                 self.cq.ack_events(1)

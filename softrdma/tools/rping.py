@@ -26,12 +26,12 @@ port) are one line on stderr, exit status 1.
 from __future__ import annotations
 
 import argparse
-import select
 import socket
 import struct
 import sys
 from typing import Any
 
+from ..readiness import readable
 from ..enums import (
     IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE, IBV_QPT_RC,
     IBV_SEND_SIGNALED, IBV_WC_RDMA_READ, IBV_WC_RDMA_WRITE, IBV_WC_RECV, IBV_WC_SEND,
@@ -186,7 +186,7 @@ class _Rping:
 
     def pump(self, timeout: float = 0.1) -> None:
         fds = [self.channel.fd] + ([self.comp.fd] if self.comp is not None else [])
-        ready = select.select(fds, [], [], timeout)[0]
+        ready = readable(fds, timeout)
         if self.comp is not None and self.comp.fd in ready:
             try:
                 self.comp.get_cq_event(self.cq, timeout=0)

@@ -59,6 +59,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ...readiness import readable
 from ..common import ToolError
 
 __all__ = ["VERSION", "Dest", "PerftestComm", "HANDSHAKES", "KEY_MSG_SIZE_GID",
@@ -185,11 +186,11 @@ class PerftestComm:
             step = 0.01
             if self.pump is not None:
                 # wait for the socket or the device, whichever speaks first
-                r = select.select([self.sock], [], [], 0)[0]
+                r = readable([self.sock], 0)
                 if not r:
                     self.pump(step)
             else:
-                select.select([self.sock], [], [], step)
+                readable([self.sock], step)
             waited += step
             if timeout is not None and waited > timeout:
                 raise ToolError(f"no {what} from the peer in {timeout:.0f} s: it does not speak "

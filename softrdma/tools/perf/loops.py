@@ -3,9 +3,9 @@ run_iter_lat_send, run_iter_lat): post, poll, time. Each returns what the report
 
 from __future__ import annotations
 
-import select
 import time
 
+from ...readiness import readable
 from ...enums import IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, \
     IBV_WR_RDMA_WRITE, IBV_WR_SEND
 from ...verbs_api import SGE, RecvWR, SendWR
@@ -147,7 +147,7 @@ def run_bw_server_send(perf: Perf, size: int, iters: int, duration: bool) -> BwR
             continue
         if duration:
             # the client's closing handshake is the end of the run
-            if select.select([perf.tcp], [], [], 0)[0]:
+            if readable([perf.tcp], 0):
                 break
         perf.idle(0.05)
     if bad_len:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import select
 import time
 from typing import Any
 
+from ...readiness import readable
 from ...enums import (
     IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE, IBV_QPT_RC, IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_WR_RDMA_READ,
@@ -103,7 +103,7 @@ class Perf:
         dl = dev.next_deadline()
         if dl is not None:
             timeout = max(0.0, min(timeout, dl - time.monotonic()))
-        select.select(fds, [], [], timeout)
+        readable(fds, timeout)
         self.service()
 
     def service(self) -> None:
@@ -124,7 +124,7 @@ class Perf:
         dl = dev.next_deadline()
         if dl is not None:
             timeout = max(0.0, min(timeout, dl - time.monotonic()))
-        r = select.select(fds, [], [], timeout)[0]
+        r = readable(fds, timeout)
         if tcp is not None and tcp.fileno() in r:
             try:
                 data = tcp.recv(1, 0x2)  # MSG_PEEK
