@@ -49,7 +49,7 @@ def resolve_av(device: Any, attr: Any, what: str, field: str = "attr") -> Addres
     gr: GlobalRoute = require(attr.gr, GlobalRoute, what, f"{field}.gr")
     g = f"{field}.gr"
     dgid_obj = gr.dgid if isinstance(gr.dgid, GID) else \
-        GID._parse(gr.dgid, f"{what}: {g}.dgid") if gr.dgid is not None else None
+        GID.parse(gr.dgid, f"{what}: {g}.dgid") if gr.dgid is not None else None
     if dgid_obj is None or not dgid_obj:
         raise PyverbsRDMAError(f"{what}: {g}.dgid: the destination GID is zero", errno.EINVAL)
     for name, val, hi in (("sgid_index", gr.sgid_index, U8), ("hop_limit", gr.hop_limit, U8),
