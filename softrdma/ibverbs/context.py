@@ -39,6 +39,14 @@ class HwDevice:
         self._ctx = ctx
         self.fatal = None
 
+    def pool_take(self, pool: str) -> bool:
+        """Resource.__init__'s count of objects against the device's limit: the device
+        keeps its own and refuses with ENOMEM itself."""
+        return True
+
+    def pool_give(self, pool: str) -> None:
+        pass
+
     @property
     def gid_table(self) -> list[bytes]:
         """The port-1 GID table, raw (zeros for empty entries), up to the last populated
@@ -65,6 +73,13 @@ class HwContext(v_device.Context):
     """An ``ibv_context`` opened with ``ibv_open_device``."""
 
     _hw_variant = staticmethod(dispatch.variant)
+
+    @property
+    def backend(self) -> Any:
+        """The implementations of the objects made in this context (ibverbs'); imported
+        here, not at the top, as objects.py imports this module."""
+        from .objects import BACKEND
+        return BACKEND
 
     def __init__(self, name: str | bytes | None = None) -> None:
         if name is not None and not isinstance(name, (str, bytes)):

@@ -1,9 +1,11 @@
 """The verbs_api classes on a libibverbs device: ``HwContext``, ``HwPD``, ``HwMR``, ``HwMW``,
-``HwCQ``, ``HwCompChannel``, ``HwSRQ``, ``HwAH``, ``HwQP``.
+``HwCQ``, ``HwCompChannel``, ``HwSRQ``, ``HwAH``, and the implementation ``HwQP``.
 
-Each subclasses the verbs_api class it implements (``HwPD(verbs_api.PD)``) and overrides
-everything that would reach the soft device's engines; what is pure API (``QP.to_rts``'s
-masks, ``MR.read``/``write`` over ``mr.mem``, ``CQ.__iter__``, ``Resource.close``'s
+``HwQP`` is a sibling of the soft backend's ``SoftQP``: the one ``verbs_api.QP`` class
+checks the arguments and holds one or the other, taken from ``HwContext.backend``. The
+others still subclass the verbs_api class they implement (``HwPD(verbs_api.PD)``) and
+override everything that would reach the soft device's engines; what is pure API
+(``MR.read``/``write`` over ``mr.mem``, ``CQ.__iter__``, ``Resource.close``'s
 EBUSY-if-used rule) is inherited unchanged, so both backends behave alike. Users never
 name these classes: ``verbs_api.PD(hw_context)`` returns one (see :mod:`.dispatch`).
 
@@ -39,7 +41,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..verbs_api import ah as v_ah, cq as v_cq, device as v_device, mr as v_mr, pd as v_pd
-from ..verbs_api import qp as v_qp, srq as v_srq
+from ..verbs_api import srq as v_srq
+from ..verbs_api.base import Backend
 from . import dispatch
 from .completion import HwCompChannel, HwCQ
 from .context import HwContext, HwDevice
@@ -47,13 +50,16 @@ from .memory import HwMR, HwMW, HwPD
 from .queues import HwAH, HwQP, HwSRQ
 
 __all__ = ["HwContext", "HwPD", "HwMR", "HwMW", "HwCQ", "HwCompChannel", "HwSRQ", "HwAH",
-           "HwQP", "HwDevice"]
+           "HwQP", "HwDevice", "BACKEND"]
 
 
 def _all() -> Iterable[tuple[type, type]]:
     return ((v_device.Context, HwContext), (v_pd.PD, HwPD), (v_mr.MR, HwMR), (v_mr.MW, HwMW),
             (v_cq.CQ, HwCQ), (v_cq.CompChannel, HwCompChannel), (v_srq.SRQ, HwSRQ),
-            (v_ah.AH, HwAH), (v_qp.QP, HwQP))
+            (v_ah.AH, HwAH))
 
 
 dispatch.install(_all())
+
+#: the implementations of this backend (``HwContext.backend``)
+BACKEND = Backend("ibverbs", QP=HwQP)

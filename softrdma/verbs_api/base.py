@@ -8,12 +8,23 @@ destroy a CQ a QP still uses). ``close()`` is idempotent and objects are context
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ._check import kind
 
-__all__ = ["Resource", "ContextBase"]
+__all__ = ["Resource", "ContextBase", "Backend"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The implementation classes of one backend. A context's class names its backend
+    (``Context.backend``); an API object made in the context takes its implementation
+    from there (``QP`` holds ``context.backend.QP(...)``)."""
+
+    name: str  #: "soft" or "ibverbs"
+    QP: type  #: SoftQP or HwQP
 
 
 class ContextBase:
@@ -22,6 +33,7 @@ class ContextBase:
     (which imports them all)."""
 
     __slots__ = ()
+    backend: Backend  #: the implementations of the objects made in this context
 
 
 class Resource:

@@ -42,12 +42,13 @@ from ..soft.device import SoftDevice
 from ..soft.udp import TransportError
 from .ah import AH
 from .attr import GID
-from .base import ContextBase
+from .base import Backend, ContextBase
 from .cq import CQ, CompChannel
 from .events import EventQueue
 from .mr import MR, MW
 from .pd import PD
 from .qp import QP
+from .soft_qp import SoftQP
 from .srq import SRQ
 from .enums import (
     ibv_atomic_cap, ibv_gid_type, ibv_link_layer, ibv_node_type, ibv_port_state,
@@ -317,6 +318,8 @@ class Context(ContextBase):
 
     The name picks the backend (module docstring): a libibverbs device's name gives a
     context of :mod:`softrdma.ibverbs`, still an instance of this class."""
+
+    backend = Backend("soft", QP=SoftQP)
 
     def __new__(cls, name: Any = None, *args: Any, **kwargs: Any) -> Any:
         backend = get_backend()
