@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from ..verbs_api._check import require
 
-__all__ = ["fail", "null_error", "register", "unregister", "hw_parent"]
+__all__ = ["fail", "null_error", "register", "unregister", "hw_parent", "hw_impl"]
 
 
 def fail(what: str, code: int) -> PyverbsRDMAError:
@@ -41,3 +41,15 @@ def hw_parent(obj: Any, cls: type, what: str, field: str) -> Any:
     require(obj, cls, what, field)
     obj._check()
     return obj
+
+
+def hw_impl(obj: Any, api_cls: type, impl_cls: type, what: str, field: str) -> Any:
+    """``obj``'s hardware implementation (an ``impl_cls``): ``obj`` must be an open
+    ``api_cls`` made on a libibverbs device (EINVAL naming ``field`` otherwise)."""
+    require(obj, api_cls, what, field)
+    obj._check()
+    impl = obj.impl
+    if not isinstance(impl, impl_cls):
+        raise PyverbsRDMAError(f"{what}: {field} is on a soft device, not a libibverbs one",
+                               errno.EINVAL)
+    return impl

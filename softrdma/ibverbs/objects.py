@@ -40,8 +40,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..verbs_api import ah as v_ah, cq as v_cq, device as v_device, mr as v_mr, pd as v_pd
-from ..verbs_api import srq as v_srq
+from ..verbs_api import device as v_device
 from ..verbs_api.base import Backend
 from . import dispatch
 from .completion import HwCompChannel, HwCQ
@@ -54,12 +53,11 @@ __all__ = ["HwContext", "HwPD", "HwMR", "HwMW", "HwCQ", "HwCompChannel", "HwSRQ"
 
 
 def _all() -> Iterable[tuple[type, type]]:
-    return ((v_device.Context, HwContext), (v_pd.PD, HwPD), (v_mr.MR, HwMR), (v_mr.MW, HwMW),
-            (v_cq.CQ, HwCQ), (v_cq.CompChannel, HwCompChannel), (v_srq.SRQ, HwSRQ),
-            (v_ah.AH, HwAH))
+    return ((v_device.Context, HwContext),)
 
 
 dispatch.install(_all())
 
 #: the implementations of this backend (``HwContext.backend``)
-BACKEND = Backend("ibverbs", QP=HwQP)
+BACKEND = Backend("ibverbs", PD=HwPD, MR=HwMR, MW=HwMW, CompChannel=HwCompChannel, CQ=HwCQ,
+                  AH=HwAH, SRQ=HwSRQ, QP=HwQP)

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from ._check import kind
 
-__all__ = ["Resource", "ContextBase", "Backend"]
+__all__ = ["Resource", "ContextBase", "Backend", "Sibling"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,13 @@ class Backend:
     from there (``QP`` holds ``context.backend.QP(...)``)."""
 
     name: str  #: "soft" or "ibverbs"
+    PD: type  #: SoftPD or HwPD
+    MR: type  #: SoftMR or HwMR
+    MW: type  #: SoftMW or HwMW
+    CompChannel: type  #: SoftCompChannel or HwCompChannel
+    CQ: type  #: SoftCQ or HwCQ
+    AH: type  #: SoftAH or HwAH
+    SRQ: type  #: SoftSRQ or HwSRQ
     QP: type  #: SoftQP or HwQP
 
 
@@ -101,3 +108,54 @@ class Resource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Sibling(Resource):
+    """A verbs object that is one class on both backends: it checks what both backends
+    check and holds ``impl``, the implementation its context's backend gives
+    (``context.backend.QP``...: the soft one or the libibverbs one, siblings with the
+    same methods). What only one implementation has (the soft QP's ``engine``...) is in
+    its ``extras``: reachable through this object on that backend, absent on the other."""
+
+    impl: Any  #: the backend's implementation of this object
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return object.__new__(cls)  # no dispatch: the backend is the implementation
+
+    @property
+    def _hw_variant(self) -> Any:
+        # Resource.__new__ of the objects not yet split this way (MR, MW, CQ...) asks
+        # the parent: a sibling answers for its context
+        return getattr(self.context, "_hw_variant", None)
+
+    def _create(self, context: Any, kind: str, *args: Any) -> Any:
+        """Count and register the object in ``context`` (Resource.__init__ checks it is
+        one), then make ``context.backend.<kind>(self, *args)``; if that fails, the object
+        is undone."""
+        if not isinstance(context, ContextBase):
+            Resource.__init__(self, context)  # raises EINVAL naming what it got
+        with context.device.lock:
+            Resource.__init__(self, context)
+            try:
+                self.impl = getattr(context.backend, kind)(self, *args)
+            except BaseException:
+                Resource._destroy(self)
+                raise
+        return self.impl
+
+    def __getattr__(self, name: str) -> Any:
+        # reached only when the normal lookup fails: the implementation's extras
+        impl = self.__dict__.get("impl")
+        if impl is not None and name in impl.extras:
+            return getattr(impl, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _destroy(self) -> None:
+        if not self.closed:
+            with self.device.lock:
+                self.impl.destroy()
+                self._release(*self._parents())
+        super()._destroy()
+
+    def _parents(self) -> tuple[Any, ...]:
+        return ()

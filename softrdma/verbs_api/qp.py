@@ -28,7 +28,7 @@ from ..errors import PyverbsRDMAError
 from ..qp.transitions import TRANSITIONS, required_mask
 from ._check import U32, as_flag, as_int, require
 from .attr import QPAttr, QPCap, QPInitAttr
-from .base import Resource
+from .base import Sibling
 from .cq import CQ
 from .enums import ibv_qp_state as S, ibv_qp_type as T
 from .mr import MW, MWBind
@@ -48,14 +48,11 @@ def check_cap(cap: Any, what: str, field: str) -> QPCap:
     return cap
 
 
-class QP(Resource):
+class QP(Sibling):
     """``ibv_qp``: the verbs of a queue pair, on the backend of the PD's context."""
 
     _kind = "QP"
     _pool = "qp"
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        return object.__new__(cls)  # one class on both backends (no dispatch)
 
     def __init__(self, pd_or_ctx: Any, init_attr: QPInitAttr, qp_attr: QPAttr | None = None) -> None:
         what = "Failed to create QP"
@@ -84,13 +81,7 @@ class QP(Resource):
         sq_sig_all = as_flag(init_attr.sq_sig_all, what, "init_attr.sq_sig_all")
         impl_cls = pd.context.backend.QP
         impl_cls.check_create(pd, qpt, cap, srq, what)
-        with dev.lock:
-            super().__init__(pd.context)
-            try:
-                self._impl = impl = impl_cls(self, pd, qpt, cap, scq, rcq, srq, sq_sig_all)
-            except BaseException:
-                Resource._destroy(self)  # give back the pool entry; nothing else was made
-                raise
+        impl = self._create(pd.context, "QP", pd, qpt, cap, scq, rcq, srq, sq_sig_all)
         self.qp_num: int = impl.qp_num
         self.pd = pd
         self.qp_type = impl.qp_type
@@ -108,54 +99,46 @@ class QP(Resource):
             else:
                 self.to_init(qp_attr)
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached when the normal lookup fails: the members one backend alone has
-        # (the soft engine and its queues), named by the implementation's ``extras``.
-        impl = self.__dict__.get("_impl")
-        if impl is not None and name in impl.extras:
-            return getattr(impl, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     # -- state ------------------------------------------------------------------------
     @property
     def state(self) -> int:
         """The QP's state (on a device: as ``ibv_query_qp`` reports it)."""
-        return self._impl.state
+        return self.impl.state
 
     @property
     def qp_state(self) -> int:
-        return self._impl.state
+        return self.impl.state
 
     @property
     def attr(self) -> QPAttr:
         """The current attributes (the soft engine's own record; a device's query)."""
-        return self._impl.attr
+        return self.impl.attr
 
     @property
     def sq_draining(self) -> bool:
-        return self._impl.sq_draining
+        return self.impl.sq_draining
 
     @property
     def duplicate_requests(self) -> int | None:
         """How many duplicate requests this QP's responder answered (soft backend: the
         responder's count; None on a device, which does not say)."""
-        return self._impl.duplicate_requests
+        return self.impl.duplicate_requests
 
     # -- modify ----------------------------------------------------------------------
     def modify(self, attr: QPAttr, attr_mask: int) -> None:
         """ibv_modify_qp: apply the attributes of ``attr`` that ``attr_mask`` names; the
         other attributes of ``attr`` are not read. All or nothing: a failure changes nothing."""
         self._check()
-        self._impl.modify(attr, attr_mask)
+        self.impl.modify(attr, attr_mask)
 
     def to_error(self) -> None:
         """Move to ERR, completing everything outstanding with IBV_WC_WR_FLUSH_ERR."""
-        self._impl.to_error()
+        self.impl.to_error()
 
     def flush(self) -> None:
         """Complete what is queued with IBV_WC_WR_FLUSH_ERR (a QP in ERR; a device does
         this by itself)."""
-        self._impl.flush()
+        self.impl.flush()
 
     def to_init(self, attr: QPAttr) -> None:
         """RESET -> INIT with the attributes that move needs (pyverbs ``to_init``)."""
@@ -185,7 +168,7 @@ class QP(Resource):
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
         """ibv_query_qp: the current attributes and the creation attributes."""
         self._check()
-        a, cap, sq_sig_all = self._impl.query(attr_mask)
+        a, cap, sq_sig_all = self.impl.query(attr_mask)
         ia = QPInitAttr(qp_type=self.qp_type, qp_context=self.qp_context, scq=self.send_cq,
                         rcq=self.recv_cq, srq=self.srq, cap=cap, sq_sig_all=sq_sig_all)
         return a, ia
@@ -196,7 +179,7 @@ class QP(Resource):
         ``bad_wr`` (and ``bad_wr_index``) naming the first WR not posted; earlier WRs stay
         posted, as with ibv_post_recv. Every field is checked before the WR is queued."""
         self._check()
-        self._impl.post_recv(wr, bad_wr)
+        self.impl.post_recv(wr, bad_wr)
 
     def post_send(self, wr: SendWR | list[SendWR], bad_wr: SendWR | None = None) -> None:
         """Post send WRs (a chain or a list); errors as for :meth:`post_recv`.
@@ -205,7 +188,7 @@ class QP(Resource):
         flag bits, object classes; see :mod:`softrdma.verbs_api._check`): a WR the
         engines accept can no longer fail in a way that escapes its QP."""
         self._check()
-        self._impl.post_send(wr, bad_wr)
+        self.impl.post_send(wr, bad_wr)
 
     def bind_mw(self, mw: Any, mw_bind: Any) -> None:
         """ibv_bind_mw for a type 1 window: posts a bind WR; on success ``mw.rkey`` is the
@@ -218,15 +201,11 @@ class QP(Resource):
         if mw.mw_type != 1:
             raise PyverbsRDMAError(f"{what}: use an IBV_WR_BIND_MW work request for type 2 "
                                    f"windows", errno.EINVAL)
-        self._impl.bind_mw(mw, mw_bind)
+        self.impl.bind_mw(mw, mw_bind)
 
     # -- destroy ----------------------------------------------------------------------
-    def _destroy(self) -> None:
-        if not self.closed:
-            with self.device.lock:
-                self._impl.destroy()
-                self._release(self.pd, self.send_cq, self.recv_cq, self.srq)
-        super()._destroy()
+    def _parents(self) -> tuple[Any, ...]:
+        return self.pd, self.send_cq, self.recv_cq, self.srq
 
     def __repr__(self) -> str:
-        return self._impl.describe(self.closed)
+        return self.impl.describe(self.closed)

@@ -139,8 +139,10 @@ class SoftQP:
                          max_recv_sge=0 if srq else cap.max_recv_sge,
                          max_inline_data=wqe_size)
         # the protocol state lives in the engine (rxe_qp); this object translates
-        self.engine = QpEngine(dev, qpn, self.qp_type, pd, scq, rcq, srq, self._fresh_attr(),
-                               owner=owner)
+        # the engine pushes to the CQs' implementations (SoftCQ.push) and takes receives
+        # from the SRQ's (SoftSRQ.take): the sinks and source of qp/interfaces.py
+        self.engine = QpEngine(dev, qpn, self.qp_type, pd, scq.impl, rcq.impl,
+                               None if srq is None else srq.impl, self._fresh_attr(), owner=owner)
         dev.qps[qpn] = self.engine
 
     def _fresh_attr(self) -> QPAttr:
@@ -421,15 +423,15 @@ class SoftQP:
         wqe.compare_add = compare_add
         wqe.swap = swap
         if self.qp_type == T.IBV_QPT_UD:
-            wqe.av = w.ah.av
+            wqe.av = w.ah.impl.av
             wqe.remote_qpn = remote_qpn
             wqe.remote_qkey = remote_qkey
         if opcode == W.IBV_WR_BIND_MW:
             # the engine works on key-table entries; a window or MR closed before the bind
             # executes is no longer held by the table, and the bind fails (MW_BIND_ERR)
             info = w.bind_info
-            wqe.mw = w.mw._entry
-            wqe.bind_info = BindRequest(None if info.mr is None else info.mr._entry,
+            wqe.mw = w.mw.impl.entry
+            wqe.bind_info = BindRequest(None if info.mr is None else info.mr.impl.entry,
                                         int(info.addr), int(info.length),
                                         int(info.mw_access_flags))
             wqe.bind_rkey = bind_rkey
