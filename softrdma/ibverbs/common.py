@@ -1,6 +1,5 @@
-"""What every hardware object shares: libibverbs' error conventions and the bookkeeping
-``Resource.__init__`` does for soft objects (context, children, users), without a soft
-device."""
+"""What every hardware implementation shares: libibverbs' error conventions and the check
+that an argument is an open object of this backend."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from ..verbs_api._check import require
 
-__all__ = ["fail", "null_error", "register", "unregister", "hw_parent", "hw_impl"]
+__all__ = ["fail", "null_error", "hw_parent", "hw_impl"]
 
 
 def fail(what: str, code: int) -> PyverbsRDMAError:
@@ -21,20 +20,6 @@ def fail(what: str, code: int) -> PyverbsRDMAError:
 def null_error(what: str) -> PyverbsRDMAError:
     """The error of a verb that returned NULL: errno says why."""
     return fail(what, ctypes.get_errno())
-
-
-def register(obj: Any, context: Any) -> None:
-    """What Resource.__init__ does for a soft object, without the soft device."""
-    obj.context = context
-    obj.device = context.device
-    obj.closed = False
-    obj.users = set()
-    context.children[obj] = None
-
-
-def unregister(obj: Any) -> None:
-    obj.closed = True
-    obj.context.children.pop(obj, None)
 
 
 def hw_parent(obj: Any, cls: type, what: str, field: str) -> Any:

@@ -17,7 +17,7 @@ from ..verbs_api import qp as v_qp, srq as v_srq
 from ..verbs_api._check import U32, as_int
 from ..verbs_api.attr import GID
 from ..verbs_api.enums import (ibv_event_type as E)
-from . import devices, dispatch, ffi
+from . import devices, ffi
 from .common import fail
 
 __all__ = ["HwContext", "HwDevice"]
@@ -71,8 +71,6 @@ class HwDevice:
 
 class HwContext(v_device.Context):
     """An ``ibv_context`` opened with ``ibv_open_device``."""
-
-    _hw_variant = staticmethod(dispatch.variant)
 
     @property
     def backend(self) -> Any:

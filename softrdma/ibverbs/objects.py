@@ -1,13 +1,13 @@
-"""The verbs_api classes on a libibverbs device: ``HwContext``, ``HwPD``, ``HwMR``, ``HwMW``,
-``HwCQ``, ``HwCompChannel``, ``HwSRQ``, ``HwAH``, and the implementation ``HwQP``.
+"""The libibverbs backend's implementations: ``HwPD``, ``HwMR``, ``HwMW``, ``HwCQ``,
+``HwCompChannel``, ``HwSRQ``, ``HwAH``, ``HwQP`` (:data:`BACKEND`), and ``HwContext``.
 
-``HwQP`` is a sibling of the soft backend's ``SoftQP``: the one ``verbs_api.QP`` class
-checks the arguments and holds one or the other, taken from ``HwContext.backend``. The
-others still subclass the verbs_api class they implement (``HwPD(verbs_api.PD)``) and
-override everything that would reach the soft device's engines; what is pure API
-(``MR.read``/``write`` over ``mr.mem``, ``CQ.__iter__``, ``Resource.close``'s
-EBUSY-if-used rule) is inherited unchanged, so both backends behave alike. Users never
-name these classes: ``verbs_api.PD(hw_context)`` returns one (see :mod:`.dispatch`).
+Each implementation is a sibling of the soft one (``HwQP`` beside ``SoftQP``): the one
+verbs_api class (``verbs_api.QP``) checks what both backends check and holds the one its
+context's ``backend`` names, so what is pure API (``QP.to_rts``'s masks,
+``MR.read``/``write`` over ``mr.mem``, ``CQ.poll_all``, ``Resource.close``'s
+EBUSY-if-used rule) is the same code on both. Users never name these classes:
+``verbs_api.PD(hw_context)`` is a ``verbs_api.PD`` holding an ``HwPD``. ``HwContext`` is
+still mixed into ``verbs_api.Context`` when a device is opened (see :mod:`.dispatch`).
 
 Errors are ``PyverbsRDMAError`` with the errno libibverbs reports: a NULL from a
 create/alloc/reg verb takes ``errno``; a non-zero ``int`` result is itself the errno
@@ -38,8 +38,6 @@ AH -> MW -> MR -> CQ -> channel -> PD, acknowledging CQ events before ``ibv_dest
 
 from __future__ import annotations
 
-from typing import Iterable
-
 from ..verbs_api import device as v_device
 from ..verbs_api.base import Backend
 from . import dispatch
@@ -52,11 +50,7 @@ __all__ = ["HwContext", "HwPD", "HwMR", "HwMW", "HwCQ", "HwCompChannel", "HwSRQ"
            "HwQP", "HwDevice", "BACKEND"]
 
 
-def _all() -> Iterable[tuple[type, type]]:
-    return ((v_device.Context, HwContext),)
-
-
-dispatch.install(_all())
+dispatch.install([(v_device.Context, HwContext)])
 
 #: the implementations of this backend (``HwContext.backend``)
 BACKEND = Backend("ibverbs", PD=HwPD, MR=HwMR, MW=HwMW, CompChannel=HwCompChannel, CQ=HwCQ,

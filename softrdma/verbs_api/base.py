@@ -1,8 +1,11 @@
-"""Shared lifetime rules for verbs objects.
+"""Shared lifetime rules for verbs objects, and how an object finds its backend.
 
 Every object knows its context and its parents; a parent cannot be destroyed while a
 child uses it (EBUSY, as the kernel refuses to dealloc a PD that still has MRs, or to
 destroy a CQ a QP still uses). ``close()`` is idempotent and objects are context managers.
+
+Each verbs object is a :class:`Sibling`: one API class on both backends, holding ``impl``,
+the implementation the context's :class:`Backend` names (``SoftQP`` or ``HwQP``...).
 """
 
 from __future__ import annotations
@@ -46,14 +49,6 @@ class ContextBase:
 class Resource:
     _kind = "resource"
     _pool: str | None = None  # counted against the device limit max_<_pool> (rxe_pool)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # The parent (context, PD) decides the backend: a libibverbs object carries
-        # _hw_variant, which gives this class with the hardware implementation mixed in
-        # (softrdma.ibverbs.dispatch). A soft parent costs this one attribute lookup.
-        parent = args[0] if args else next(iter(kwargs.values()), None)
-        hw = getattr(parent, "_hw_variant", None)
-        return object.__new__(cls if hw is None else hw(cls))
 
     def __init__(self, context: Any) -> None:
         if not isinstance(context, ContextBase):
@@ -118,15 +113,6 @@ class Sibling(Resource):
     its ``extras``: reachable through this object on that backend, absent on the other."""
 
     impl: Any  #: the backend's implementation of this object
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        return object.__new__(cls)  # no dispatch: the backend is the implementation
-
-    @property
-    def _hw_variant(self) -> Any:
-        # Resource.__new__ of the objects not yet split this way (MR, MW, CQ...) asks
-        # the parent: a sibling answers for its context
-        return getattr(self.context, "_hw_variant", None)
 
     def _create(self, context: Any, kind: str, *args: Any) -> Any:
         """Count and register the object in ``context`` (Resource.__init__ checks it is
