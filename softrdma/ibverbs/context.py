@@ -87,7 +87,14 @@ class HwContext(v_device.Context):
             name = name.decode()
         self.closed = True  # until open: __del__ and close() must not touch anything
         self.children: dict[Any, None] = {}
-        addr, self.name = devices.open_device(name)
+        addr, opened = devices.open_device(name)
+        self._adopt(addr, opened)
+
+    def _adopt(self, addr: int, name: str) -> None:
+        """Become the context of the open ``ibv_context`` at ``addr`` (what
+        ``ibv_open_device`` returned; a constructor around a context opened elsewhere,
+        such as librdmacm's, would call this too)."""
+        self.name = name
         self._addr = addr
         self._c = ffi.ibv_context.from_address(addr)
         self._ops = ffi.Ops(self._c)
