@@ -110,3 +110,18 @@ def test_duplicate_requests(soft_objects):
     qp.engine.resp.duplicates = 3  # what the responder counts when it re-answers
     assert qp.duplicate_requests == 3
     assert _hw_object(QP).duplicate_requests is None  # a device does not say
+
+
+@pytest.mark.parametrize("api_cls", list(HW_IMPL), ids=lambda c: c.__name__)
+def test_both_implementations_take_the_same_arguments(api_cls, soft_objects):
+    """The API object makes either with the same call (``_create``, ``check_create``,
+    ``prepare``): a hardware constructor that wants another argument would only fail on
+    a device."""
+    import inspect
+
+    soft_cls, hw_cls = type(soft_objects[api_cls].impl), HW_IMPL[api_cls]
+    for name in ("__init__", "check_create", "prepare"):
+        if hasattr(soft_cls, name) or hasattr(hw_cls, name):
+            s = inspect.signature(getattr(soft_cls, name)).parameters
+            h = inspect.signature(getattr(hw_cls, name)).parameters
+            assert len(s) == len(h), (name, list(s), list(h))

@@ -27,7 +27,8 @@ class HwPD:
 
     extras: frozenset[str] = frozenset()
 
-    def __init__(self, owner: Any, context: Any) -> None:
+    def __init__(self, owner: Any) -> None:
+        context = owner.context
         hw_parent(context, HwContext, "Failed to alloc PD", "context")
         addr = ffi.lib().ibv_alloc_pd(context._addr)
         if not addr:
