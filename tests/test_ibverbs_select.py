@@ -102,32 +102,40 @@ def test_bad_backend_names(backend, monkeypatch):
     assert v.get_backend() == "soft"
 
 
-def test_variants_sit_between_the_subclass_and_the_verbs_api_class():
-    from softrdma.ibverbs import objects as o
-    from softrdma.pyverbs_compat import cq as pcq, pd as ppd, qp as pqp
-    names = [k.__name__ for k in dispatch.variant(ppd.PD).__mro__]
-    assert names == ["PD", "PD", "CascadeClose", "HwPD", "PD", "Resource", "object"]
-    assert dispatch.variant(v.PD).__mro__[1] is o.HwPD
-    assert dispatch.variant(v.PD).__name__ == "PD"
-    assert dispatch.variant(pcq.CQ).__mro__[3] is o.HwCQ
-    assert dispatch.variant(pqp.QPEx).__mro__[4] is o.HwQP
-    assert dispatch.variant(ppd.PD) is dispatch.variant(ppd.PD)  # made once
-    for cls in (v.Context, v.PD, v.MR, v.MW, v.CQ, v.CompChannel, v.SRQ, v.AH, v.QP):
-        assert issubclass(dispatch.variant(cls), cls)
+def test_only_the_context_is_still_a_variant():
+    from softrdma.ibverbs import context as hc
+    from softrdma.pyverbs_compat import device as pdev, qp as pqp
+    assert dispatch.variant(v.Context).__mro__[1] is hc.HwContext
+    assert dispatch.variant(v.Context).__name__ == "Context"
+    assert dispatch.variant(pdev.Context) is dispatch.variant(pdev.Context)  # made once
+    # every other object is one class on both backends; the backend is the implementation
+    # it holds, so no subclass of it mixes in libibverbs
+    for cls in (v.PD, v.MR, v.MW, v.CQ, v.CompChannel, v.SRQ, v.AH, v.QP, pqp.QPEx):
+        assert not any(k.__module__.startswith("softrdma.ibverbs") for k in cls.__mro__), cls
+        with pytest.raises(TypeError):
+            dispatch.hw_class_of(cls)
 
 
-def test_a_hardware_parent_picks_the_variant_a_soft_one_does_not():
+def test_the_context_picks_each_objects_implementation():
+    from softrdma.ibverbs.objects import BACKEND
+    from softrdma.verbs_api import soft_qp
+    from softrdma.verbs_api.base import Backend
+    from softrdma.verbs_api.pd import SoftPD
     made = []
 
-    class FakeHwPD(v.PD):
-        def __init__(self, parent):  # stands in for the hardware __init__
-            made.append(parent)
+    class FakeImpl:  # stands in for a hardware implementation
+        extras = frozenset()
 
-    class Parent:
-        _hw_variant = staticmethod(lambda cls: FakeHwPD)
+        def __init__(self, owner, *args):
+            made.append((type(owner).__name__, args))
 
-    p = Parent()
-    pd = v.PD(p)
-    assert type(pd) is FakeHwPD and isinstance(pd, v.PD) and made == [p]
-    with v.Context(name=None) as ctx:  # soft: the class itself
-        assert type(v.PD(ctx)) is v.PD
+    fake = Backend("fake", **{k: FakeImpl for k in ("PD", "MR", "MW", "CompChannel", "CQ",
+                                                      "AH", "SRQ", "QP")})
+    with v.Context(name=None) as ctx:  # soft: the soft implementations
+        assert type(v.PD(ctx).impl) is SoftPD and ctx.backend.QP is soft_qp.SoftQP
+        ctx.backend = fake  # (an instance attribute: this context only)
+        pd = v.PD(ctx)
+        assert type(pd) is v.PD and type(pd.impl) is FakeImpl and made == [("PD", ())]
+        pd.close = lambda: None  # FakeImpl cannot be destroyed
+        ctx.children.pop(pd)
+    assert BACKEND.name == "ibverbs" and BACKEND.QP.__name__ == "HwQP"

@@ -1,6 +1,5 @@
-"""What every hardware object shares: libibverbs' error conventions and the bookkeeping
-``Resource.__init__`` does for soft objects (context, children, users), without a soft
-device."""
+"""What every hardware implementation shares: libibverbs' error conventions and the check
+that an argument is an open object of this backend."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from ..verbs_api._check import require
 
-__all__ = ["fail", "null_error", "register", "unregister", "hw_parent"]
+__all__ = ["fail", "null_error", "hw_parent", "hw_impl"]
 
 
 def fail(what: str, code: int) -> PyverbsRDMAError:
@@ -23,21 +22,19 @@ def null_error(what: str) -> PyverbsRDMAError:
     return fail(what, ctypes.get_errno())
 
 
-def register(obj: Any, context: Any) -> None:
-    """What Resource.__init__ does for a soft object, without the soft device."""
-    obj.context = context
-    obj.device = context.device
-    obj.closed = False
-    obj.users = set()
-    context.children[obj] = None
-
-
-def unregister(obj: Any) -> None:
-    obj.closed = True
-    obj.context.children.pop(obj, None)
-
-
 def hw_parent(obj: Any, cls: type, what: str, field: str) -> Any:
     require(obj, cls, what, field)
     obj._check()
     return obj
+
+
+def hw_impl(obj: Any, api_cls: type, impl_cls: type, what: str, field: str) -> Any:
+    """``obj``'s hardware implementation (an ``impl_cls``): ``obj`` must be an open
+    ``api_cls`` made on a libibverbs device (EINVAL naming ``field`` otherwise)."""
+    require(obj, api_cls, what, field)
+    obj._check()
+    impl = obj.impl
+    if not isinstance(impl, impl_cls):
+        raise PyverbsRDMAError(f"{what}: {field} is on a soft device, not a libibverbs one",
+                               errno.EINVAL)
+    return impl

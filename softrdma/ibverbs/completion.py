@@ -1,5 +1,6 @@
 """``HwCompChannel`` and ``HwCQ``: completions polled through ``context->ops.poll_cq``
-(immediate data turned back to a host integer), events through the channel's fd."""
+(immediate data turned back to a host integer), events through the channel's fd. They are
+the implementations a :class:`softrdma.verbs_api.CompChannel` / ``CQ`` holds on a device."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from typing import Any
 from ..completion import WC
 from ..errors import PyverbsRDMAError
 from ..verbs_api import cq as v_cq
-from ..verbs_api._check import U32, as_int
+from ..verbs_api._check import as_int
 from ..verbs_api.enums import (ibv_wc_flags as WCF)
-from . import dispatch, ffi
-from .common import fail, hw_parent, null_error, register, unregister
+from . import ffi
+from .common import fail, hw_impl, hw_parent, null_error
 from .context import HwContext
 
 __all__ = ["HwCompChannel", "HwCQ"]
@@ -36,31 +37,30 @@ _WC_INV_RXE = 1 << 2
 
 # -- completion channel and CQ ---------------------------------------------------------------
 
-class HwCompChannel(v_cq.CompChannel):
+class HwCompChannel:
     """``ibv_comp_channel``; its ``fd`` (made non-blocking) works with select and asyncio."""
 
-    _hw_variant = staticmethod(dispatch.variant)
+    extras: frozenset[str] = frozenset()
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, owner: Any) -> None:
+        context = owner.context
         hw_parent(context, HwContext, "Failed to create a completion channel", "context")
         c = ffi.lib().ibv_create_comp_channel(context._addr)
         if not c:
             raise null_error("Failed to create a completion channel")
         self._addr = c
         self._c = ffi.ibv_comp_channel.from_address(c)
+        self.context = context
         fl = fcntl.fcntl(self._c.fd, fcntl.F_GETFL)
         fcntl.fcntl(self._c.fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)  # EAGAIN, not a hang
-        register(self, context)
 
     @property
     def fd(self) -> int:
         return self._c.fd
 
-    def wake(self) -> None:  # soft-device hook: nothing to wake here
-        pass
-
     def _take(self) -> Any:
-        """One pending event's CQ (its events counted), or None (EAGAIN)."""
+        """One pending event's CQ (the API object; libibverbs' count of it kept), or None
+        (EAGAIN)."""
         cq, ctxp = c_void_p(), c_void_p()
         if ffi.lib().ibv_get_cq_event(self._addr, byref(cq), byref(ctxp)):
             err = ctypes.get_errno()
@@ -71,14 +71,12 @@ class HwCompChannel(v_cq.CompChannel):
         if ev_cq is None:  # a CQ destroyed meanwhile cannot have events: ack and go on
             ffi.lib().ibv_ack_cq_events(cq.value, 1)
             return None
-        ev_cq._events_unacked += 1
-        ev_cq._hw_unacked += 1
+        ev_cq.impl._hw_unacked += 1
         return ev_cq
 
-    def get_cq_event(self, cq: Any = None, timeout: float | None = None) -> Any:
+    def get_cq_event(self, timeout: float | None = None) -> Any:
         """``ibv_get_cq_event``: the CQ of the next event. ``timeout`` seconds (None: block)
         raises ETIMEDOUT when it expires, as on the soft backend."""
-        self._check()
         what = "Failed to get CQ event"
         deadline = None if timeout is None else time.monotonic() + timeout
         while (ev_cq := self._take()) is None:
@@ -86,13 +84,10 @@ class HwCompChannel(v_cq.CompChannel):
             if left is not None and left <= 0:
                 raise PyverbsRDMAError(f"{what}: timed out", errno.ETIMEDOUT)
             select.select([self._c.fd], [], [], left)
-        if cq is not None and ev_cq is not cq:
-            raise PyverbsRDMAError(f"{what}: the event is for another CQ", errno.EINVAL)
         return ev_cq
 
     async def wait_async(self) -> Any:
-        """``await channel.wait_async()``: the next event's CQ, through the loop's reader."""
-        self._check()
+        """The next event's CQ, through the loop's reader."""
         loop = asyncio.get_running_loop()
         while (ev_cq := self._take()) is None:
             fut: asyncio.Future[None] = loop.create_future()
@@ -103,60 +98,50 @@ class HwCompChannel(v_cq.CompChannel):
                 loop.remove_reader(self._c.fd)
         return ev_cq
 
-    def _destroy(self) -> None:
-        if self.closed:
-            return
+    def destroy(self) -> None:
         rc = ffi.lib().ibv_destroy_comp_channel(self._addr)
         if rc:
             raise fail("Failed to destroy completion channel", rc)
-        unregister(self)
 
 
 _BATCH = 16
 
 
-class HwCQ(v_cq.CQ):
+class HwCQ:
     """``ibv_cq``. ``poll`` goes through ``context->ops.poll_cq`` into a preallocated
     ``ibv_wc`` array and returns :class:`softrdma.completion.WC` objects, as the soft CQ."""
 
-    _hw_variant = staticmethod(dispatch.variant)
+    extras: frozenset[str] = frozenset()
 
-    def __init__(self, context: Any, cqe: int, cq_context: Any = None,
-                 channel: Any = None, comp_vector: int = 0) -> None:
-        what = "Failed to create CQ"
+    @staticmethod
+    def check_create(context: Any, cqe: Any, comp_vector: Any, what: str) -> tuple[int, int]:
         hw_parent(context, HwContext, what, "context")
-        cqe = as_int(cqe, what, "cqe", (1 << 31) - 1)
-        comp_vector = as_int(comp_vector, what, "comp_vector", (1 << 31) - 1)
-        if channel is not None:
-            hw_parent(channel, HwCompChannel, what, "channel")
+        return (as_int(cqe, what, "cqe", (1 << 31) - 1),
+                as_int(comp_vector, what, "comp_vector", (1 << 31) - 1))
+
+    def __init__(self, owner: Any, cqe: int, channel: Any, comp_vector: int) -> None:
+        what = "Failed to create CQ"
+        context = owner.context
+        ch = None if channel is None else \
+            hw_impl(channel, v_cq.CompChannel, HwCompChannel, what, "channel")
         c = ffi.lib().ibv_create_cq(context._addr, cqe, None,
-                                    channel._addr if channel is not None else None, comp_vector)
+                                    ch._addr if ch is not None else None, comp_vector)
         if not c:
             raise null_error(what)
-        self._addr = c
+        self._addr: int | None = c
         self._c = ffi.ibv_cq.from_address(c)
-        self.cq_context = cq_context
-        self.channel = channel
+        self.context = context
         self._wcs: deque[WC] = deque()  # polled from the device, not yet handed out
         self._arr = (ffi.ibv_wc * _BATCH)()
         self._arr_addr = addressof(self._arr)
         self._poll_cq = context._ops.poll_cq
         self._inv_bit = _WC_INV_RXE if context._rxe else _WC_INV
-        self._events_unacked = 0  # what the program has not acked (the soft meaning)
-        self._hw_unacked = 0  # what libibverbs has not been told (acked at destroy)
-        self.error = False
-        register(self, context)
-        context._objs[c] = self
-        self._use(channel)
+        self._hw_unacked = 0  # events libibverbs has not been told of (acked at destroy)
+        context._objs[c] = owner  # CQ events and async events name the API object
 
     @property
     def cqe(self) -> int:
         return self._c.cqe
-
-    @cqe.setter
-    def cqe(self, v: int) -> None:  # the soft CQ sets it; here the device decides
-        pass
-
     def _fill(self, want: int) -> None:
         """Move up to ``want`` completions from the device into ``self._wcs``."""
         while want > 0:
@@ -186,8 +171,6 @@ class HwCQ(v_cq.CQ):
 
     def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
         """Up to ``num_entries`` completions, oldest first: ``(count, [WC, ...])``."""
-        if self.closed:
-            self._check()
         q = self._wcs
         if not q and 0 < num_entries <= _BATCH:
             # the common case, kept short: one provider call, nothing held back
@@ -205,49 +188,31 @@ class HwCQ(v_cq.CQ):
         out = [q.popleft() for _ in range(min(num_entries, len(q)))]
         return len(out), out
 
-    def poll_all(self) -> list[WC]:
-        self._check()
-        self._fill(1 << 30)
-        out = list(self._wcs)
-        self._wcs.clear()
-        return out
-
     def __len__(self) -> int:
         """Completions ready now (polled from the device and kept for the next poll)."""
-        if not self.closed:
+        if self._addr is not None:  # (not once destroyed)
             self._fill(1 << 30)
         return len(self._wcs)
 
     def req_notify(self, solicited_only: bool = False) -> None:
-        self._check()
         rc = self.context._ops.req_notify_cq(self._addr, 1 if solicited_only else 0)
         if rc:
             raise fail("Failed to request notification", rc)
 
     def ack_events(self, num_events: int) -> None:
-        num_events = as_int(num_events, "Failed to ack CQ events", "num_events", U32)
-        if num_events > self._events_unacked:
-            raise PyverbsRDMAError(f"Failed to ack {num_events} CQ events: only "
-                                   f"{self._events_unacked} unacknowledged", errno.EINVAL)
-        self._events_unacked -= num_events
+        """Tell libibverbs of acks for events it counted (the API checked the number)."""
         n = min(num_events, self._hw_unacked)
         if n:
             ffi.lib().ibv_ack_cq_events(self._addr, n)
             self._hw_unacked -= n
 
     def resize(self, cqe: int) -> None:
-        self._check()
         cqe = as_int(cqe, "Failed to resize CQ", "cqe", (1 << 31) - 1)
         rc = ffi.lib().ibv_resize_cq(self._addr, cqe)
         if rc:
             raise fail(f"Failed to resize CQ to {cqe}", rc)
 
-    def push(self, wc: WC, solicited: bool = False) -> bool:  # soft engines only
-        raise PyverbsRDMAError("push: completions come from the device", errno.EOPNOTSUPP)
-
-    def _destroy(self) -> None:
-        if self.closed:
-            return
+    def destroy(self) -> None:
         if self._hw_unacked:  # ibv_destroy_cq waits for every event to be acked
             ffi.lib().ibv_ack_cq_events(self._addr, self._hw_unacked)
             self._hw_unacked = 0
@@ -255,8 +220,7 @@ class HwCQ(v_cq.CQ):
         if rc:
             raise fail("Failed to destroy CQ", rc)
         self.context._objs.pop(self._addr, None)
-        self._release(self.channel)
-        unregister(self)
+        self._addr = None
 
-    def __repr__(self) -> str:
-        return f"<CQ cqe={self.cqe} (libibverbs)>" if not self.closed else "<CQ closed>"
+    def describe(self, closed: bool) -> str:
+        return f"<CQ cqe={self.cqe} (libibverbs)>" if not closed else "<CQ closed>"

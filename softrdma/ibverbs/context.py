@@ -17,7 +17,7 @@ from ..verbs_api import qp as v_qp, srq as v_srq
 from ..verbs_api._check import U32, as_int
 from ..verbs_api.attr import GID
 from ..verbs_api.enums import (ibv_event_type as E)
-from . import devices, dispatch, ffi
+from . import devices, ffi
 from .common import fail
 
 __all__ = ["HwContext", "HwDevice"]
@@ -38,6 +38,14 @@ class HwDevice:
         self.lock = threading.RLock()
         self._ctx = ctx
         self.fatal = None
+
+    def pool_take(self, pool: str) -> bool:
+        """Resource.__init__'s count of objects against the device's limit: the device
+        keeps its own and refuses with ENOMEM itself."""
+        return True
+
+    def pool_give(self, pool: str) -> None:
+        pass
 
     @property
     def gid_table(self) -> list[bytes]:
@@ -64,7 +72,12 @@ class HwDevice:
 class HwContext(v_device.Context):
     """An ``ibv_context`` opened with ``ibv_open_device``."""
 
-    _hw_variant = staticmethod(dispatch.variant)
+    @property
+    def backend(self) -> Any:
+        """The implementations of the objects made in this context (ibverbs'); imported
+        here, not at the top, as objects.py imports this module."""
+        from .objects import BACKEND
+        return BACKEND
 
     def __init__(self, name: str | bytes | None = None) -> None:
         if name is not None and not isinstance(name, (str, bytes)):

@@ -42,7 +42,7 @@ def ah_attr_to_c(attr: Any, c: ffi.ibv_ah_attr, what: str, field: str) -> None:
         g = f"{field}.gr"
         require(gr, GlobalRoute, what, g)
         if gr.dgid is not None:
-            dgid = gr.dgid if isinstance(gr.dgid, GID) else GID._parse(gr.dgid, f"{what}: {g}.dgid")
+            dgid = gr.dgid if isinstance(gr.dgid, GID) else GID.parse(gr.dgid, f"{what}: {g}.dgid")
             c.grh.dgid.raw = (ffi.c_uint8 * 16).from_buffer_copy(dgid.raw)
         c.grh.flow_label = as_int(gr.flow_label, what, f"{g}.flow_label", (1 << 20) - 1,
                                   desc="does not fit 20 bits")

@@ -1,18 +1,17 @@
-"""How ``verbs_api.PD(hw_context)`` becomes a hardware PD.
+"""How ``verbs_api.Context(name="rxe0")`` becomes a hardware context.
 
-The user-facing classes stay softrdma.verbs_api's. Each hardware class subclasses the
-verbs_api class it implements (``HwPD(verbs_api.PD)``). ``Resource.__new__`` (and
-``Context.__new__``) look at the parent argument; when it is a hardware object, it carries
-``_hw_variant`` (this module's :func:`variant`) and the new object is made of
-``variant(cls)``: ``type(cls.__name__, (cls, HwX), {})`` for a subclass of the verbs_api
-class (for the verbs_api class itself, ``HwX`` renamed), cached per class. C3 puts HwX
-right above the verbs_api class and below any subclass, so a subclass's methods (the
-pyverbs-compat layer's) wrap the hardware ones unchanged::
+Every verbs object but the context is one verbs_api class holding a soft or hardware
+implementation (:class:`softrdma.verbs_api.base.Sibling`). The context is still chosen
+when it is made: ``Context.__new__`` looks at the device name and, for a libibverbs
+device, makes the object of ``variant(cls)``: ``type(cls.__name__, (cls, HwContext), {})``
+for a subclass of ``verbs_api.Context`` (for ``verbs_api.Context`` itself, ``HwContext``),
+cached per class. C3 puts ``HwContext`` right above ``verbs_api.Context`` and below any
+subclass, so a subclass's methods (the pyverbs-compat layer's) wrap the hardware ones::
 
-    compat.PD on hardware: variant, compat.PD, CascadeClose, HwPD, verbs_api.PD, Resource
+    compat.Context on hardware: variant, compat.Context, ..., HwContext, verbs_api.Context
 
-``isinstance(obj, verbs_api.PD)`` stays true. Python then runs ``__init__`` of the
-returned instance with the same arguments. Soft objects never reach this module.
+``isinstance(ctx, verbs_api.Context)`` stays true. Python then runs ``__init__`` of the
+returned instance with the same arguments. Soft contexts never reach this module.
 """
 
 from __future__ import annotations

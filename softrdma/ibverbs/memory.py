@@ -1,5 +1,6 @@
 """``HwPD``, ``HwMR`` and ``HwMW``: protection domains and registered memory (see
-:mod:`.objects` for the iova and lifetime rules)."""
+:mod:`.objects` for the iova and lifetime rules), the implementations a
+:class:`softrdma.verbs_api.PD` / ``MR`` / ``MW`` holds on a device."""
 
 from __future__ import annotations
 
@@ -10,12 +11,10 @@ from ctypes import addressof
 from typing import Any
 
 from ..errors import PyverbsRDMAError
-from ..verbs_api import mr as v_mr, pd as v_pd
-from ..verbs_api.base import Resource
-from ..verbs_api._check import U32, U64, as_int
-from ..verbs_api.enums import (ibv_mw_type)
-from . import dispatch, ffi
-from .common import fail, hw_parent, null_error, register, unregister
+from ..verbs_api import pd as v_pd
+from ..verbs_api._check import U64, as_int
+from . import ffi
+from .common import fail, hw_impl, hw_parent, null_error
 from .context import HwContext
 
 __all__ = ["HwPD", "HwMR", "HwMW"]
@@ -23,27 +22,24 @@ __all__ = ["HwPD", "HwMR", "HwMW"]
 
 # -- PD --------------------------------------------------------------------------------------
 
-class HwPD(v_pd.PD):
-    _hw_variant = staticmethod(dispatch.variant)
+class HwPD:
+    """``ibv_pd`` behind :class:`softrdma.verbs_api.PD`."""
 
-    def __init__(self, context: Any) -> None:
+    extras: frozenset[str] = frozenset()
+
+    def __init__(self, owner: Any) -> None:
+        context = owner.context
         hw_parent(context, HwContext, "Failed to alloc PD", "context")
         addr = ffi.lib().ibv_alloc_pd(context._addr)
         if not addr:
             raise null_error("Failed to alloc PD")
         self._addr = addr
-        register(self, context)
+        self.context = context
 
-    def _destroy(self) -> None:
-        if self.closed:
-            return
+    def destroy(self) -> None:
         rc = ffi.lib().ibv_dealloc_pd(self._addr)
         if rc:
             raise fail("Failed to dealloc PD", rc)
-        unregister(self)
-
-    def __repr__(self) -> str:
-        return f"<PD on {self.device.name}>"
 
 
 # -- MR and MW -------------------------------------------------------------------------------
@@ -64,22 +60,27 @@ def _writable_view(buffer: Any, what: str) -> memoryview:
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
-class HwMR(v_mr.MR):
-    """``ibv_mr`` over a Python buffer. ``buf`` is the iova (see the module's docstring)."""
+class HwMR:
+    """``ibv_mr`` over a Python buffer, behind :class:`softrdma.verbs_api.MR`. ``iova`` is
+    what SGEs and peers use (see :mod:`.objects`); ``host_addr`` is the real address."""
 
-    _hw_variant = staticmethod(dispatch.variant)
+    extras = frozenset({"host_addr"})
+    readable_closed = False  # the ibv_mr is gone with the MR
 
-    def __init__(self, pd: Any, length: int = 0, access: int = 0, address: int | None = None,
-                 implicit: bool = False, *, buffer: Any = None) -> None:
-        what = "Failed to register MR"
-        hw_parent(pd, HwPD, what, "pd")
-        if implicit:
-            raise PyverbsRDMAError(f"{what}: implicit (ODP) MRs are not supported",
-                                   errno.EOPNOTSUPP)
+    @staticmethod
+    def prepare(length: Any, access: Any, address: Any, buffer: Any,
+                what: str) -> tuple[int, int, int | None, Any]:
+        """The C widths (the device checks the access flags and the sizes)."""
         access = as_int(access, what, "access", U64, desc="not a set of access flags")
         length = as_int(length, what, "length", U64, desc="not a 64-bit length")
         if address is not None:
             address = as_int(address, what, "address", U64, desc="not a 64-bit address")
+        return length, access, address, buffer
+
+    def __init__(self, owner: Any, pd: Any, length: int, access: int, address: int | None,
+                 buffer: Any) -> None:
+        what = "Failed to register MR"
+        hw_pd = hw_impl(pd, v_pd.PD, HwPD, what, "pd")
         if buffer is None:
             try:  # page-aligned, page-granular memory: safe with MADV_DONTFORK
                 buffer = mmap.mmap(-1, max(length, 1))
@@ -99,7 +100,7 @@ class HwMR(v_mr.MR):
         arr = (ctypes.c_char * max(n, 1)).from_buffer(mv if n else bytearray(1))
         ptr = addressof(arr)
         iova = ptr if address is None else address
-        c = ffi.lib().ibv_reg_mr_iova2(pd._addr, ptr, n, iova, access)
+        c = ffi.lib().ibv_reg_mr_iova2(hw_pd._addr, ptr, n, iova, access)
         if not c:
             err = ctypes.get_errno()
             del arr  # drop the exports now: the traceback keeps this frame alive
@@ -115,14 +116,12 @@ class HwMR(v_mr.MR):
         self._buffer, self._arr, self._mv = buffer, arr, mv
         self._ptr, self._iova, self._access = ptr, iova, access
         self.pd = pd
-        register(self, pd.context)
+        self.context = pd.context
         self.context._mrs[self._c.lkey] = self
-        self._use(pd)
 
     lkey = property(lambda self: self._c.lkey)
     rkey = property(lambda self: self._c.rkey)
-    buf = property(lambda self: self._iova, doc="The iova: what SGEs and peers use.")
-    addr = buf
+    iova = property(lambda self: self._iova)
     length = property(lambda self: self._c.length)
     access = property(lambda self: self._access)
 
@@ -136,16 +135,14 @@ class HwMR(v_mr.MR):
         """The registered memory's real address in this process."""
         return self._ptr
 
-    def rereg(self, flags: int, pd: Any = None, addr: Any = None, length: int = 0,
-              access: int = 0) -> None:
+    def rereg(self, flags: int, pd: Any, addr: Any, length: int, access: int) -> Any:
         """``ibv_rereg_mr``: IBV_REREG_MR_CHANGE_PD (2), _ACCESS (4), _TRANSLATION (1, with
-        ``addr`` a buffer object, registered at its real address)."""
-        self._check()
+        ``addr`` a buffer object, registered at its real address). Returns the PD."""
         what = "Failed to re-register MR"
         flags = as_int(flags, what, "flags", 7)
         new_pd = pd if flags & 2 else self.pd
         if flags & 2:
-            hw_parent(pd, HwPD, what, "pd")
+            hw_impl(pd, v_pd.PD, HwPD, what, "pd")
         access = as_int(access, what, "access", U64) if flags & 4 else self._access
         arr, ptr, mv, buffer, n = self._arr, self._ptr, self._mv, self._buffer, 0
         if flags & 1:
@@ -157,7 +154,7 @@ class HwMR(v_mr.MR):
             arr = (ctypes.c_char * max(n, 1)).from_buffer(mv)
             ptr = addressof(arr)
         old_lkey = self._c.lkey
-        rc = ffi.lib().ibv_rereg_mr(self._addr, flags, new_pd._addr if flags & 2 else None,
+        rc = ffi.lib().ibv_rereg_mr(self._addr, flags, new_pd.impl._addr if flags & 2 else None,
                                     ptr if flags & 1 else None, n, access)
         if rc:  # an IBV_REREG_MR_ERR_* code (negative); errno says why (EOPNOTSUPP on rxe)
             raise fail(what, ctypes.get_errno() or errno.EINVAL)
@@ -165,25 +162,19 @@ class HwMR(v_mr.MR):
         self.context._mrs[self._c.lkey] = self
         if flags & 1:
             self._arr, self._ptr, self._mv, self._buffer, self._iova = arr, ptr, mv, buffer, ptr
-        if flags & 2:
-            self._release(self.pd)
-            self.pd = new_pd
-            self._use(new_pd)
+        self.pd = new_pd
         self._access = access
+        return new_pd
 
-    def close(self) -> None:
-        Resource.close(self)  # EBUSY while used, then _destroy (the device decides the rest)
+    def check_dereg(self) -> None:
+        pass  # the device decides (EBUSY while windows are bound)
 
-    def _destroy(self) -> None:
-        if self.closed:
-            return
+    def destroy(self) -> None:
         lkey = self._c.lkey
         rc = ffi.lib().ibv_dereg_mr(self._addr)
         if rc:
             raise fail("Failed to dereg MR", rc)
         self.context._mrs.pop(lkey, None)
-        self._release(self.pd)
-        unregister(self)
         # only now may the buffer move or go away
         self._arr = None
         try:
@@ -191,37 +182,28 @@ class HwMR(v_mr.MR):
         except BufferError:  # the program still exports it (a memoryview slice of its own)
             pass
 
-    def __repr__(self) -> str:
-        if self.closed:
-            return "<MR closed>"
-        return (f"<MR lkey=0x{self.lkey:x} rkey=0x{self.rkey:x} addr=0x{self.buf:x} "
-                f"length={self.length} access=0x{self.access:x}>")
 
-
-class HwMW(v_mr.MW):
+class HwMW:
     """``ibv_mw`` through ``context->ops.alloc_mw`` (a static inline in verbs.h)."""
 
-    _hw_variant = staticmethod(dispatch.variant)
+    extras: frozenset[str] = frozenset()
 
-    def __init__(self, pd: Any, mw_type: int = ibv_mw_type.IBV_MW_TYPE_1) -> None:
+    @staticmethod
+    def check_create(mw_type: int, what: str) -> None:
+        pass  # the device knows its window types
+
+    def __init__(self, owner: Any, pd: Any, mw_type: int) -> None:
         what = "Failed to allocate MW"
-        hw_parent(pd, HwPD, what, "pd")
-        mw_type = as_int(mw_type, what, "mw_type", U32)
+        hw_pd = hw_impl(pd, v_pd.PD, HwPD, what, "pd")
         op = pd.context._ops.alloc_mw
         if op is None:
             raise PyverbsRDMAError(f"{what}: the device has no memory windows", errno.EOPNOTSUPP)
-        c = op(pd._addr, mw_type)
+        c = op(hw_pd._addr, mw_type)
         if not c:
             raise null_error(what)
         self._addr = c
         self._c = ffi.ibv_mw.from_address(c)
-        self.pd = pd
-        try:
-            self.mw_type = ibv_mw_type(mw_type)
-        except ValueError:
-            self.mw_type = mw_type
-        register(self, pd.context)
-        self._use(pd)
+        self.context = pd.context
 
     @property
     def rkey(self) -> int:
@@ -231,14 +213,10 @@ class HwMW(v_mr.MW):
     def handle(self) -> int:
         return self._c.handle
 
-    def _destroy(self) -> None:
-        if self.closed:
-            return
+    def destroy(self) -> None:
         rc = self.context._ops.dealloc_mw(self._addr)
         if rc:
             raise fail("Failed to dealloc MW", rc)
-        self._release(self.pd)
-        unregister(self)
 
-    def __repr__(self) -> str:
-        return f"<MW type {int(self.mw_type)} rkey=0x{self.rkey:x}>"
+    def describe(self) -> str:
+        return ""

@@ -1,11 +1,13 @@
-"""The verbs_api classes on a libibverbs device: ``HwContext``, ``HwPD``, ``HwMR``, ``HwMW``,
-``HwCQ``, ``HwCompChannel``, ``HwSRQ``, ``HwAH``, ``HwQP``.
+"""The libibverbs backend's implementations: ``HwPD``, ``HwMR``, ``HwMW``, ``HwCQ``,
+``HwCompChannel``, ``HwSRQ``, ``HwAH``, ``HwQP`` (:data:`BACKEND`), and ``HwContext``.
 
-Each subclasses the verbs_api class it implements (``HwPD(verbs_api.PD)``) and overrides
-everything that would reach the soft device's engines; what is pure API (``QP.to_rts``'s
-masks, ``MR.read``/``write`` over ``mr.mem``, ``CQ.__iter__``, ``Resource.close``'s
-EBUSY-if-used rule) is inherited unchanged, so both backends behave alike. Users never
-name these classes: ``verbs_api.PD(hw_context)`` returns one (see :mod:`.dispatch`).
+Each implementation is a sibling of the soft one (``HwQP`` beside ``SoftQP``): the one
+verbs_api class (``verbs_api.QP``) checks what both backends check and holds the one its
+context's ``backend`` names, so what is pure API (``QP.to_rts``'s masks,
+``MR.read``/``write`` over ``mr.mem``, ``CQ.poll_all``, ``Resource.close``'s
+EBUSY-if-used rule) is the same code on both. Users never name these classes:
+``verbs_api.PD(hw_context)`` is a ``verbs_api.PD`` holding an ``HwPD``. ``HwContext`` is
+still mixed into ``verbs_api.Context`` when a device is opened (see :mod:`.dispatch`).
 
 Errors are ``PyverbsRDMAError`` with the errno libibverbs reports: a NULL from a
 create/alloc/reg verb takes ``errno``; a non-zero ``int`` result is itself the errno
@@ -36,10 +38,8 @@ AH -> MW -> MR -> CQ -> channel -> PD, acknowledging CQ events before ``ibv_dest
 
 from __future__ import annotations
 
-from typing import Iterable
-
-from ..verbs_api import ah as v_ah, cq as v_cq, device as v_device, mr as v_mr, pd as v_pd
-from ..verbs_api import qp as v_qp, srq as v_srq
+from ..verbs_api import device as v_device
+from ..verbs_api.base import Backend
 from . import dispatch
 from .completion import HwCompChannel, HwCQ
 from .context import HwContext, HwDevice
@@ -47,13 +47,11 @@ from .memory import HwMR, HwMW, HwPD
 from .queues import HwAH, HwQP, HwSRQ
 
 __all__ = ["HwContext", "HwPD", "HwMR", "HwMW", "HwCQ", "HwCompChannel", "HwSRQ", "HwAH",
-           "HwQP", "HwDevice"]
+           "HwQP", "HwDevice", "BACKEND"]
 
 
-def _all() -> Iterable[tuple[type, type]]:
-    return ((v_device.Context, HwContext), (v_pd.PD, HwPD), (v_mr.MR, HwMR), (v_mr.MW, HwMW),
-            (v_cq.CQ, HwCQ), (v_cq.CompChannel, HwCompChannel), (v_srq.SRQ, HwSRQ),
-            (v_ah.AH, HwAH), (v_qp.QP, HwQP))
+dispatch.install([(v_device.Context, HwContext)])
 
-
-dispatch.install(_all())
+#: the implementations of this backend (``HwContext.backend``)
+BACKEND = Backend("ibverbs", PD=HwPD, MR=HwMR, MW=HwMW, CompChannel=HwCompChannel, CQ=HwCQ,
+                  AH=HwAH, SRQ=HwSRQ, QP=HwQP)

@@ -1,5 +1,9 @@
 """``HwQP``, ``HwSRQ`` and ``HwAH``: queue pairs (create, modify, query, post every
-opcode), shared receive queues and address handles."""
+opcode), shared receive queues and address handles.
+
+Each is the hardware implementation the verbs_api object holds (``verbs_api.QP`` holds
+a ``HwQP`` on a device, a ``SoftQP`` on a soft one): the API class checks what both
+backends check, this class calls libibverbs."""
 
 from __future__ import annotations
 
@@ -11,15 +15,15 @@ from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ..verbs_api import ah as v_ah, mr as v_mr
-from ..verbs_api import qp as v_qp, srq as v_srq
+from ..verbs_api import cq as v_cq, pd as v_pd, srq as v_srq
 from ..verbs_api._check import U24, U32, U64, as_int, require
-from ..verbs_api.attr import QPAttr, QPInitAttr, SrqAttr, SrqInitAttr
+from ..verbs_api.attr import QPAttr, QPCap, SrqAttr
 from ..verbs_api.enums import (ibv_qp_attr_mask as M, ibv_qp_type as T, ibv_send_flags,
                                ibv_wr_opcode as W)
-from ..verbs_api.posting import sge_list
+from ..verbs_api.posting import check_send_scalars, sge_list
 from ..verbs_api.wr import MWBindInfo, RecvWR, SendWR
-from . import convert, dispatch, ffi
-from .common import fail, hw_parent, null_error, register, unregister
+from . import convert, ffi
+from .common import fail, hw_impl, null_error
 from .completion import HwCQ
 from .memory import HwMR, HwMW, HwPD
 from .posting import post, posted_list, raise_at, recv_chain, sge_array
@@ -38,32 +42,31 @@ _ALL_QP_ATTRS = (1 << 21) - 1  # what query() asks for when given no mask
 
 # -- SRQ -------------------------------------------------------------------------------------
 
-class HwSRQ(v_srq.SRQ):
-    _hw_variant = staticmethod(dispatch.variant)
+class HwSRQ:
+    """``ibv_srq`` behind :class:`softrdma.verbs_api.SRQ`; posting through
+    ``context->ops.post_srq_recv``."""
 
-    def __init__(self, pd: Any, init_attr: SrqInitAttr) -> None:
+    extras: frozenset[str] = frozenset()
+
+    @staticmethod
+    def check_create(pd: Any, a: SrqAttr, what: str) -> None:
+        hw_impl(pd, v_pd.PD, HwPD, what, "pd")  # the device checks the sizes
+
+    def __init__(self, owner: Any, pd: Any, a: SrqAttr) -> None:
         what = "Failed to create SRQ"
-        hw_parent(pd, HwPD, what, "pd")
-        require(init_attr, SrqInitAttr, what, "init_attr")
-        a = require(init_attr.attr, SrqAttr, what, "init_attr.attr")
         c = ffi.ibv_srq_init_attr()
         for n in ("max_wr", "max_sge", "srq_limit"):
-            setattr(c.attr, n, as_int(getattr(a, n), what, f"init_attr.attr.{n}", U32))
-        s = ffi.lib().ibv_create_srq(pd._addr, byref(c))
+            setattr(c.attr, n, getattr(a, n))
+        s = ffi.lib().ibv_create_srq(pd.impl._addr, byref(c))
         if not s:
             raise null_error(what)
         self._addr = s
-        self.pd = pd
-        self.srq_context = init_attr.srq_context
         self.max_wr, self.max_sge, self.srq_limit = c.attr.max_wr, c.attr.max_sge, c.attr.srq_limit
-        self.error = False
-        register(self, pd.context)
-        self.context._objs[s] = self
-        self._post_srq_recv = self.context._ops.post_srq_recv
-        self._use(pd)
+        self.context = ctx = pd.context
+        ctx._objs[s] = owner  # async events name the API object
+        self._post_srq_recv = ctx._ops.post_srq_recv
 
     def post_recv(self, wr: Any, bad_wr: Any = None) -> None:
-        self._check()
         what = "Failed to post receive to SRQ"
         wrs = posted_list(wr, bad_wr, RecvWR, what)
         try:
@@ -73,9 +76,7 @@ class HwSRQ(v_srq.SRQ):
         post(self._post_srq_recv, self._addr, arr, sizeof(ffi.ibv_recv_wr), wrs, bad_wr, what)
 
     def modify(self, attr: SrqAttr, attr_mask: int) -> None:
-        self._check()
         what = "Failed to modify SRQ"
-        require(attr, SrqAttr, what, "attr")
         mask = as_int(attr_mask, what, "attr_mask", (1 << 31) - 1)
         c = ffi.ibv_srq_attr(as_int(attr.max_wr, what, "attr.max_wr", U32),
                              as_int(attr.max_sge, what, "attr.max_sge", U32),
@@ -83,61 +84,44 @@ class HwSRQ(v_srq.SRQ):
         rc = ffi.lib().ibv_modify_srq(self._addr, byref(c), mask)
         if rc:
             raise fail(what, rc)
-        q = HwSRQ.query(self)
+        q = self.query()
         self.max_wr, self.srq_limit = q.max_wr, q.srq_limit
 
     def query(self) -> SrqAttr:
-        self._check()
         c = ffi.ibv_srq_attr()
         rc = ffi.lib().ibv_query_srq(self._addr, byref(c))
         if rc:
             raise fail("Failed to query SRQ", rc)
         return SrqAttr(max_wr=c.max_wr, max_sge=c.max_sge, srq_limit=c.srq_limit)
 
-    def take(self) -> Any:  # soft engines only
-        return None
-
-    def _destroy(self) -> None:
-        if self.closed:
-            return
+    def destroy(self) -> None:
         rc = ffi.lib().ibv_destroy_srq(self._addr)
         if rc:
             raise fail("Failed to destroy SRQ", rc)
         self.context._objs.pop(self._addr, None)
-        self._release(self.pd)
-        unregister(self)
 
 
 # -- AH --------------------------------------------------------------------------------------
 
-class HwAH(v_ah.AH):
-    _hw_variant = staticmethod(dispatch.variant)
+class HwAH:
+    """``ibv_ah`` behind :class:`softrdma.verbs_api.AH`."""
 
-    def __init__(self, pd: Any, attr: Any = None) -> None:
+    extras: frozenset[str] = frozenset()
+
+    def __init__(self, owner: Any, pd: Any, attr: Any) -> None:
         what = "Failed to create AH"
-        hw_parent(pd, HwPD, what, "pd")
-        if attr is None:
-            raise PyverbsRDMAError(f"{what}: attr (AHAttr) is required", errno.EINVAL)
+        hw_pd = hw_impl(pd, v_pd.PD, HwPD, what, "pd")
         c = ffi.ibv_ah_attr()
         convert.ah_attr_to_c(attr, c, what, "attr")
-        a = ffi.lib().ibv_create_ah(pd._addr, byref(c))
+        a = ffi.lib().ibv_create_ah(hw_pd._addr, byref(c))
         if not a:
             raise null_error(what)
         self._addr = a
-        self.pd = pd
-        self.attr = attr
-        self.av = None
-        register(self, pd.context)
-        self._use(pd)
 
-    def _destroy(self) -> None:
-        if self.closed:
-            return
+    def destroy(self) -> None:
         rc = ffi.lib().ibv_destroy_ah(self._addr)
         if rc:
             raise fail("Failed to destroy AH", rc)
-        self._release(self.pd)
-        unregister(self)
 
 
 # -- QP --------------------------------------------------------------------------------------
@@ -145,63 +129,54 @@ class HwAH(v_ah.AH):
 _SEND_WR_SIZE = sizeof(ffi.ibv_send_wr)
 
 
-class HwQP(v_qp.QP):
-    """``ibv_qp``: create, modify, query and destroy through the exported verbs; posting
-    through ``context->ops.post_send``/``post_recv``."""
+class HwQP:
+    """``ibv_qp`` behind :class:`softrdma.verbs_api.QP`: create, modify, query and destroy
+    through the exported verbs; posting through ``context->ops.post_send``/``post_recv``.
+    The API object has checked what both backends check; the device checks the rest (the
+    transition, the values, its own limits) and answers with an errno."""
 
-    _hw_variant = staticmethod(dispatch.variant)
+    extras: frozenset[str] = frozenset()  # nothing beyond the API's members
 
-    def __init__(self, pd_or_ctx: Any, init_attr: QPInitAttr,
-                 qp_attr: QPAttr | None = None) -> None:
+    @staticmethod
+    def check_create(pd: Any, qpt: int, cap: QPCap, srq: Any, what: str) -> None:
+        """Every object on a device comes from the same device (the device checks the rest)."""
+        hw_impl(pd, v_pd.PD, HwPD, what, "pd")
+        if srq is not None:
+            hw_impl(srq, v_srq.SRQ, HwSRQ, what, "init_attr.srq")
+
+    def __init__(self, owner: Any, pd: Any, qpt: int, cap: QPCap, scq: Any, rcq: Any,
+                 srq: Any, sq_sig_all: bool) -> None:
         what = "Failed to create QP"
-        pd = hw_parent(pd_or_ctx, HwPD, what, "pd")
-        require(init_attr, QPInitAttr, what, "init_attr")
-        require(qp_attr, QPAttr, what, "qp_attr", optional=True)
-        qpt = as_int(init_attr.qp_type, what, "init_attr.qp_type", U32)
-        scq, rcq, srq = init_attr.scq, init_attr.rcq, init_attr.srq
-        if scq is None or rcq is None:
-            raise PyverbsRDMAError(f"{what}: both a send CQ (init_attr.scq) and a receive CQ "
-                                   f"(init_attr.rcq) are required", errno.EINVAL)
-        hw_parent(scq, HwCQ, what, "init_attr.scq")
-        hw_parent(rcq, HwCQ, what, "init_attr.rcq")
-        if srq is not None:
-            hw_parent(srq, HwSRQ, what, "init_attr.srq")
+        hw_scq = hw_impl(scq, v_cq.CQ, HwCQ, what, "init_attr.scq")
+        hw_rcq = hw_impl(rcq, v_cq.CQ, HwCQ, what, "init_attr.rcq")
         c = ffi.ibv_qp_init_attr()
-        c.send_cq = ctypes.cast(scq._addr, ctypes.POINTER(ffi.ibv_cq))
-        c.recv_cq = ctypes.cast(rcq._addr, ctypes.POINTER(ffi.ibv_cq))
+        c.send_cq = ctypes.cast(hw_scq._addr, ctypes.POINTER(ffi.ibv_cq))
+        c.recv_cq = ctypes.cast(hw_rcq._addr, ctypes.POINTER(ffi.ibv_cq))
         if srq is not None:
-            c.srq = ctypes.cast(srq._addr, ctypes.POINTER(ffi.ibv_srq))
-        convert.cap_to_c(init_attr.cap, c.cap, what, "init_attr.cap")
+            c.srq = ctypes.cast(srq.impl._addr, ctypes.POINTER(ffi.ibv_srq))
+        convert.cap_to_c(cap, c.cap, what, "init_attr.cap")
         c.qp_type = qpt
-        c.sq_sig_all = 1 if init_attr.sq_sig_all else 0
-        q = ffi.lib().ibv_create_qp(pd._addr, byref(c))
+        c.sq_sig_all = 1 if sq_sig_all else 0
+        q = ffi.lib().ibv_create_qp(pd.impl._addr, byref(c))
         if not q:
             raise null_error(what)
-        self._addr = q
-        self._c = ffi.ibv_qp.from_address(q)
-        self.qp_num = self._c.qp_num
-        self.pd = pd
+        self._addr: int | None = q
+        self.qp_num = ffi.ibv_qp.from_address(q).qp_num
         try:
-            self.qp_type = T(qpt)
+            self.qp_type: Any = T(qpt)
         except ValueError:
             self.qp_type = qpt
-        self.qp_context = init_attr.qp_context
-        self.send_cq, self.recv_cq, self.srq = scq, rcq, srq
-        self.sq_sig_all = bool(init_attr.sq_sig_all)
         self.cap = convert.cap_from_c(c.cap)  # what the device granted
-        init_attr.cap = convert.cap_from_c(c.cap)
-        register(self, pd.context)
-        self.context._objs[q] = self
-        ops = self.context._ops
+        self.context = ctx = pd.context
+        ctx._objs[q] = owner  # async events name the API object
+        ops = ctx._ops
         self._post_send, self._post_recv = ops.post_send, ops.post_recv
-        self._mrs = self.context._mrs
-        self._use(pd, scq, rcq, srq)
-        if qp_attr is not None:
-            self.to_rts(qp_attr) if self.qp_type == T.IBV_QPT_UD else self.to_init(qp_attr)
+        self._mrs = ctx._mrs
 
     # -- state ------------------------------------------------------------------------------
     def _query_c(self, mask: int) -> tuple[ffi.ibv_qp_attr, ffi.ibv_qp_init_attr]:
-        self._check()
+        if self._addr is None:
+            raise PyverbsRDMAError("the QP is closed", errno.EBADF)
         a, ia = ffi.ibv_qp_attr(), ffi.ibv_qp_init_attr()
         rc = ffi.lib().ibv_query_qp(self._addr, byref(a), mask, byref(ia))
         if rc:
@@ -214,19 +189,20 @@ class HwQP(v_qp.QP):
         detected shows as IBV_QPS_ERR)."""
         return self._query_c(int(M.IBV_QP_STATE))[0].qp_state
 
-    qp_state = state
-
     @property
     def attr(self) -> QPAttr:
-        return HwQP.query(self)[0]  # not a subclass's query (pyverbs' needs a mask)
+        return self.query()[0]
 
     @property
     def sq_draining(self) -> bool:
         return bool(self._query_c(int(M.IBV_QP_STATE))[0].sq_draining)
 
+    @property
+    def duplicate_requests(self) -> None:
+        return None  # a device does not count them where verbs can read it
+
     def modify(self, attr: QPAttr, attr_mask: int) -> None:
         """``ibv_modify_qp``; the device checks the transition and values (EINVAL...)."""
-        self._check()
         what = "Failed to modify QP"
         mask = as_int(attr_mask, what, "attr_mask", (1 << 31) - 1, desc="not an attribute mask")
         c = convert.qp_attr_to_c(attr, mask, what)
@@ -234,14 +210,11 @@ class HwQP(v_qp.QP):
         if rc:
             raise fail(what, rc)
 
-    def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
+    def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPCap, int]:
+        """``ibv_query_qp``: the attributes, the capabilities and ``sq_sig_all``."""
         a, ia = self._query_c(as_int(attr_mask, "Failed to query QP", "attr_mask",
                                      (1 << 31) - 1) or _ALL_QP_ATTRS)
-        attr = convert.qp_attr_from_c(a)
-        init = QPInitAttr(qp_type=self.qp_type, qp_context=self.qp_context, scq=self.send_cq,
-                          rcq=self.recv_cq, srq=self.srq, cap=convert.cap_from_c(ia.cap),
-                          sq_sig_all=ia.sq_sig_all)
-        return attr, init
+        return convert.qp_attr_from_c(a), convert.cap_from_c(ia.cap), ia.sq_sig_all
 
     def to_error(self) -> None:
         self.modify(QPAttr(qp_state=6), int(M.IBV_QP_STATE))  # IBV_QPS_ERR
@@ -251,7 +224,6 @@ class HwQP(v_qp.QP):
 
     # -- posting ----------------------------------------------------------------------------
     def post_recv(self, wr: Any, bad_wr: Any = None) -> None:
-        self._check()
         what = "Failed to post receive"
         wrs = posted_list(wr, bad_wr, RecvWR, what)
         try:
@@ -264,7 +236,6 @@ class HwQP(v_qp.QP):
         """``ibv_post_send`` of a WR, a chain or a list, every opcode the device has. The
         C WRs live for the call only (providers copy them); the data must stay until the
         completion. On failure ``bad_wr``/``bad_wr_index`` name the first WR not posted."""
-        self._check()
         what = "Failed to post send"
         wrs = posted_list(wr, bad_wr, SendWR, what)
         try:
@@ -274,7 +245,7 @@ class HwQP(v_qp.QP):
         post(self._post_send, self._addr, arr, _SEND_WR_SIZE, wrs, bad_wr, what)
         for w in wrs:  # a type 2 window's new rkey, as the soft MW shows it after a bind
             if w.opcode == _BIND and getattr(w.mw, "mw_type", 1) == 2:
-                w.mw._c.rkey = w.bind_rkey
+                w.mw.impl._c.rkey = w.bind_rkey
 
     def _send_chain(self, wrs: list[Any], what: str) -> tuple[Any, list[Any]]:
         arr = (ffi.ibv_send_wr * len(wrs))()
@@ -302,7 +273,7 @@ class HwQP(v_qp.QP):
             opcode, flags = int(opcode), int(flags)  # plain ints (enum tests cost a call)
         else:  # the named checks of the soft QP: the same messages
             opcode, flags, wr_id, imm, raddr, rkey, cadd, swap = \
-                self._check_send_scalars(w, what, f)
+                check_send_scalars(w, what, f)
         sges, _ = sge_list(w, 1 << 16, what, f)
         if sges and flags & _INLINE:
             sges = [self._host_sge(s) for s in sges]
@@ -325,8 +296,7 @@ class HwQP(v_qp.QP):
             if w.ah is None or getattr(w.ah, "closed", True):
                 raise PyverbsRDMAError(f"{what}: a UD send needs an address handle "
                                        f"({f}.ah, set by set_wr_ud)", errno.EINVAL)
-            require(w.ah, HwAH, what, f"{f}.ah")
-            c.wr.ud.ah = w.ah._addr
+            c.wr.ud.ah = hw_impl(w.ah, v_ah.AH, HwAH, what, f"{f}.ah")._addr
             c.wr.ud.remote_qpn = as_int(w.remote_qpn, what, f"{f}.remote_qpn", U24,
                                         desc="not a 24-bit QP number")
             c.wr.ud.remote_qkey = as_int(w.remote_qkey, what, f"{f}.remote_qkey", U32)
@@ -336,18 +306,17 @@ class HwQP(v_qp.QP):
             raise PyverbsRDMAError(f"{what}: {f}.opcode IBV_WR_BIND_MW needs "
                                    f"set_bind_wr(mw, bind_info) ({f}.mw, {f}.bind_info)",
                                    errno.EINVAL)
-        require(w.mw, HwMW, what, f"{f}.mw")
+        mw = hw_impl(w.mw, v_mr.MW, HwMW, what, f"{f}.mw")
         info = require(w.bind_info, MWBindInfo, what, f"{f}.bind_info")
         b = c.bind_mw
-        b.mw = w.mw._addr
+        b.mw = mw._addr
         b.rkey = as_int(w.bind_rkey, what, f"{f}.bind_rkey", U32, desc="not a 32-bit key")
         self._fill_bind_info(b.bind_info, info, what, f"{f}.bind_info")
 
     @staticmethod
     def _fill_bind_info(b: Any, info: Any, what: str, f: str) -> None:
         if info.mr is not None:
-            require(info.mr, HwMR, what, f"{f}.mr")
-            b.mr = info.mr._addr
+            b.mr = hw_impl(info.mr, v_mr.MR, HwMR, what, f"{f}.mr")._addr
         b.addr = as_int(info.addr, what, f"{f}.addr", U64, desc="not a 64-bit address")
         b.length = as_int(info.length, what, f"{f}.length", U64, desc="not a 64-bit length")
         b.mw_access_flags = as_int(info.mw_access_flags, what, f"{f}.mw_access_flags", U32)
@@ -361,16 +330,12 @@ class HwQP(v_qp.QP):
         return sge
 
     def bind_mw(self, mw: Any, mw_bind: Any) -> None:
-        """``ibv_bind_mw`` (type 1): the inline's checks, then ``context->ops.bind_mw``;
-        ``mw.rkey`` is the new rkey (the provider updates it)."""
-        self._check()
+        """``ibv_bind_mw`` (type 1; the API checked the arguments): the inline's checks,
+        then ``context->ops.bind_mw``; ``mw.rkey`` is the new rkey (the provider updates
+        it)."""
         what = "Failed to bind MW"
-        hw_parent(mw, HwMW, what, "mw")
-        require(mw_bind, v_mr.MWBind, what, "mw_bind")
+        hw_mw = hw_impl(mw, v_mr.MW, HwMW, what, "mw")
         info = require(mw_bind.bind_info, MWBindInfo, what, "mw_bind.bind_info")
-        if mw.mw_type != 1:
-            raise PyverbsRDMAError(f"{what}: use an IBV_WR_BIND_MW work request for type 2 "
-                                   f"windows", errno.EINVAL)
         if info.mr is None and (info.addr or info.length):
             raise PyverbsRDMAError(f"{what}: bind_info has an address range but no MR",
                                    errno.EINVAL)
@@ -380,22 +345,20 @@ class HwQP(v_qp.QP):
         b.wr_id = as_int(mw_bind.wr_id, what, "mw_bind.wr_id", U64)
         b.send_flags = as_int(mw_bind.send_flags, what, "mw_bind.send_flags", _SEND_FLAGS)
         self._fill_bind_info(b.bind_info, info, what, "mw_bind.bind_info")
-        rc = self.context._ops.bind_mw(self._addr, mw._addr, addressof(b))
+        rc = self.context._ops.bind_mw(self._addr, hw_mw._addr, addressof(b))
         if rc:
             raise fail(what, rc)
 
-    def _destroy(self) -> None:
-        if self.closed:
-            return
+    def destroy(self) -> None:
+        """``ibv_destroy_qp`` (an error leaves the QP as it was)."""
         rc = ffi.lib().ibv_destroy_qp(self._addr)
         if rc:
             raise fail("Failed to destroy QP", rc)
         self.context._objs.pop(self._addr, None)
-        self._release(self.pd, self.send_cq, self.recv_cq, self.srq)
-        unregister(self)
+        self._addr = None
 
-    def __repr__(self) -> str:
-        if self.closed:
+    def describe(self, closed: bool) -> str:
+        if closed:
             return "<QP closed>"
         name = self.qp_type.name.removeprefix("IBV_QPT_") if isinstance(self.qp_type, T) \
             else self.qp_type

@@ -50,16 +50,16 @@ class PyverbsFinder(importlib.abc.MetaPathFinder):
 
     @staticmethod
     def _module(fullname: str, key: str) -> types.ModuleType | None:
-        from . import _stub
+        from . import unsupported
         target = PKG + ("." + key if key else "")
         try:
             if importlib.util.find_spec(target) is not None:
                 return importlib.import_module(target)
         except ModuleNotFoundError:
             pass
-        if _stub.known(key):
-            if key in _stub.M.CLASSES:
-                return _stub.stub_module(fullname, key)
+        if unsupported.known(key):
+            if unsupported.is_module(key):
+                return unsupported.stub_module(fullname, key)
             pkg = types.ModuleType(fullname, f"pyverbs.{key} (softrdma)")
             pkg.__path__ = []  # a package: its submodules come through this finder
             return pkg

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..verbs_api.ah import AH as _AH
 from ..verbs_api.attr import GID as _GID, AHAttr as _AHAttr, GlobalRoute
-from . import _stub
+from . import unsupported
 from ._close import CascadeClose
 
 __all__ = ["GID", "GlobalRoute", "AHAttr", "AH", "GRH", "gid_str", "gid_str_to_array"]
@@ -27,7 +27,7 @@ class GID(_GID):
 
     @gid.setter
     def gid(self, val: str) -> None:
-        self.raw = _GID._parse(val, "Invalid GID").raw
+        self.raw = _GID.parse(val).raw
 
 
 class AHAttr(_AHAttr):
@@ -95,4 +95,4 @@ def gid_str_to_array(val: str, gid: Any) -> None:
         gid[i] = int(h[2 * i:2 * i + 2], 16)
 
 
-_stub.fill_missing(_sys.modules[__name__], "addr")
+unsupported.fill_missing(_sys.modules[__name__], "addr")

@@ -9,7 +9,7 @@ member this module names (tests/test_pyverbs_compat.py checks that the values ag
 import sys as _sys
 
 from ..rdmacm import enums as _rdmacm_enums
-from ._stub import make_enums as _make
+from .unsupported import make_enums as _make
 
 __all__ = _make(_sys.modules[__name__], "cm_enums")
 

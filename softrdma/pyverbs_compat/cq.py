@@ -18,7 +18,7 @@ from ..completion import WC
 from ..errors import PyverbsRDMAError
 from ..verbs_api.enums import ibv_wc_flags as _wcf
 from ..verbs_api.cq import CQ as _CQ, CompChannel as _CompChannel
-from . import _stub
+from . import unsupported
 from ._close import CascadeClose, close_tree
 
 _WC_WITH_IMM = int(_wcf.IBV_WC_WITH_IMM)
@@ -231,4 +231,4 @@ def cqe_status_to_str(status: int) -> str:
     return wc_status_str(status)
 
 
-_stub.fill_missing(_sys.modules[__name__], "cq")
+unsupported.fill_missing(_sys.modules[__name__], "cq")

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError, PyverbsUserError  # noqa: F401
 from ..verbs_api import device as _d
 from ..verbs_api.device import AsyncEvent, DeviceAttr, PortAttr  # noqa: F401
-from . import _stub
+from . import unsupported
 from ._close import CascadeClose  # noqa: F401
 from .addr import GID
 
@@ -339,4 +339,4 @@ def gid_str(subnet_prefix: int, interface_id: int) -> str:
     return GIDEntry(subnet_prefix, interface_id).gid_str()
 
 
-_stub.fill_missing(_sys.modules[__name__], "device")  # DM, AllocDmAttr: EOPNOTSUPP, as rxe
+unsupported.fill_missing(_sys.modules[__name__], "device")  # DM, AllocDmAttr: EOPNOTSUPP, as rxe

@@ -17,7 +17,7 @@ from ..errors import PyverbsRDMAError, PyverbsUserError
 from ..verbs_api.enums import ibv_access_flags as A
 from ..verbs_api.mr import MR as _MR, MW as _MW, MWBind as _MWBind
 from ..verbs_api.wr import MWBindInfo as _MWBindInfo
-from . import _stub
+from . import unsupported
 from ._close import CascadeClose, close_tree
 from .mem_alloc import host_buffer
 
@@ -119,4 +119,4 @@ class MWBind(_MWBind):
         super().__init__(mw_bind_info, send_flags, wr_id)
 
 
-_stub.fill_missing(_sys.modules[__name__], "mr")  # DMMR, DmaBufMR: EOPNOTSUPP, as rxe
+unsupported.fill_missing(_sys.modules[__name__], "mr")  # DMMR, DmaBufMR: EOPNOTSUPP, as rxe

@@ -1,7 +1,7 @@
 """pyverbs.pd: PD (closing it closes its QPs, SRQs, AHs, MWs and MRs first, as pyverbs)."""
 
 from ..verbs_api.pd import PD as _PD
-from . import _stub
+from . import unsupported
 from ._close import CascadeClose
 import sys as _sys
 
@@ -23,4 +23,4 @@ class PD(CascadeClose, _PD):
         return id(self) & 0xFFFFFFFF
 
 
-_stub.fill_missing(_sys.modules[__name__], "pd")  # ParentDomain...: EOPNOTSUPP, as rxe
+unsupported.fill_missing(_sys.modules[__name__], "pd")  # ParentDomain...: EOPNOTSUPP, as rxe

@@ -20,7 +20,7 @@ from ..verbs_api.attr import QPAttr as _QPAttr, QPCap as _QPCap, QPInitAttr as _
 from ..verbs_api.enums import ibv_qp_attr_mask as M, ibv_qp_state as S, ibv_qp_type as T
 from ..verbs_api.enums import ibv_wr_opcode as O
 from ..verbs_api.qp import QP as _QP
-from . import _stub
+from . import unsupported
 from ._close import CascadeClose
 from .wr import SGE, SendWR
 
@@ -390,4 +390,4 @@ def _init_sendwr(wr: SendWR, wr_id: int, opcode: int, flags: int) -> None:
     _SendWR.__init__(wr, wr_id=wr_id, opcode=opcode, sg=(), send_flags=flags)
 
 
-_stub.fill_missing(_sys.modules[__name__], "qp")  # ECE, DataBuffer
+unsupported.fill_missing(_sys.modules[__name__], "qp")  # ECE, DataBuffer

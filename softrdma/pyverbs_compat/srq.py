@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from ..verbs_api.attr import SrqAttr as _SrqAttr, SrqInitAttr as _SrqInitAttr
 from ..verbs_api.srq import SRQ as _SRQ
-from . import _stub
+from . import unsupported
 from ._close import CascadeClose
 
 __all__ = ["SRQ", "SrqAttr", "SrqInitAttr", "SrqInitAttrEx"]
@@ -81,4 +81,4 @@ class SRQ(CascadeClose, _SRQ):
         raise PyverbsRDMAError("Failed to retrieve SRQ number", errno.EOPNOTSUPP)
 
 
-_stub.fill_missing(_sys.modules[__name__], "srq")
+unsupported.fill_missing(_sys.modules[__name__], "srq")

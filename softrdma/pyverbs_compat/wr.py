@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import PyverbsUserError
 from ..verbs_api.enums import ibv_send_flags, ibv_wr_opcode
 from ..verbs_api.wr import SGE as _SGE, RecvWR as _RecvWR, SendWR as _SendWR
-from . import _stub
+from . import unsupported
 from .base import inc_rkey
 
 __all__ = ["SGE", "SendWR", "RecvWR", "send_flags_to_str"]
@@ -91,4 +91,4 @@ def send_flags_to_str(flags: int) -> str:
     return " ".join(n for b, n in names.items() if flags & b) or "None"
 
 
-_stub.fill_missing(_sys.modules[__name__], "wr")
+unsupported.fill_missing(_sys.modules[__name__], "wr")

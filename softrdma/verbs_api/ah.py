@@ -14,10 +14,10 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from .attr import AHAttr, GID, GlobalRoute
 from ._check import U8, U16, as_flag, as_int, require
-from .base import Resource
+from .base import Sibling
 from .pd import PD
 
-__all__ = ["AH", "AddressVector", "resolve_av", "ah_attr_from_wc"]
+__all__ = ["AH", "SoftAH", "AddressVector", "resolve_av", "ah_attr_from_wc"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def resolve_av(device: Any, attr: Any, what: str, field: str = "attr") -> Addres
     gr: GlobalRoute = require(attr.gr, GlobalRoute, what, f"{field}.gr")
     g = f"{field}.gr"
     dgid_obj = gr.dgid if isinstance(gr.dgid, GID) else \
-        GID._parse(gr.dgid, f"{what}: {g}.dgid") if gr.dgid is not None else None
+        GID.parse(gr.dgid, f"{what}: {g}.dgid") if gr.dgid is not None else None
     if dgid_obj is None or not dgid_obj:
         raise PyverbsRDMAError(f"{what}: {g}.dgid: the destination GID is zero", errno.EINVAL)
     for name, val, hi in (("sgid_index", gr.sgid_index, U8), ("hop_limit", gr.hop_limit, U8),
@@ -69,7 +69,7 @@ def resolve_av(device: Any, attr: Any, what: str, field: str = "attr") -> Addres
                          int(gr.traffic_class), int(gr.flow_label))
 
 
-class AH(Resource):
+class AH(Sibling):
     """``ibv_ah``: the destination of UD sends. ``AH(pd, attr=AHAttr(...))``."""
 
     _kind = "AH"
@@ -80,17 +80,25 @@ class AH(Resource):
         pd._check()
         if attr is None:
             raise PyverbsRDMAError("Failed to create AH: attr (AHAttr) is required", errno.EINVAL)
-        av = resolve_av(pd.device, attr, "Failed to create AH", "attr")
-        super().__init__(pd.context)
+        self._create(pd.context, "AH", pd, attr)
         self.pd = pd
         self.attr = attr
-        self.av = av
         self._use(pd)
 
-    def _destroy(self) -> None:
-        if not self.closed:
-            self._release(self.pd)
-        super()._destroy()
+    def _parents(self) -> tuple[Any, ...]:
+        return (self.pd,)
+
+
+class SoftAH:
+    """A soft AH is its resolved path: ``av`` (the soft QP copies it into each UD WQE)."""
+
+    extras = frozenset({"av"})
+
+    def __init__(self, owner: AH, pd: Any, attr: AHAttr) -> None:
+        self.av = resolve_av(pd.device, attr, "Failed to create AH", "attr")
+
+    def destroy(self) -> None:
+        pass
 
 
 def ah_attr_from_wc(wc: Any, grh: bytes, gid_table: list[bytes], port_num: int = 1) -> AHAttr:

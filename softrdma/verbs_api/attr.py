@@ -30,11 +30,13 @@ class GID:
     __slots__ = ("raw",)
 
     def __init__(self, val: "str | bytes | bytearray | GID | None" = None) -> None:
-        self.raw = GID._parse(val, "Invalid GID").raw if val is not None else bytes(16)
+        self.raw = GID.parse(val).raw if val is not None else bytes(16)
 
     @staticmethod
-    def _parse(val: Any, what: str) -> "GID":
-        """``val`` as a GID, or PyverbsRDMAError(EINVAL) prefixed with ``what``."""
+    def parse(val: Any, what: str = "Invalid GID") -> "GID":
+        """``val`` (a GID, 16 bytes, an IPv6 or IPv4 address as text or ``ipaddress``
+        object) as a GID, or PyverbsRDMAError(EINVAL) whose message starts with ``what``
+        (the caller's context: ``"Failed to create AH: attr.gr.dgid"``)."""
         g = GID.__new__(GID)
         if isinstance(val, GID):
             g.raw = val.raw
@@ -101,7 +103,7 @@ class GlobalRoute:
 
     def __post_init__(self) -> None:
         if self.dgid is not None and not isinstance(self.dgid, GID):
-            self.dgid = GID._parse(self.dgid, "GlobalRoute: dgid")
+            self.dgid = GID.parse(self.dgid, "GlobalRoute: dgid")
 
 
 @dataclass

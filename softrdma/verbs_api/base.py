@@ -1,19 +1,40 @@
-"""Shared lifetime rules for verbs objects.
+"""Shared lifetime rules for verbs objects, and how an object finds its backend.
 
 Every object knows its context and its parents; a parent cannot be destroyed while a
 child uses it (EBUSY, as the kernel refuses to dealloc a PD that still has MRs, or to
 destroy a CQ a QP still uses). ``close()`` is idempotent and objects are context managers.
+
+Each verbs object is a :class:`Sibling`: one API class on both backends, holding ``impl``,
+the implementation the context's :class:`Backend` names (``SoftQP`` or ``HwQP``...).
 """
 
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ._check import kind
 
-__all__ = ["Resource", "ContextBase"]
+__all__ = ["Resource", "ContextBase", "Backend", "Sibling"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The implementation classes of one backend. A context's class names its backend
+    (``Context.backend``); an API object made in the context takes its implementation
+    from there (``QP`` holds ``context.backend.QP(...)``)."""
+
+    name: str  #: "soft" or "ibverbs"
+    PD: type  #: SoftPD or HwPD
+    MR: type  #: SoftMR or HwMR
+    MW: type  #: SoftMW or HwMW
+    CompChannel: type  #: SoftCompChannel or HwCompChannel
+    CQ: type  #: SoftCQ or HwCQ
+    AH: type  #: SoftAH or HwAH
+    SRQ: type  #: SoftSRQ or HwSRQ
+    QP: type  #: SoftQP or HwQP
 
 
 class ContextBase:
@@ -22,19 +43,12 @@ class ContextBase:
     (which imports them all)."""
 
     __slots__ = ()
+    backend: Backend  #: the implementations of the objects made in this context
 
 
 class Resource:
     _kind = "resource"
     _pool: str | None = None  # counted against the device limit max_<_pool> (rxe_pool)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # The parent (context, PD) decides the backend: a libibverbs object carries
-        # _hw_variant, which gives this class with the hardware implementation mixed in
-        # (softrdma.ibverbs.dispatch). A soft parent costs this one attribute lookup.
-        parent = args[0] if args else next(iter(kwargs.values()), None)
-        hw = getattr(parent, "_hw_variant", None)
-        return object.__new__(cls if hw is None else hw(cls))
 
     def __init__(self, context: Any) -> None:
         if not isinstance(context, ContextBase):
@@ -89,3 +103,45 @@ class Resource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Sibling(Resource):
+    """A verbs object that is one class on both backends: it checks what both backends
+    check and holds ``impl``, the implementation its context's backend gives
+    (``context.backend.QP``...: the soft one or the libibverbs one, siblings with the
+    same methods). What only one implementation has (the soft QP's ``engine``...) is in
+    its ``extras``: reachable through this object on that backend, absent on the other."""
+
+    impl: Any  #: the backend's implementation of this object
+
+    def _create(self, context: Any, kind: str, *args: Any) -> Any:
+        """Count and register the object in ``context`` (Resource.__init__ checks it is
+        one), then make ``context.backend.<kind>(self, *args)``; if that fails, the object
+        is undone."""
+        if not isinstance(context, ContextBase):
+            Resource.__init__(self, context)  # raises EINVAL naming what it got
+        with context.device.lock:
+            Resource.__init__(self, context)
+            try:
+                self.impl = getattr(context.backend, kind)(self, *args)
+            except BaseException:
+                Resource._destroy(self)
+                raise
+        return self.impl
+
+    def __getattr__(self, name: str) -> Any:
+        # reached only when the normal lookup fails: the implementation's extras
+        impl = self.__dict__.get("impl")
+        if impl is not None and name in impl.extras:
+            return getattr(impl, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _destroy(self) -> None:
+        if not self.closed:
+            with self.device.lock:
+                self.impl.destroy()
+                self._release(*self._parents())
+        super()._destroy()
+
+    def _parents(self) -> tuple[Any, ...]:
+        return ()

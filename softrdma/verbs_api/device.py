@@ -40,15 +40,16 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from ..soft.device import SoftDevice
 from ..soft.udp import TransportError
-from .ah import AH
+from .ah import AH, SoftAH
 from .attr import GID
-from .base import ContextBase
-from .cq import CQ, CompChannel
+from .base import Backend, ContextBase
+from .cq import CQ, CompChannel, SoftCompChannel, SoftCQ
 from .events import EventQueue
-from .mr import MR, MW
-from .pd import PD
+from .mr import MR, MW, SoftMR, SoftMW
+from .pd import PD, SoftPD
 from .qp import QP
-from .srq import SRQ
+from .soft_qp import SoftQP
+from .srq import SRQ, SoftSRQ
 from .enums import (
     ibv_atomic_cap, ibv_gid_type, ibv_link_layer, ibv_node_type, ibv_port_state,
     ibv_transport_type,
@@ -318,6 +319,9 @@ class Context(ContextBase):
     The name picks the backend (module docstring): a libibverbs device's name gives a
     context of :mod:`softrdma.ibverbs`, still an instance of this class."""
 
+    backend = Backend("soft", PD=SoftPD, MR=SoftMR, MW=SoftMW, CompChannel=SoftCompChannel,
+                      CQ=SoftCQ, AH=SoftAH, SRQ=SoftSRQ, QP=SoftQP)
+
     def __new__(cls, name: Any = None, *args: Any, **kwargs: Any) -> Any:
         backend = get_backend()
         if backend == "soft" or (backend == "auto" and (
@@ -470,7 +474,7 @@ class Context(ContextBase):
         # wake whoever blocks on a completion channel of ours: they find the device failed
         for c in list(self.children):
             if isinstance(c, CompChannel):
-                c.wake()  # (async waiters get the DEVICE_FATAL event itself)
+                c.impl.wake()  # (async waiters get the DEVICE_FATAL event itself)
 
     def _on_async_event(self, ev: AsyncEvent) -> None:
         # Like uverbs: an event about a QP, CQ or SRQ goes to the context that owns it;

@@ -12,6 +12,10 @@ registered bytes.
     ...     mr.write(b"hello", 5)
     ...     mr.read(5, 0)
     b'hello'
+
+:class:`MR` and :class:`MW` are the API on both backends; each holds its backend's
+implementation: :class:`SoftMR`/:class:`SoftMW` here (entries of the soft device's key
+table), ``HwMR``/``HwMW`` in :mod:`softrdma.ibverbs.memory`.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from ..errors import PyverbsRDMAError
 from ._check import U32, U64, as_bits, as_flag, as_int, require
 from ..qp.memory import MemEntry
 from ..qp.mw import unbind
-from .base import Resource
+from .base import Sibling
 from .enums import ibv_access_flags as A, ibv_mw_type
 from .pd import PD
 
-__all__ = ["MR", "MW", "MWBind", "check_mr_access"]
+__all__ = ["MR", "MW", "MWBind", "SoftMR", "SoftMW", "check_mr_access"]
 
 # Plain ints, not IntFlags: ``~IntFlag`` only complements the defined bits, so
 # ``access & ~MR_ACCESS_BITS`` would let 1 << 40 through.
@@ -85,7 +89,7 @@ def _as_bytes_view(buffer: Any, access: int, what: str) -> memoryview:
     return mv
 
 
-class MR(Resource):
+class MR(Sibling):
     """``ibv_mr``: ``lkey``, ``rkey``, ``buf`` (the iova), ``length``, ``access``."""
 
     _kind = "MR"
@@ -101,65 +105,40 @@ class MR(Resource):
         pd._check()
         if as_flag(implicit, what, "implicit"):
             raise PyverbsRDMAError(f"{what}: implicit (ODP) MRs are not supported", errno.EOPNOTSUPP)
-        access = check_mr_access(access, what)
-        length = as_int(length, what, "length", U64, desc="not a 64-bit length")
-        if address is not None:
-            address = as_int(address, what, "address", U64, desc="not a 64-bit address")
-            if address + max(length, 1) - 1 > U64:
-                raise PyverbsRDMAError(f"{what}: address 0x{address:x} + length {length} "
-                                       f"wraps past 2^64", errno.EINVAL)
-        if buffer is None:
-            if length > _max_alloc():
-                raise PyverbsRDMAError(f"{what}: length {length} exceeds the machine's memory",
-                                       errno.ENOMEM)
-            try:
-                buffer = bytearray(length)
-            except (MemoryError, OverflowError):
-                raise PyverbsRDMAError(f"{what}: cannot allocate {length} bytes",
-                                       errno.ENOMEM) from None
-        mv = _as_bytes_view(buffer, access, what)
-        if buffer is not None and length and length != len(mv):
-            if length > len(mv):
-                raise PyverbsRDMAError(f"{what}: length {length} exceeds the buffer's "
-                                       f"{len(mv)} bytes", errno.EINVAL)
-            mv = mv[:length]
-        super().__init__(pd.context)
+        # the arguments checked and the memory made before the device lock is taken
+        args = pd.context.backend.MR.prepare(length, access, address, buffer, what)
+        self._create(pd.context, "MR", pd, *args)
         self.pd = pd
-        self._buffer = buffer  # keep the object alive as long as the MR
-        with self.device.lock:  # the "mr" pool bounds MRs far below the 2^24 key indices
-            self._entry: MemEntry = self.device.keys.register_mr(pd, mv, access, iova=address)
-            self._entry.owner = self
         self._use(pd)
 
     # pyverbs-compatible accessors
     @property
     def lkey(self) -> int:
-        return self._entry.lkey
+        return self.impl.lkey
 
     @property
     def rkey(self) -> int:
-        return self._entry.rkey
+        return self.impl.rkey
 
     @property
     def buf(self) -> int:
         """The address of the first byte: what SGEs and peers use (pyverbs ``mr.buf``)."""
-        return self._entry.iova
+        return self.impl.iova
 
     addr = buf
 
     @property
     def length(self) -> int:
-        return self._entry.length
+        return self.impl.length
 
     @property
     def access(self) -> int:
-        return self._entry.access
+        return self.impl.access
 
     @property
     def mem(self) -> memoryview:
         """The registered bytes (a writable memoryview when the buffer is writable)."""
-        assert self._entry.buf is not None
-        return self._entry.buf
+        return self.impl.mem
 
     def read(self, length: int, offset: int = 0) -> bytes:
         self._check()
@@ -191,51 +170,124 @@ class MR(Resource):
         """ibv_rereg_mr: change the PD (IBV_REREG_MR_CHANGE_PD=2), access (4) or the
         buffer (``addr`` is a buffer object here, 1 = CHANGE_TRANSLATION). Keys change."""
         self._check()
+        new_pd = self.impl.rereg(flags, pd, addr, length, access)
+        if new_pd is not self.pd:
+            self._release(self.pd)
+            self.pd = new_pd
+            self._use(new_pd)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.impl.check_dereg()
+        super().close()
+
+    def _parents(self) -> tuple[Any, ...]:
+        return (self.pd,)
+
+    def __repr__(self) -> str:
+        if self.closed and not self.impl.readable_closed:
+            return "<MR closed>"
+        return (f"<MR lkey=0x{self.lkey:x} rkey=0x{self.rkey:x} addr=0x{self.buf:x} "
+                f"length={self.length} access=0x{self.access:x}>")
+
+
+class SoftMR:
+    """A soft MR: its entry in the device's key table (``entry``), which the engines
+    resolve keys through."""
+
+    extras = frozenset({"entry", "_entry"})
+    readable_closed = True  # the entry outlives the MR: its keys still read
+
+    @staticmethod
+    def prepare(length: Any, access: Any, address: Any, buffer: Any,
+                what: str) -> tuple[memoryview, Any, int, int | None]:
+        """ib_check_mr_access and the sizes; the buffer made (zeroed) or viewed."""
+        access = check_mr_access(access, what)
+        length = as_int(length, what, "length", U64, desc="not a 64-bit length")
+        if address is not None:
+            address = as_int(address, what, "address", U64, desc="not a 64-bit address")
+            if address + max(length, 1) - 1 > U64:
+                raise PyverbsRDMAError(f"{what}: address 0x{address:x} + length {length} "
+                                       f"wraps past 2^64", errno.EINVAL)
+        if buffer is None:
+            if length > _max_alloc():
+                raise PyverbsRDMAError(f"{what}: length {length} exceeds the machine's memory",
+                                       errno.ENOMEM)
+            try:
+                buffer = bytearray(length)
+            except (MemoryError, OverflowError):
+                raise PyverbsRDMAError(f"{what}: cannot allocate {length} bytes",
+                                       errno.ENOMEM) from None
+        mv = _as_bytes_view(buffer, access, what)
+        if length and length != len(mv):
+            if length > len(mv):
+                raise PyverbsRDMAError(f"{what}: length {length} exceeds the buffer's "
+                                       f"{len(mv)} bytes", errno.EINVAL)
+            mv = mv[:length]
+        return mv, buffer, access, address
+
+    def __init__(self, owner: MR, pd: Any, mv: memoryview, buffer: Any, access: int,
+                 address: int | None) -> None:
+        self.owner = owner
+        self.device = pd.device
+        self.pd = pd
+        self._buffer = buffer  # keep the object alive as long as the MR
+        # (the "mr" pool bounds MRs far below the 2^24 key indices)
+        self.entry: MemEntry = self.device.keys.register_mr(pd, mv, access, iova=address)
+        self.entry.owner = owner
+
+    @property
+    def _entry(self) -> MemEntry:  # the name harness/replay.py reads
+        return self.entry
+
+    lkey = property(lambda self: self.entry.lkey)
+    rkey = property(lambda self: self.entry.rkey)
+    iova = property(lambda self: self.entry.iova)
+    length = property(lambda self: self.entry.length)
+    access = property(lambda self: self.entry.access)
+
+    @property
+    def mem(self) -> memoryview:
+        assert self.entry.buf is not None
+        return self.entry.buf
+
+    def rereg(self, flags: int, pd: Any, addr: Any, length: int, access: int) -> Any:
         what = "Failed to re-register MR"
         flags = as_bits(flags, what, "flags", 7, noun="IBV_REREG_MR_* bits")
         if flags & 1 and addr is None:
             length = as_int(length, what, "length", _max_alloc(), desc="beyond memory")
         with self.device.lock:
-            if self._entry.refs:
+            if self.entry.refs:
                 raise PyverbsRDMAError(f"{what}: memory windows are bound to it", errno.EBUSY)
             new_pd = pd if flags & 2 else self.pd
             if not isinstance(new_pd, PD):
                 raise PyverbsRDMAError(f"{what}: IBV_REREG_MR_CHANGE_PD needs a PD", errno.EINVAL)
             new_pd._check()
-            if new_pd.context is not self.context:
+            if new_pd.context is not self.owner.context:
                 raise PyverbsRDMAError(f"{what}: the PD belongs to another context", errno.EINVAL)
-            new_access = access if flags & 4 else self._entry.access
+            new_access = access if flags & 4 else self.entry.access
             new_access = check_mr_access(new_access, what)
-            mv = self._entry.buf
+            mv = self.entry.buf
             if flags & 1:
                 buffer = addr if addr is not None else bytearray(length)
                 mv = _as_bytes_view(buffer, new_access, what)
                 self._buffer = buffer
             elif new_access & _WRITES and mv is not None and mv.readonly:
                 raise PyverbsRDMAError(f"{what}: buffer is read-only", errno.EFAULT)
-            self.device.keys.remove(self._entry)
-            self._release(self.pd)
+            self.device.keys.remove(self.entry)
             self.pd = new_pd
-            self._entry = self.device.keys.register_mr(new_pd, mv, new_access)
-            self._entry.owner = self
-            self._use(new_pd)
+            self.entry = self.device.keys.register_mr(new_pd, mv, new_access)
+            self.entry.owner = self.owner
+        return new_pd
 
-    def close(self) -> None:
-        if not self.closed and self._entry.refs:
+    def check_dereg(self) -> None:
+        if self.entry.refs:
             # rxe_dereg_mr refuses while windows are bound (-EINVAL in rxe)
             raise PyverbsRDMAError("Failed to dereg MR: memory windows are bound to it",
                                    errno.EINVAL)
-        super().close()
 
-    def _destroy(self) -> None:
-        if not self.closed:
-            self.device.keys.remove(self._entry)
-            self._release(self.pd)
-        super()._destroy()
-
-    def __repr__(self) -> str:
-        return (f"<MR lkey=0x{self.lkey:x} rkey=0x{self.rkey:x} addr=0x{self.buf:x} "
-                f"length={self.length} access=0x{self.access:x}>")
+    def destroy(self) -> None:
+        self.device.keys.remove(self.entry)
 
 
 class MWBind:
@@ -248,7 +300,7 @@ class MWBind:
         self.wr_id = wr_id
 
 
-class MW(Resource):
+class MW(Sibling):
     """``ibv_mw``: a window onto part of an MR, with its own rkey and rights. Type 1 windows
     are bound with ``qp.bind_mw``; type 2 with an IBV_WR_BIND_MW work request; both are
     invalidated with IBV_WR_LOCAL_INV or a remote SEND_WITH_INV (type 2)."""
@@ -257,35 +309,59 @@ class MW(Resource):
     _pool = "mw"
 
     def __init__(self, pd: Any, mw_type: int = ibv_mw_type.IBV_MW_TYPE_1) -> None:
-        require(pd, PD, "Failed to allocate MW", "pd")
+        what = "Failed to allocate MW"
+        require(pd, PD, what, "pd")
         pd._check()
-        mw_type = as_int(mw_type, "Failed to allocate MW", "mw_type", U32)
-        if mw_type not in (1, 2):
-            raise PyverbsRDMAError(f"Failed to allocate MW: mw_type {mw_type} is not 1 or 2",
-                                   errno.EINVAL)
-        super().__init__(pd.context)
+        mw_type = as_int(mw_type, what, "mw_type", U32)
+        pd.context.backend.MW.check_create(mw_type, what)
+        self._create(pd.context, "MW", pd, mw_type)
         self.pd = pd
-        self.mw_type = ibv_mw_type(mw_type)
-        with self.device.lock:
-            self._entry = self.device.keys.alloc_mw(pd, int(mw_type))
-            self._entry.owner = self
+        try:
+            self.mw_type: Any = ibv_mw_type(mw_type)
+        except ValueError:  # (a device may know more types)
+            self.mw_type = mw_type
         self._use(pd)
 
     @property
     def rkey(self) -> int:
-        return self._entry.rkey
+        return self.impl.rkey
 
     @property
     def handle(self) -> int:
-        return self._entry.index
+        return self.impl.handle
 
-    def _destroy(self) -> None:
-        if not self.closed:
-            e = self._entry
-            unbind(e)
-            self.device.keys.remove(e)
-            self._release(self.pd)
-        super()._destroy()
+    def _parents(self) -> tuple[Any, ...]:
+        return (self.pd,)
 
     def __repr__(self) -> str:
-        return f"<MW type {int(self.mw_type)} rkey=0x{self.rkey:x} bound={self._entry.valid}>"
+        return f"<MW type {int(self.mw_type)} rkey=0x{self.rkey:x}{self.impl.describe()}>"
+
+
+class SoftMW:
+    """A soft MW: its entry in the device's key table (``entry``)."""
+
+    extras = frozenset({"entry", "_entry"})
+
+    @staticmethod
+    def check_create(mw_type: int, what: str) -> None:
+        if mw_type not in (1, 2):
+            raise PyverbsRDMAError(f"{what}: mw_type {mw_type} is not 1 or 2", errno.EINVAL)
+
+    def __init__(self, owner: MW, pd: Any, mw_type: int) -> None:
+        self.device = pd.device
+        self.entry = self.device.keys.alloc_mw(pd, int(mw_type))
+        self.entry.owner = owner
+
+    @property
+    def _entry(self) -> Any:  # the name harness/replay.py reads
+        return self.entry
+
+    rkey = property(lambda self: self.entry.rkey)
+    handle = property(lambda self: self.entry.index)
+
+    def destroy(self) -> None:
+        unbind(self.entry)
+        self.device.keys.remove(self.entry)
+
+    def describe(self) -> str:
+        return f" bound={self.entry.valid}"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Resource
+from .base import Sibling
 
-__all__ = ["PD"]
+__all__ = ["PD", "SoftPD"]
 
 
-class PD(Resource):
+class PD(Sibling):
     """``ibv_pd``: MRs, MWs, QPs, SRQs and AHs belong to exactly one PD, and an rkey or lkey
     is only honoured for a QP of the same PD."""
 
@@ -17,7 +17,19 @@ class PD(Resource):
     _pool = "pd"
 
     def __init__(self, context: Any) -> None:
-        super().__init__(context)
+        self._create(context, "PD")
 
     def __repr__(self) -> str:
         return f"<PD on {self.device.name}>"
+
+
+class SoftPD:
+    """A soft device's PD is its identity: the key table compares the PD objects."""
+
+    extras: frozenset[str] = frozenset()
+
+    def __init__(self, owner: PD) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass

@@ -9,12 +9,14 @@ from typing import Any, Iterable
 
 from ..errors import PyverbsRDMAError
 from ..qp.wqe import RecvWqe
-from ._check import U32, U64, as_int, require
+from ._check import U32, U64, as_bits, as_int, require
 from .wr import SGE, RecvWR, SendWR
 
-__all__ = ["wr_chain", "sge_list", "recv_wqe", "check_wr_arg", "mark_bad", "MAX_MSG"]
+__all__ = ["wr_chain", "sge_list", "recv_wqe", "check_wr_arg", "mark_bad", "check_send_scalars",
+           "SEND_FLAGS", "MAX_MSG"]
 
 MAX_MSG = 1 << 31
+SEND_FLAGS = 0x1F  # FENCE | SIGNALED | SOLICITED | INLINE | IP_CSUM
 
 
 def wr_chain(wr: Any) -> Iterable[Any]:
@@ -96,3 +98,20 @@ def mark_bad(e: PyverbsRDMAError, w: Any, i: int, bad_wr: Any) -> None:
     e.bad_wr_index = i  # type: ignore[attr-defined]
     if bad_wr is not None and type(w) is type(bad_wr):
         bad_wr.__dict__.update(w.__dict__)
+
+
+def check_send_scalars(w: Any, what: str, f: str) -> tuple[int, ...]:
+    """The named checks of a send WR's scalar fields, for both backends' slow path (the
+    fast path tests plain ints in range at once): each wrong one raises PyverbsRDMAError
+    naming it. Returns ``(opcode, send_flags, wr_id, imm_data, remote_addr, rkey,
+    compare_add, swap)`` as ints."""
+    two = " (for two's complement use value & (2**64 - 1))"
+    return (as_int(w.opcode, what, f"{f}.opcode", U32),
+            as_bits(w.send_flags, what, f"{f}.send_flags", SEND_FLAGS, noun="send_flags bits"),
+            as_int(w.wr_id, what, f"{f}.wr_id", U64),
+            as_int(w.imm_data, what, f"{f}.imm_data", U32),
+            as_int(w.remote_addr, what, f"{f}.remote_addr", U64, desc="not a 64-bit address"),
+            as_int(w.rkey, what, f"{f}.rkey", U32, desc="not a 32-bit key"),
+            as_int(w.compare_add, what, f"{f}.compare_add", U64,
+                   desc="not a 64-bit unsigned value" + two),
+            as_int(w.swap, what, f"{f}.swap", U64, desc="not a 64-bit unsigned value" + two))

@@ -10,60 +10,37 @@ What each state allows (IBTA, as rxe enforces it): ``post_recv`` from INIT on (E
 RESET); ``post_send`` in RTS, SQD, SQE and ERR (EINVAL before RTS). Entering ERR completes
 every outstanding work request of both queues with IBV_WC_WR_FLUSH_ERR, and anything
 posted afterwards is flushed the same way. RESET empties both queues without completions.
+
+One API, two backends: :class:`QP` is what programs (and pyverbs_compat's subclass) see on
+either backend. It checks the arguments both backends check, keeps the creation
+attributes and the lifetime rules (:class:`~.base.Resource`), and holds an implementation
+chosen by the PD's context: ``context.backend.QP``, :class:`~.soft_qp.SoftQP` on a soft
+device, :class:`softrdma.ibverbs.queues.HwQP` on a libibverbs one. Each verb is one
+attribute lookup and one call into it.
 """
 
 from __future__ import annotations
 
 import errno
-from collections import deque
 from typing import Any
 
 from ..errors import PyverbsRDMAError
-from ..qp.memory import AccessError
-from ..qp.mw import BindRequest
-from ..qp.engine import QpEngine
-from ..qp.transitions import TRANSITIONS, check_transition, required_mask
-from ..qp.wqe import RecvWqe, SendWqe
-from ._check import U8, U16, U24, U32, U64, as_bits, as_flag, as_int, require
-from .ah import AH, AddressVector, resolve_av
-from .attr import AHAttr, QPAttr, QPCap, QPInitAttr
-from .base import Resource
-from .cq import CQ, ring_size
-from .mr import MR, MR_ACCESS_BITS, MW, MWBind
+from ..qp.transitions import TRANSITIONS, required_mask
+from ._check import U32, as_flag, as_int, require
+from .attr import QPAttr, QPCap, QPInitAttr
+from .base import Sibling
+from .cq import CQ
+from .enums import ibv_qp_state as S, ibv_qp_type as T
+from .mr import MW, MWBind
 from .pd import PD
 from .srq import SRQ
-from .enums import (
-    ibv_mtu, ibv_qp_attr_mask as M, ibv_qp_state as S, ibv_qp_type as T,
-    ibv_send_flags as F, ibv_wr_opcode as W,
-)
-from .posting import check_wr_arg, mark_bad, recv_wqe, sge_list, wr_chain
-from .wr import MWBindInfo, RecvWR, SendWR
+from .wr import RecvWR, SendWR
 
-__all__ = ["QP"]
-
-# Work request opcodes each QP type accepts (rxe_wr_opcode_info of the 6.1 kernel).
-_ALLOWED_OPS = {
-    T.IBV_QPT_RC: {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
-                   W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP,
-                   W.IBV_WR_ATOMIC_FETCH_AND_ADD, W.IBV_WR_LOCAL_INV, W.IBV_WR_BIND_MW,
-                   W.IBV_WR_SEND_WITH_INV},
-    T.IBV_QPT_UC: {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
-                   W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_LOCAL_INV, W.IBV_WR_BIND_MW,
-                   W.IBV_WR_SEND_WITH_INV},
-    T.IBV_QPT_UD: {W.IBV_WR_SEND, W.IBV_WR_SEND_WITH_IMM},
-}
-_ATOMIC_OPS = {W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
-_INLINE_OK = {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
-              W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV}
-_SGE_SIZE = 16  # sizeof(struct ib_sge): rxe sizes the send WQE by SGEs or inline bytes
-_SEND_FLAGS = 0x1F  # FENCE | SIGNALED | SOLICITED | INLINE | IP_CSUM
-_INLINE, _SIGNALED = int(F.IBV_SEND_INLINE), int(F.IBV_SEND_SIGNALED)  # plain ints: per WR
-# the types a WR's scalar fields take on the fast path (anything else: the named checks)
-_INT_TYPES = frozenset({int, W, F})
-_QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
+__all__ = ["QP", "check_cap"]
 
 
-def _check_cap(cap: Any, what: str, field: str) -> QPCap:
+def check_cap(cap: Any, what: str, field: str) -> QPCap:
+    """``cap`` (a QPCap or None for the defaults) with every field a C ``uint32_t``."""
     cap = require(cap, QPCap, what, field, optional=True) or QPCap()
     for name in ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge",
                  "max_inline_data"):
@@ -71,42 +48,9 @@ def _check_cap(cap: Any, what: str, field: str) -> QPCap:
     return cap
 
 
-# attr_mask bit -> the QPAttr fields it makes modify read, with their C widths; checked
-# (type and width) before any rule of the transition table or rxe's value checks runs.
-_MASKED_FIELDS: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = (
-    (M.IBV_QP_STATE, (("qp_state", U32),)),
-    (M.IBV_QP_CUR_STATE, (("cur_qp_state", U32),)),
-    (M.IBV_QP_PKEY_INDEX, (("pkey_index", U16),)),
-    (M.IBV_QP_PORT, (("port_num", U8),)),
-    (M.IBV_QP_QKEY, (("qkey", U32),)),
-    (M.IBV_QP_PATH_MTU, (("path_mtu", U32),)),
-    (M.IBV_QP_TIMEOUT, (("timeout", U8),)),
-    (M.IBV_QP_RETRY_CNT, (("retry_cnt", U8),)),
-    (M.IBV_QP_RNR_RETRY, (("rnr_retry", U8),)),
-    (M.IBV_QP_RQ_PSN, (("rq_psn", U24),)),
-    (M.IBV_QP_MAX_QP_RD_ATOMIC, (("max_rd_atomic", U8),)),
-    (M.IBV_QP_ALT_PATH, (("alt_port_num", U8), ("alt_timeout", U8), ("alt_pkey_index", U16))),
-    (M.IBV_QP_MIN_RNR_TIMER, (("min_rnr_timer", U8),)),
-    (M.IBV_QP_SQ_PSN, (("sq_psn", U24),)),
-    (M.IBV_QP_MAX_DEST_RD_ATOMIC, (("max_dest_rd_atomic", U8),)),
-    (M.IBV_QP_PATH_MIG_STATE, (("path_mig_state", U32),)),
-    (M.IBV_QP_DEST_QPN, (("dest_qp_num", U24),)),
-    (M.IBV_QP_RATE_LIMIT, (("rate_limit", U32),)),
-)
+class QP(Sibling):
+    """``ibv_qp``: the verbs of a queue pair, on the backend of the PD's context."""
 
-
-# attr_mask bits whose QPAttr field is copied as it is (the others need more: see _modify)
-_PLAIN_ATTRS = ((M.IBV_QP_ACCESS_FLAGS, "qp_access_flags"), (M.IBV_QP_PKEY_INDEX, "pkey_index"),
-                (M.IBV_QP_PORT, "port_num"), (M.IBV_QP_QKEY, "qkey"),
-                (M.IBV_QP_PATH_MTU, "path_mtu"), (M.IBV_QP_TIMEOUT, "timeout"),
-                (M.IBV_QP_RETRY_CNT, "retry_cnt"), (M.IBV_QP_RNR_RETRY, "rnr_retry"),
-                (M.IBV_QP_RQ_PSN, "rq_psn"), (M.IBV_QP_MIN_RNR_TIMER, "min_rnr_timer"),
-                (M.IBV_QP_SQ_PSN, "sq_psn"), (M.IBV_QP_PATH_MIG_STATE, "path_mig_state"),
-                (M.IBV_QP_DEST_QPN, "dest_qp_num"),
-                (M.IBV_QP_EN_SQD_ASYNC_NOTIFY, "en_sqd_async_notify"))
-
-
-class QP(Resource):
     _kind = "QP"
     _pool = "qp"
 
@@ -117,11 +61,7 @@ class QP(Resource):
         require(init_attr, QPInitAttr, what, "init_attr")
         require(qp_attr, QPAttr, what, "qp_attr", optional=True)
         dev = pd.device
-        lim = dev.limits
         qpt = as_int(init_attr.qp_type, what, "init_attr.qp_type", U32)
-        if qpt not in _ALLOWED_OPS:
-            raise PyverbsRDMAError(f"{what}: qp_type {qpt} is not supported (RC, UC, UD)",
-                                   errno.EOPNOTSUPP if qpt in T._value2member_map_ else errno.EINVAL)
         scq, rcq, srq = init_attr.scq, init_attr.rcq, init_attr.srq
         if scq is None or rcq is None:
             raise PyverbsRDMAError(f"{what}: both a send CQ (init_attr.scq) and a receive CQ "
@@ -136,46 +76,22 @@ class QP(Resource):
                 o._check()
                 if o.device is not dev:
                     raise PyverbsRDMAError(f"{what}: {name} is from another device", errno.EINVAL)
-        if srq is not None and srq.pd is not pd:
-            pass  # allowed by the verbs; an SRQ may be in another PD of the same context
-        cap = _check_cap(init_attr.cap, what, "init_attr.cap")
+        # (an SRQ may be in another PD of the same context: the verbs allow it)
+        cap = check_cap(init_attr.cap, what, "init_attr.cap")
         sq_sig_all = as_flag(init_attr.sq_sig_all, what, "init_attr.sq_sig_all")
-        # rxe_qp_chk_cap
-        for name, val, mx in (("max_send_wr", cap.max_send_wr, lim.max_qp_wr),
-                              ("max_send_sge", cap.max_send_sge, lim.max_sge),
-                              ("max_inline_data", cap.max_inline_data, lim.max_inline_data)):
-            if val < 0 or val > mx:
-                raise PyverbsRDMAError(f"{what}: cap.{name} {val} exceeds the device limit {mx}",
-                                       errno.EINVAL)
-        if srq is None:
-            for name, val, mx in (("max_recv_wr", cap.max_recv_wr, lim.max_qp_wr),
-                                  ("max_recv_sge", cap.max_recv_sge, lim.max_sge)):
-                if val < 0 or val > mx:
-                    raise PyverbsRDMAError(f"{what}: cap.{name} {val} exceeds the device limit "
-                                           f"{mx}", errno.EINVAL)
-        with dev.lock:
-            super().__init__(pd.context)
-            qpn = dev.alloc_qpn()
-            # Sizes as rxe reports them back (rxe_qp_init_req / init_resp)
-            wqe_size = max(cap.max_send_sge * _SGE_SIZE, cap.max_inline_data)
-            self.cap = QPCap(max_send_wr=ring_size(cap.max_send_wr),
-                             max_recv_wr=0 if srq else ring_size(cap.max_recv_wr),
-                             max_send_sge=wqe_size // _SGE_SIZE,
-                             max_recv_sge=0 if srq else cap.max_recv_sge,
-                             max_inline_data=wqe_size)
-            # the protocol state lives in the engine (rxe_qp); this object translates
-            self.engine = QpEngine(dev, qpn, T(qpt), pd, scq, rcq, srq, self._fresh_attr(),
-                                   owner=self)
-            dev.qps[qpn] = self.engine
-        self.qp_num = qpn
+        impl_cls = pd.context.backend.QP
+        impl_cls.check_create(pd, qpt, cap, srq, what)
+        impl = self._create(pd.context, "QP", pd, qpt, cap, scq, rcq, srq, sq_sig_all)
+        self.qp_num: int = impl.qp_num
         self.pd = pd
-        self.qp_type = T(qpt)
+        self.qp_type = impl.qp_type
         self.qp_context = init_attr.qp_context
         self.send_cq = scq
         self.recv_cq = rcq
         self.srq = srq
         self.sq_sig_all = sq_sig_all
-        init_attr.cap = QPCap(**self.cap.__dict__)
+        self.cap: QPCap = impl.cap  # what the device granted
+        init_attr.cap = QPCap(**impl.cap.__dict__)
         self._use(pd, scq, rcq, srq)
         if qp_attr is not None:
             if self.qp_type == T.IBV_QPT_UD:
@@ -183,148 +99,46 @@ class QP(Resource):
             else:
                 self.to_init(qp_attr)
 
-    def _fresh_attr(self) -> QPAttr:
-        """The attributes of a QP in RESET (rxe_qp_init / after a move to RESET)."""
-        return QPAttr(qp_state=S.IBV_QPS_RESET, cur_qp_state=S.IBV_QPS_RESET,
-                      path_mtu=ibv_mtu.IBV_MTU_256, cap=self.cap)
-
-    # -- the engine's state, seen through the verbs object --------------------------------
+    # -- state ------------------------------------------------------------------------
     @property
     def state(self) -> int:
-        return self.engine.state
+        """The QP's state (on a device: as ``ibv_query_qp`` reports it)."""
+        return self.impl.state
 
     @property
     def qp_state(self) -> int:
-        return self.engine.state
+        return self.impl.state
 
     @property
     def attr(self) -> QPAttr:
-        return self.engine.attr  # type: ignore[return-value]
-
-    @property
-    def av(self) -> AddressVector | None:
-        return self.engine.av
-
-    @property
-    def sq(self) -> "deque[SendWqe]":
-        return self.engine.sq
-
-    @property
-    def rq(self) -> "deque[RecvWqe]":
-        return self.engine.rq
+        """The current attributes (the soft engine's own record; a device's query)."""
+        return self.impl.attr
 
     @property
     def sq_draining(self) -> bool:
-        return self.engine.sq_draining
+        return self.impl.sq_draining
+
+    @property
+    def duplicate_requests(self) -> int | None:
+        """How many duplicate requests this QP's responder answered (soft backend: the
+        responder's count; None on a device, which does not say)."""
+        return self.impl.duplicate_requests
 
     # -- modify ----------------------------------------------------------------------
     def modify(self, attr: QPAttr, attr_mask: int) -> None:
         """ibv_modify_qp: apply the attributes of ``attr`` that ``attr_mask`` names; the
         other attributes of ``attr`` are not read. All or nothing: a failure changes nothing."""
         self._check()
-        what = "Failed to modify QP"
-        require(attr, QPAttr, what, "attr")
-        mask = as_int(attr_mask, what, "attr_mask", U64, desc="not an attribute mask")
-        with self.device.lock:
-            self._modify(attr, mask)
-            self.device.after_post()  # a move to RTS may have sent queued work
-
-    def _modify(self, attr: QPAttr, mask: int) -> None:
-        what = "Failed to modify QP"
-        # Types and C widths of every attribute the mask names, before any rule reads them
-        # (unknown mask bits are refused by check_transition, with EOPNOTSUPP as uverbs).
-        for bit, fields in _MASKED_FIELDS:
-            if mask & bit:
-                for name, hi in fields:
-                    as_int(getattr(attr, name), what, f"attr.{name}", hi)
-        if mask & M.IBV_QP_EN_SQD_ASYNC_NOTIFY:
-            as_flag(attr.en_sqd_async_notify, what, "attr.en_sqd_async_notify")
-        if mask & M.IBV_QP_ACCESS_FLAGS:
-            as_bits(attr.qp_access_flags, what, "attr.qp_access_flags", _QP_ACCESS,
-                    noun="access flags")
-        if mask & M.IBV_QP_CAP:
-            _check_cap(attr.cap, what, "attr.cap")
-        cur = attr.cur_qp_state if mask & M.IBV_QP_CUR_STATE else self.state
-        new = attr.qp_state if mask & M.IBV_QP_STATE else cur
-        for name, val in (("qp_state", new), ("cur_qp_state", cur)):
-            if val not in S._value2member_map_ or val == S.IBV_QPS_UNKNOWN:
-                raise PyverbsRDMAError(f"{what}: attr.{name} {val} is not a QP state", errno.EINVAL)
-        if mask & M.IBV_QP_CUR_STATE and cur != self.state:
-            # rxe trusts cur_qp_state only as a hint that must agree with the real state
-            raise PyverbsRDMAError(f"{what}: attr.cur_qp_state {S(cur).name} does not match the QP "
-                                   f"state {S(self.state).name}", errno.EINVAL)
-        check_transition(cur, new, self.qp_type, mask)
-        # rxe_qp_chk_attr
-        if self.state == S.IBV_QPS_SQD and mask & M.IBV_QP_STATE and new != S.IBV_QPS_ERR \
-                and self.sq_draining:
-            raise PyverbsRDMAError(f"{what}: the send queue is still draining", errno.EINVAL)
-        lim = self.device.limits
-        if mask & M.IBV_QP_PORT and attr.port_num != 1:
-            raise PyverbsRDMAError(f"{what}: attr.port_num {attr.port_num} is not 1", errno.EINVAL)
-        if mask & M.IBV_QP_PKEY_INDEX and not 0 <= attr.pkey_index < lim.max_pkeys:
-            raise PyverbsRDMAError(f"{what}: attr.pkey_index {attr.pkey_index} is outside "
-                                   f"0..{lim.max_pkeys - 1}", errno.EINVAL)
-        av = None
-        if mask & M.IBV_QP_AV:
-            av = resolve_av(self.device, attr.ah_attr, what, "attr.ah_attr")
-        if mask & M.IBV_QP_ALT_PATH:
-            resolve_av(self.device, attr.alt_ah_attr, what, "attr.alt_ah_attr")
-            if attr.alt_port_num != 1:
-                raise PyverbsRDMAError(f"{what}: attr.alt_port_num {attr.alt_port_num} is not 1",
-                                       errno.EINVAL)
-            if attr.alt_timeout > 31:
-                raise PyverbsRDMAError(f"{what}: attr.alt_timeout {attr.alt_timeout} > 31", errno.EINVAL)
-        if mask & M.IBV_QP_PATH_MTU and not ibv_mtu.IBV_MTU_256 <= attr.path_mtu <= self.device.max_mtu:
-            raise PyverbsRDMAError(f"{what}: attr.path_mtu {attr.path_mtu} is not an IBV_MTU_* value "
-                                   f"up to the port's max_mtu", errno.EINVAL)
-        if mask & M.IBV_QP_MAX_QP_RD_ATOMIC and not 0 <= attr.max_rd_atomic <= lim.max_qp_init_rd_atom:
-            raise PyverbsRDMAError(f"{what}: attr.max_rd_atomic {attr.max_rd_atomic} exceeds "
-                                   f"{lim.max_qp_init_rd_atom}", errno.EINVAL)
-        if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC and not 0 <= attr.max_dest_rd_atomic <= lim.max_qp_rd_atom:
-            raise PyverbsRDMAError(f"{what}: attr.max_dest_rd_atomic {attr.max_dest_rd_atomic} "
-                                   f"exceeds {lim.max_qp_rd_atom}", errno.EINVAL)
-        for bit, name, val, mx in ((M.IBV_QP_TIMEOUT, "timeout", attr.timeout, 31),
-                                   (M.IBV_QP_RETRY_CNT, "retry_cnt", attr.retry_cnt, 7),
-                                   (M.IBV_QP_RNR_RETRY, "rnr_retry", attr.rnr_retry, 7),
-                                   (M.IBV_QP_MIN_RNR_TIMER, "min_rnr_timer", attr.min_rnr_timer, 31),
-                                   (M.IBV_QP_DEST_QPN, "dest_qp_num", attr.dest_qp_num, 0xFFFFFF),
-                                   (M.IBV_QP_QKEY, "qkey", attr.qkey, 0xFFFFFFFF),
-                                   (M.IBV_QP_PATH_MIG_STATE, "path_mig_state", attr.path_mig_state, 2)):
-            if mask & bit and not 0 <= val <= mx:
-                raise PyverbsRDMAError(f"{what}: attr.{name} {val} is outside 0..{mx}", errno.EINVAL)
-        if mask & M.IBV_QP_ACCESS_FLAGS and attr.qp_access_flags & ~0x3FF:
-            raise PyverbsRDMAError(f"{what}: unknown qp_access_flags bits "
-                                   f"0x{attr.qp_access_flags & ~0x3FF:x}", errno.EINVAL)
-        # -- everything checked: apply (rxe_qp_from_attr) --------------------------------
-        a = self.attr
-        eng = self.engine
-        for bit, name in _PLAIN_ATTRS:
-            if mask & bit:
-                setattr(a, name, int(getattr(attr, name)))
-        if mask & M.IBV_QP_AV:
-            a.ah_attr = AHAttr(**attr.ah_attr.__dict__)
-            eng.set_av(av)
-        if mask & M.IBV_QP_ALT_PATH:
-            a.alt_ah_attr = AHAttr(**attr.alt_ah_attr.__dict__)
-            a.alt_port_num, a.alt_timeout = int(attr.alt_port_num), int(attr.alt_timeout)
-        if mask & M.IBV_QP_RQ_PSN:
-            eng.set_rq_psn(a.rq_psn)
-        if mask & M.IBV_QP_SQ_PSN:
-            eng.set_sq_psn(a.sq_psn)
-        if mask & M.IBV_QP_MAX_QP_RD_ATOMIC:  # rxe rounds both up to a power of two
-            a.max_rd_atomic = _roundup_pow2(int(attr.max_rd_atomic))
-        if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC:
-            a.max_dest_rd_atomic = _roundup_pow2(int(attr.max_dest_rd_atomic))
-            eng.set_resp_resources(a.max_dest_rd_atomic)
-        if mask & M.IBV_QP_STATE:
-            self.engine.set_state(S(new), self._fresh_attr() if new == S.IBV_QPS_RESET else None)
+        self.impl.modify(attr, attr_mask)
 
     def to_error(self) -> None:
         """Move to ERR, completing everything outstanding with IBV_WC_WR_FLUSH_ERR."""
-        self.engine.to_error()
+        self.impl.to_error()
 
     def flush(self) -> None:
-        self.engine.flush()
+        """Complete what is queued with IBV_WC_WR_FLUSH_ERR (a QP in ERR; a device does
+        this by itself)."""
+        self.impl.flush()
 
     def to_init(self, attr: QPAttr) -> None:
         """RESET -> INIT with the attributes that move needs (pyverbs ``to_init``)."""
@@ -354,13 +168,9 @@ class QP(Resource):
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
         """ibv_query_qp: the current attributes and the creation attributes."""
         self._check()
-        a = self.attr.copy()
-        a.cur_qp_state = a.qp_state = self.state
-        a.sq_draining = int(self.sq_draining)
-        a.cap = QPCap(**self.cap.__dict__)
+        a, cap, sq_sig_all = self.impl.query(attr_mask)
         ia = QPInitAttr(qp_type=self.qp_type, qp_context=self.qp_context, scq=self.send_cq,
-                        rcq=self.recv_cq, srq=self.srq, cap=QPCap(**self.cap.__dict__),
-                        sq_sig_all=int(self.sq_sig_all))
+                        rcq=self.recv_cq, srq=self.srq, cap=cap, sq_sig_all=sq_sig_all)
         return a, ia
 
     # -- posting ---------------------------------------------------------------------
@@ -369,192 +179,16 @@ class QP(Resource):
         ``bad_wr`` (and ``bad_wr_index``) naming the first WR not posted; earlier WRs stay
         posted, as with ibv_post_recv. Every field is checked before the WR is queued."""
         self._check()
-        check_wr_arg(wr, bad_wr, RecvWR, "Failed to post receive")
-        with self.device.lock:
-            for i, w in enumerate(wr_chain(wr)):
-                try:
-                    if self.srq is not None:
-                        raise PyverbsRDMAError("Failed to post receive: the QP uses an SRQ "
-                                               "(post to the SRQ)", errno.EINVAL)
-                    if self.state == S.IBV_QPS_RESET:
-                        raise PyverbsRDMAError("Failed to post receive: the QP is in RESET",
-                                               errno.EINVAL)
-                    if len(self.rq) >= self.cap.max_recv_wr:
-                        raise PyverbsRDMAError(f"Failed to post receive: the receive queue is "
-                                               f"full ({self.cap.max_recv_wr})", errno.ENOMEM)
-                    wqe = recv_wqe(self.device, self.pd, w, self.cap.max_recv_sge,
-                                            "QP", i)
-                except PyverbsRDMAError as e:
-                    mark_bad(e, w, i, bad_wr)
-                    if i and self.state == S.IBV_QPS_ERR:
-                        self.flush()  # the WRs before the bad one are posted: flush them too
-                    raise
-                self.rq.append(wqe)
-                if self.device.trace is not None:
-                    self.engine.trace("wqe", f"post_recv wr_id={wqe.wr_id} "
-                                             f"len={wqe.length}", queue="rq",
-                                      wr_id=wqe.wr_id, len=wqe.length)
-            if self.state == S.IBV_QPS_ERR:
-                self.flush()
+        self.impl.post_recv(wr, bad_wr)
 
     def post_send(self, wr: SendWR | list[SendWR], bad_wr: SendWR | None = None) -> None:
         """Post send WRs (a chain or a list); errors as for :meth:`post_recv`.
 
-        Every field of every WR is checked here, before it is queued (types, C widths,
-        known flag bits, object classes; see :mod:`softrdma.verbs_api._check`): a WR the
+        Every field of every WR is checked before it is queued (types, C widths, known
+        flag bits, object classes; see :mod:`softrdma.verbs_api._check`): a WR the
         engines accept can no longer fail in a way that escapes its QP."""
         self._check()
-        check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
-        with self.device.lock:
-            for i, w in enumerate(wr_chain(wr)):
-                try:
-                    wqe = self._make_send_wqe(w, i)
-                except PyverbsRDMAError as e:
-                    mark_bad(e, w, i, bad_wr)
-                    if i and self.state == S.IBV_QPS_ERR:
-                        self.flush()  # the WRs before the bad one are posted: flush them too
-                    elif i:
-                        self.engine.kick()  # ... or start them
-                    raise
-                self.sq.append(wqe)
-                if self.device.trace is not None:
-                    self.engine.trace("wqe", f"post_send {W(wqe.opcode).name[7:]} "
-                                             f"wr_id={wqe.wr_id} len={wqe.length}"
-                                             f"{' signaled' if wqe.signaled else ''}",
-                                      queue="sq", wr_id=wqe.wr_id, len=wqe.length,
-                                      opcode=W(wqe.opcode).name)
-            if self.state == S.IBV_QPS_ERR:
-                self.flush()
-            else:
-                self.engine.kick()
-            self.device.after_post()
-
-    def _make_send_wqe(self, w: Any, i: int = 0) -> SendWqe:
-        what = "Failed to post send"
-        f = f"wr[{i}]"
-        require(w, SendWR, what, f)
-        if self.state < S.IBV_QPS_RTS:
-            raise PyverbsRDMAError(f"{what}: the QP is in {S(self.state).name}, not RTS",
-                                   errno.EINVAL)
-        # The C widths of every scalar field, whatever the opcode (the packet builder packs
-        # them into fixed-width headers: an out-of-range value must never get that far).
-        # Fast path: all plain ints in range; otherwise the named checks say which is wrong.
-        scalars = (w.opcode, w.send_flags, w.wr_id, w.imm_data, w.remote_addr, w.rkey,
-                   w.compare_add, w.swap)
-        opcode, send_flags, wr_id, imm, remote_addr, rkey, compare_add, swap = scalars
-        if _INT_TYPES.issuperset(map(type, scalars)) and 0 <= opcode <= U32 and \
-                0 <= send_flags <= _SEND_FLAGS and 0 <= wr_id <= U64 and 0 <= imm <= U32 and \
-                0 <= remote_addr <= U64 and 0 <= rkey <= U32 and 0 <= compare_add <= U64 and \
-                0 <= swap <= U64:
-            # plain ints from here on (an IntEnum opcode or flag costs a call per test)
-            opcode, send_flags = int(opcode), int(send_flags)
-        else:
-            opcode, send_flags, wr_id, imm, remote_addr, rkey, compare_add, swap = \
-                self._check_send_scalars(w, what, f)
-        if opcode not in _ALLOWED_OPS[self.qp_type]:
-            try:
-                opname = W(opcode).name
-            except ValueError:
-                opname = str(opcode)
-            raise PyverbsRDMAError(f"{what}: {f}.opcode {opname} is not supported on "
-                                   f"{self.qp_type.name.removeprefix('IBV_QPT_')} QPs", errno.EINVAL)
-        if len(self.sq) >= self.cap.max_send_wr:
-            raise PyverbsRDMAError(f"{what}: the send queue is full ({self.cap.max_send_wr})",
-                                   errno.ENOMEM)
-        sges, total = sge_list(w, self.cap.max_send_sge, what, f)
-        inline = None
-        if send_flags & _INLINE and opcode in _INLINE_OK:
-            if total > self.cap.max_inline_data:
-                raise PyverbsRDMAError(f"{what}: {total} bytes of inline data exceed "
-                                       f"max_inline_data {self.cap.max_inline_data}", errno.EINVAL)
-            inline = self._gather_inline(sges, what)
-        if opcode in _ATOMIC_OPS:
-            if total != 8 or remote_addr & 7:
-                raise PyverbsRDMAError(f"{what}: an atomic needs one 8-byte local buffer and "
-                                       f"an 8-byte aligned remote_addr", errno.EINVAL)
-        if opcode == W.IBV_WR_BIND_MW:
-            bind_rkey = self._check_bind(w, what, f)
-        if self.qp_type == T.IBV_QPT_UD:
-            if w.ah is None or getattr(w.ah, "closed", True):
-                raise PyverbsRDMAError(f"{what}: a UD send needs an address handle "
-                                       f"({f}.ah, set by set_wr_ud)", errno.EINVAL)
-            require(w.ah, AH, what, f"{f}.ah")
-            if w.ah.pd is not self.pd:
-                raise PyverbsRDMAError(f"{what}: {f}.ah belongs to another PD", errno.EINVAL)
-            remote_qpn = as_int(w.remote_qpn, what, f"{f}.remote_qpn", U24,
-                                desc="not a 24-bit QP number")
-            remote_qkey = as_int(w.remote_qkey, what, f"{f}.remote_qkey", U32)
-        signaled = self.sq_sig_all or bool(send_flags & _SIGNALED)
-        wqe = SendWqe(wr_id, opcode, send_flags, signaled, sges, inline, total)
-        wqe.imm = imm
-        wqe.remote_addr = remote_addr
-        wqe.rkey = rkey
-        wqe.compare_add = compare_add
-        wqe.swap = swap
-        if self.qp_type == T.IBV_QPT_UD:
-            wqe.av = w.ah.av
-            wqe.remote_qpn = remote_qpn
-            wqe.remote_qkey = remote_qkey
-        if opcode == W.IBV_WR_BIND_MW:
-            # the engine works on key-table entries; a window or MR closed before the bind
-            # executes is no longer held by the table, and the bind fails (MW_BIND_ERR)
-            info = w.bind_info
-            wqe.mw = w.mw._entry
-            wqe.bind_info = BindRequest(None if info.mr is None else info.mr._entry,
-                                        int(info.addr), int(info.length),
-                                        int(info.mw_access_flags))
-            wqe.bind_rkey = bind_rkey
-        return wqe
-
-    @staticmethod
-    def _check_send_scalars(w: Any, what: str, f: str) -> tuple[int, ...]:
-        """The named checks of a send WR's scalar fields (the slow path of
-        _make_send_wqe): each wrong one raises PyverbsRDMAError naming it."""
-        two = " (for two's complement use value & (2**64 - 1))"
-        return (as_int(w.opcode, what, f"{f}.opcode", U32),
-                as_bits(w.send_flags, what, f"{f}.send_flags", _SEND_FLAGS,
-                        noun="send_flags bits"),
-                as_int(w.wr_id, what, f"{f}.wr_id", U64),
-                as_int(w.imm_data, what, f"{f}.imm_data", U32),
-                as_int(w.remote_addr, what, f"{f}.remote_addr", U64,
-                       desc="not a 64-bit address"),
-                as_int(w.rkey, what, f"{f}.rkey", U32, desc="not a 32-bit key"),
-                as_int(w.compare_add, what, f"{f}.compare_add", U64,
-                       desc="not a 64-bit unsigned value" + two),
-                as_int(w.swap, what, f"{f}.swap", U64,
-                       desc="not a 64-bit unsigned value" + two))
-
-    @staticmethod
-    def _check_bind(w: SendWR, what: str, f: str) -> int:
-        """A BIND_MW WR's window, bind info and new rkey (set_bind_wr). Whether the bind is
-        allowed (PD, MR rights, range) is decided when it executes, as rxe does: a
-        completion with IBV_WC_MW_BIND_ERR."""
-        if w.mw is None or w.bind_info is None:
-            raise PyverbsRDMAError(f"{what}: {f}.opcode IBV_WR_BIND_MW needs "
-                                   f"set_bind_wr(mw, bind_info) ({f}.mw, {f}.bind_info)",
-                                   errno.EINVAL)
-        require(w.mw, MW, what, f"{f}.mw")
-        info = require(w.bind_info, MWBindInfo, what, f"{f}.bind_info")
-        require(info.mr, MR, what, f"{f}.bind_info.mr", optional=True)
-        as_int(info.addr, what, f"{f}.bind_info.addr", U64, desc="not a 64-bit address")
-        as_int(info.length, what, f"{f}.bind_info.length", U64, desc="not a 64-bit length")
-        as_bits(info.mw_access_flags, what, f"{f}.bind_info.mw_access_flags",
-                int(MR_ACCESS_BITS), noun="access flags")
-        return as_int(w.bind_rkey, what, f"{f}.bind_rkey", U32, desc="not a 32-bit key")
-
-    def _gather_inline(self, sges: list[tuple[int, int, int]], what: str) -> bytes:
-        # Inline data is copied at post time; libibverbs ignores the lkey of inline SGEs, so
-        # we accept any registered range (through its lkey, if it names an MR of this PD).
-        out = bytearray()
-        for addr, length, lkey in sges:
-            if not length:
-                continue
-            try:
-                out += self.device.keys.resolve(lkey, self.pd, addr, length, 0, remote=False)
-            except AccessError as e:
-                raise PyverbsRDMAError(f"{what}: inline SGE [0x{addr:x}, +{length}): {e}",
-                                       errno.EINVAL) from None
-        return bytes(out)
+        self.impl.post_send(wr, bad_wr)
 
     def bind_mw(self, mw: Any, mw_bind: Any) -> None:
         """ibv_bind_mw for a type 1 window: posts a bind WR; on success ``mw.rkey`` is the
@@ -565,34 +199,13 @@ class QP(Resource):
         mw._check()
         require(mw_bind, MWBind, what, "mw_bind")
         if mw.mw_type != 1:
-            raise PyverbsRDMAError("Failed to bind MW: use an IBV_WR_BIND_MW work request for "
-                                   "type 2 windows", errno.EINVAL)
-        wr = SendWR(wr_id=mw_bind.wr_id, opcode=W.IBV_WR_BIND_MW, send_flags=mw_bind.send_flags)
-        new_key = (mw.rkey & ~0xFF) | ((mw.rkey + 1) & 0xFF)  # ibv_inc_rkey
-        wr.set_bind_wr(mw, mw_bind.bind_info, new_key)
-        self.post_send(wr)
+            raise PyverbsRDMAError(f"{what}: use an IBV_WR_BIND_MW work request for type 2 "
+                                   f"windows", errno.EINVAL)
+        self.impl.bind_mw(mw, mw_bind)
 
     # -- destroy ----------------------------------------------------------------------
-    def _destroy(self) -> None:
-        if not self.closed:
-            with self.device.lock:
-                self.engine.destroy()
-                self.device.qps.pop(self.qp_num, None)
-                self._release(self.pd, self.send_cq, self.recv_cq, self.srq)
-        super()._destroy()
+    def _parents(self) -> tuple[Any, ...]:
+        return self.pd, self.send_cq, self.recv_cq, self.srq
 
     def __repr__(self) -> str:
-        return f"<QP {self.qp_type.name.removeprefix('IBV_QPT_')} 0x{self.qp_num:x} {S(self.state).name}>"
-
-    @property
-    def duplicate_requests(self) -> int | None:
-        """Duplicate requests this QP's responder answered (rxe's duplicate count); None
-        where the backend does not count them."""
-        resp = getattr(getattr(self, "engine", None), "resp", None)
-        return getattr(resp, "duplicates", None)
-
-
-def _roundup_pow2(n: int) -> int:
-    return 0 if n <= 0 else 1 << (n - 1).bit_length()
-
-
+        return self.impl.describe(self.closed)

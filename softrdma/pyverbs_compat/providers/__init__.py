@@ -1,1 +1,1 @@
-"""pyverbs.providers: vendor providers (not supported by softrdma; see _stub)."""
+"""pyverbs.providers: vendor providers (not supported by softrdma; see pyverbs_compat.unsupported)."""

@@ -1,1 +1,1 @@
-"""pyverbs.providers.efa: built from the manifest (see softrdma/pyverbs_compat/_stub.py)."""
+"""pyverbs.providers.efa: built from the manifest (see softrdma/pyverbs_compat/unsupported.py)."""

@@ -1,1 +1,1 @@
-"""pyverbs.providers.mlx5: built from the manifest (see softrdma/pyverbs_compat/_stub.py)."""
+"""pyverbs.providers.mlx5: built from the manifest (see softrdma/pyverbs_compat/unsupported.py)."""

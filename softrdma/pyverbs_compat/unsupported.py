@@ -100,5 +100,10 @@ def stub_module(fullname: str, key: str) -> types.ModuleType:
     return mod
 
 
+def is_module(key: str) -> bool:
+    """Whether pyverbs.<key> is a module of classes (not a package of modules)."""
+    return key in M.CLASSES
+
+
 def known(key: str) -> bool:
     return key in M.CLASSES or any(k.startswith(key + ".") for k in M.CLASSES)
