@@ -182,7 +182,9 @@ def _is_module_alias(tree: ast.AST, name: str, path: Path) -> bool:
 # callers noticing.
 HANDLES = {
     "engine": ("softrdma.qp", "softrdma.verbs_api", "softrdma.soft"),
-    "id": ("softrdma.rdmacm",),
+    # rdma_cm on either backend: the soft one, and the hardware one over librdmacm
+    "id": ("softrdma.rdmacm", "softrdma.ibverbs.cma", "softrdma.ibverbs.cma_event",
+           "softrdma.ibverbs.cma_id"),
 }
 # The rdma_cm event channel's insides, reached as ``<CMEventChannel>.channel.<op>``.
 # ``wait`` and ``pending`` are public on a CMEventChannel too, so ``self.channel.wait()``

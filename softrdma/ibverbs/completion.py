@@ -9,13 +9,13 @@ import ctypes
 import errno
 import fcntl
 import os
-import select
 import socket
 import time
 from collections import deque
 from ctypes import addressof, byref, c_void_p
 from typing import Any
 
+from ..readiness import readable
 from ..completion import WC
 from ..errors import PyverbsRDMAError
 from ..verbs_api import cq as v_cq
@@ -83,7 +83,7 @@ class HwCompChannel:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise PyverbsRDMAError(f"{what}: timed out", errno.ETIMEDOUT)
-            select.select([self._c.fd], [], [], left)
+            readable([self._c.fd], left)
         return ev_cq
 
     async def wait_async(self) -> Any:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import select
 import socket
 import threading
 from ctypes import byref, c_void_p, sizeof
 from typing import Any
 
+from ..readiness import readable
 from ..completion import AsyncEvent
 from ..errors import PyverbsRDMAError
 from ..verbs_api import ah as v_ah, cq as v_cq, device as v_device, mr as v_mr, pd as v_pd
@@ -93,7 +93,7 @@ class HwContext(v_device.Context):
         """The context of an ``ibv_context*`` that another library opened and keeps
         (librdmacm's ``id->verbs``): ``close`` destroys what was made in it and leaves the
         device open."""
-        self = object.__new__(dispatch.variant(v_device.Context))
+        self = object.__new__(cls)  # HwContext itself: what dispatch.variant(Context) is
         self.closed = True
         dev = ffi.ibv_context.from_address(addr).device
         self._attach(addr, ffi.lib().ibv_get_device_name(ctypes.cast(dev, c_void_p)).decode(),
@@ -221,7 +221,7 @@ class HwContext(v_device.Context):
         """``ibv_get_async_event``, acknowledged at once (the event is copied out, so a
         later destroy never waits for it). ``block=False``: None when nothing is pending."""
         self._check()
-        if not select.select([self._c.async_fd], [], [], None if block else 0)[0]:
+        if not readable([self._c.async_fd], None if block else 0):
             return None
         ev = ffi.ibv_async_event()
         if ffi.lib().ibv_get_async_event(self._addr, byref(ev)):

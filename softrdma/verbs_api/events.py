@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import threading
 import time
 from collections import deque
 from typing import Any
+
+from ..readiness import readable
 
 __all__ = ["EventQueue"]
 
@@ -75,7 +76,7 @@ class EventQueue:
     def wait(self, deadline: float | None) -> None:
         """Block until the fd is readable or ``deadline`` (time.monotonic) passes."""
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        select.select([self._r], [], [], left)
+        readable([self._r], left)
 
     async def wait_async(self) -> None:
         """Until the fd is readable (an event is pending, or :meth:`wake`), through the
