@@ -31,7 +31,7 @@ def test_cli_bench_qps_prints_numbers_and_targets():
     assert "create 500 QPs: time" in out and "< 0.5 s" in out  # the target, scaled to 500
     assert "Python memory (tracemalloc)" in out and "< 10 MB" in out
     assert "per idle QP" in out and "reported 255/255" in out
-    assert "softrdma/verbs_api/qp.py" in out  # where the memory goes
+    assert "softrdma/verbs_api/soft_qp.py" in out  # where the memory goes (the soft QP)
 
 
 def test_cli_bench_rejects_a_bad_count():
