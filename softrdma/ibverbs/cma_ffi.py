@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import os
-import subprocess
-import tempfile
 from ctypes import (POINTER, Structure, Union, c_char, c_char_p, c_int, c_size_t, c_uint8,
                     c_uint16, c_uint32, c_ulong, c_void_p)
 from typing import Any
@@ -214,39 +211,16 @@ def call(what: str, name: str, *args: Any) -> int:
 
 # -- layout check against rdma_cma.h ----------------------------------------------------------
 
+RDMA_CMA_H = ("netinet/in.h", "rdma/rdma_cma.h")
+
+
 def check_layouts(structs: dict[str, type] | None = None) -> tuple[int, list[str]]:
     """``(number of checks, mismatches)`` of the ctypes layouts against the installed
     ``<rdma/rdma_cma.h>`` (gcc and librdmacm-dev needed: :class:`layout.LayoutError`
-    otherwise). Mismatches read as :func:`layout.check`'s."""
-    rows = layout.expected(STRUCTS if structs is None else structs)
-    src = layout.c_program(rows).replace("#include <infiniband/verbs.h>",
-                                         "#include <netinet/in.h>\n#include <rdma/rdma_cma.h>")
-    cc = os.environ.get("CC", "gcc")
-    with tempfile.TemporaryDirectory(prefix="cma-layout-") as d:
-        c, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
-        with open(c, "w") as fh:
-            fh.write(src)
-        try:
-            r = subprocess.run([cc, "-std=gnu11", "-o", exe, c], capture_output=True, text=True)
-        except FileNotFoundError:
-            raise layout.LayoutError(f"no C compiler ({cc})") from None
-        if r.returncode:
-            raise layout.LayoutError(f"the layout program does not compile (librdmacm-dev "
-                                     f"installed?):\n{r.stderr[-2000:]}")
-        out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout
-    got = [tuple(int(x) for x in ln.split()) for ln in out.splitlines()]
-    bad = [f"{cname}{'.' + path if path else ''}: ctypes offset {mine[0]} size {mine[1]} "
-           f"align {mine[2]}, C {theirs[0]} {theirs[1]} {theirs[2]}"
-           for (cname, path, *mine), theirs in zip(rows, got) if tuple(mine) != theirs]
-    return len(rows), bad
+    otherwise): :func:`layout.check` with that header."""
+    return layout.check(STRUCTS if structs is None else structs, RDMA_CMA_H, "librdmacm-dev")
 
 
 def header_missing() -> str | None:
     """Why the layout check cannot run here (no gcc, no rdma_cma.h), or None."""
-    cc = os.environ.get("CC", "gcc")
-    try:
-        r = subprocess.run([cc, "-E", "-x", "c", "-"], input="#include <rdma/rdma_cma.h>\n",
-                           capture_output=True, text=True)
-    except FileNotFoundError:
-        return f"no C compiler ({cc})"
-    return "rdma/rdma_cma.h not found (install librdmacm-dev)" if r.returncode else None
+    return layout.toolchain_missing(RDMA_CMA_H, "librdmacm-dev")

@@ -25,6 +25,8 @@ __all__ = ["expected", "c_program", "check", "toolchain_missing", "LayoutError"]
 
 Row = tuple[str, str, int, int, int]  # (C type, member path or "", offset, size, align)
 
+VERBS_H = ("infiniband/verbs.h",)  # what the ibverbs structs are checked against
+
 
 class LayoutError(RuntimeError):
     """gcc or the header is missing, or the program failed to build or run."""
@@ -51,10 +53,10 @@ def expected(structs: dict[str, type]) -> list[Row]:
     return rows
 
 
-def c_program(rows: list[Row]) -> str:
-    """A C program printing the same rows as the compiler sees them."""
-    out = ["#include <stddef.h>", "#include <stdio.h>", "#include <infiniband/verbs.h>",
-           "int main(void) {"]
+def c_program(rows: list[Row], headers: tuple[str, ...] = VERBS_H) -> str:
+    """A C program printing the same rows as the compiler sees them (after ``headers``)."""
+    out = ["#include <stddef.h>", "#include <stdio.h>",
+           *(f"#include <{h}>" for h in headers), "int main(void) {"]
     for cname, path, *_ in rows:
         if not path:
             out.append(f'  printf("%zu %zu %zu\\n", (size_t)0, sizeof({cname}), '
@@ -67,28 +69,31 @@ def c_program(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def toolchain_missing() -> str | None:
-    """Why the check cannot run here (no gcc, no verbs.h), or None."""
+def toolchain_missing(headers: tuple[str, ...] = VERBS_H,
+                      package: str = "libibverbs-dev") -> str | None:
+    """Why the check cannot run here (no gcc, a header missing), or None."""
     cc = os.environ.get("CC", "gcc")
     if shutil.which(cc) is None:
         return f"no C compiler ({cc})"
-    hdr = subprocess.run([cc, "-E", "-x", "c", "-"], input="#include <infiniband/verbs.h>\n",
+    hdr = subprocess.run([cc, "-E", "-x", "c", "-"],
+                         input="".join(f"#include <{h}>\n" for h in headers),
                          capture_output=True, text=True)
     if hdr.returncode:
-        return "infiniband/verbs.h not found (install libibverbs-dev)"
+        return f"{headers[-1]} not found (install {package})"
     return None
 
 
-def compiled(rows: list[Row]) -> list[tuple[int, int, int]]:
+def compiled(rows: list[Row], headers: tuple[str, ...] = VERBS_H,
+             package: str = "libibverbs-dev") -> list[tuple[int, int, int]]:
     """Build and run the program; its ``(offset, size, align)`` lines."""
-    why = toolchain_missing()
+    why = toolchain_missing(headers, package)
     if why:
         raise LayoutError(why)
     cc = os.environ.get("CC", "gcc")
     with tempfile.TemporaryDirectory(prefix="ibv-layout-") as d:
         src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
         with open(src, "w") as fh:
-            fh.write(c_program(rows))
+            fh.write(c_program(rows, headers))
         r = subprocess.run([cc, "-std=gnu11", "-o", exe, src], capture_output=True, text=True)
         if r.returncode:
             raise LayoutError(f"the layout program does not compile:\n{r.stderr[-2000:]}")
@@ -96,13 +101,15 @@ def compiled(rows: list[Row]) -> list[tuple[int, int, int]]:
     return [tuple(int(x) for x in line.split()) for line in r.stdout.splitlines()]  # type: ignore[misc]
 
 
-def check(structs: dict[str, type] | None = None) -> tuple[int, list[str]]:
+def check(structs: dict[str, type] | None = None, headers: tuple[str, ...] = VERBS_H,
+          package: str = "libibverbs-dev") -> tuple[int, list[str]]:
     """``(number of checks, mismatches)``; each mismatch names the struct, the member and
-    both values: ``struct ibv_wc.imm_data: ctypes offset 24 size 2 align 2, C 24 4 4``."""
+    both values: ``struct ibv_wc.imm_data: ctypes offset 24 size 2 align 2, C 24 4 4``.
+    ``headers`` (and the Debian ``package`` that has them) default to verbs.h's."""
     if structs is None:
         from .ffi import STRUCTS as structs
     rows = expected(structs)
-    got = compiled(rows)
+    got = compiled(rows, headers, package)
     bad = []
     for (cname, path, *mine), theirs in zip(rows, got):
         if tuple(mine) != theirs:
