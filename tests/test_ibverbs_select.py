@@ -1,8 +1,7 @@
 """Choosing the backend: soft devices first, libibverbs devices beside them, forced by
 SOFTRDMA_BACKEND or set_backend; a machine without libibverbs or devices sees only soft
-devices, silently; ``soft`` never loads libibverbs. And the dispatch: a hardware parent
-makes the verbs_api class (or a subclass, such as pyverbs-compat's) take its hardware
-variant, below the subclass in the MRO."""
+devices, silently; ``soft`` never loads libibverbs. And what a context's backend picks:
+the implementation each verbs_api object holds, its class staying the same."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import sys
 import pytest
 
 from softrdma import verbs_api as v
-from softrdma.ibverbs import devices, dispatch, ffi
+from softrdma.ibverbs import devices, ffi
 
 HW = devices.list_devices()
 no_devices = pytest.mark.skipif(bool(HW), reason="this machine has libibverbs devices")
@@ -102,18 +101,13 @@ def test_bad_backend_names(backend, monkeypatch):
     assert v.get_backend() == "soft"
 
 
-def test_only_the_context_is_still_a_variant():
-    from softrdma.ibverbs import context as hc
+def test_no_object_is_a_variant():
     from softrdma.pyverbs_compat import device as pdev, qp as pqp
-    assert dispatch.variant(v.Context).__mro__[1] is hc.HwContext
-    assert dispatch.variant(v.Context).__name__ == "Context"
-    assert dispatch.variant(pdev.Context) is dispatch.variant(pdev.Context)  # made once
-    # every other object is one class on both backends; the backend is the implementation
-    # it holds, so no subclass of it mixes in libibverbs
-    for cls in (v.PD, v.MR, v.MW, v.CQ, v.CompChannel, v.SRQ, v.AH, v.QP, pqp.QPEx):
+    # every object, the context too, is one class on both backends; the backend is the
+    # implementation it holds, so no subclass of it mixes in libibverbs
+    for cls in (v.Context, v.PD, v.MR, v.MW, v.CQ, v.CompChannel, v.SRQ, v.AH, v.QP,
+                pqp.QPEx, pdev.Context):
         assert not any(k.__module__.startswith("softrdma.ibverbs") for k in cls.__mro__), cls
-        with pytest.raises(TypeError):
-            dispatch.hw_class_of(cls)
 
 
 def test_the_context_picks_each_objects_implementation():

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 from softrdma.ibverbs import completion, memory, queues
-from softrdma.pyverbs_compat import qp as compat_qp
+from softrdma.ibverbs.context import HwContext
+from softrdma.pyverbs_compat import device as compat_device, qp as compat_qp
 from softrdma.verbs_api import (
     AH, CQ, MR, MW, PD, QP, SRQ, CompChannel, Context, QPCap, QPInitAttr, SrqAttr,
     SrqInitAttr, add_device, remove_device,
@@ -35,8 +36,13 @@ SOFT_ONLY = {
     CompChannel: ("notify", "wake", "_events"),
     MR: ("entry", "_entry", "_buffer"),
     MW: ("entry", "_entry"),
+    Context: ("_events", "_on_fatal", "_on_async_event", "_check_port"),
 }
-HW_IMPL = {QP: queues.HwQP, SRQ: queues.HwSRQ, AH: queues.HwAH, CQ: completion.HwCQ,
+# what only a hardware context has (the other hardware implementations read the first
+# ones through the API context they are given)
+HW_ONLY_CONTEXT = ("_addr", "_ops", "_objs", "_mrs", "_rxe", "num_comp_vectors",
+                   "_attach", "adopt", "_gid_entry")
+HW_IMPL = {Context: HwContext, QP: queues.HwQP, SRQ: queues.HwSRQ, AH: queues.HwAH, CQ: completion.HwCQ,
            CompChannel: completion.HwCompChannel, MR: memory.HwMR, MW: memory.HwMW,
            PD: memory.HwPD}
 
@@ -57,7 +63,7 @@ def soft_objects(ctx):
     cq = CQ(ctx, 8, None, ch)
     srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1)))
     qp = QP(pd, QPInitAttr(qp_type=E.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap()))
-    objs = {PD: pd, CompChannel: ch, CQ: cq, SRQ: srq, QP: qp,
+    objs = {Context: ctx, PD: pd, CompChannel: ch, CQ: cq, SRQ: srq, QP: qp,
             AH: AH(pd, loopback_av(ctx)), MR: MR(pd, 64, 0), MW: MW(pd, 2)}
     yield objs
     for o in (objs[AH], objs[MW], objs[MR], qp, srq, cq, ch, pd):
@@ -125,3 +131,30 @@ def test_both_implementations_take_the_same_arguments(api_cls, soft_objects):
             s = inspect.signature(getattr(soft_cls, name)).parameters
             h = inspect.signature(getattr(hw_cls, name)).parameters
             assert len(s) == len(h), (name, list(s), list(h))
+
+
+def test_the_context_holds_its_backends_implementation(ctx):
+    from softrdma.verbs_api.device import SoftContext
+    assert type(ctx) is Context and type(ctx.impl) is SoftContext
+    assert ctx.backend is SoftContext.backend and ctx.device is ctx.impl.device
+    assert not issubclass(HwContext, Context)  # no hardware Context class made at run time
+    for name in HW_ONLY_CONTEXT:
+        assert name in HwContext.extras or hasattr(HwContext, name), name
+        assert not hasattr(ctx, name) and not hasattr(Context, name), name
+
+
+def test_a_hardware_contexts_extras_are_reachable():
+    hw = _hw_object(Context)
+    hw.impl._addr, hw.impl._objs = 0x1000, {}
+    assert hw._addr == 0x1000 and hw._objs == {}  # what HwPD, HwCQ... read
+    assert not hasattr(hw, "_owned")  # not an extra: the implementation's own
+
+
+def test_the_pyverbs_context_is_the_same_class_on_both():
+    assert not any(k.__module__.startswith("softrdma.ibverbs")
+                   for k in compat_device.Context.__mro__)
+    hw = object.__new__(compat_device.Context)
+    hw.impl = object.__new__(HwContext)
+    for name in SOFT_ONLY[Context]:
+        assert not hasattr(hw, name), name
+    assert hw.num_comp_vectors == 1  # pyverbs' own answer, on either backend

@@ -10,5 +10,5 @@ Modules: :mod:`.ffi` (layouts, prototypes, ops callers), :mod:`.layout` (checks 
 layouts against verbs.h), :mod:`.devices` (listing and opening devices),
 :mod:`.convert` (Python objects <-> C structs), :mod:`.objects` (the implementations,
 :data:`.objects.BACKEND`), :mod:`.context`, :mod:`.memory`, :mod:`.completion`,
-:mod:`.queues` (each implementation), :mod:`.dispatch` (the hardware ``Context``).
+:mod:`.queues` (each implementation).
 """

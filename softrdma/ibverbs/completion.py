@@ -19,10 +19,11 @@ from ..readiness import readable
 from ..completion import WC
 from ..errors import PyverbsRDMAError
 from ..verbs_api import cq as v_cq
+from ..verbs_api import device as v_device
 from ..verbs_api._check import as_int
 from ..verbs_api.enums import (ibv_wc_flags as WCF)
 from . import ffi
-from .common import fail, hw_impl, hw_parent, null_error
+from .common import fail, hw_impl, null_error
 from .context import HwContext
 
 __all__ = ["HwCompChannel", "HwCQ"]
@@ -44,7 +45,8 @@ class HwCompChannel:
 
     def __init__(self, owner: Any) -> None:
         context = owner.context
-        hw_parent(context, HwContext, "Failed to create a completion channel", "context")
+        hw_impl(context, v_device.Context, HwContext, "Failed to create a completion channel",
+                "context")
         c = ffi.lib().ibv_create_comp_channel(context._addr)
         if not c:
             raise null_error("Failed to create a completion channel")
@@ -115,7 +117,7 @@ class HwCQ:
 
     @staticmethod
     def check_create(context: Any, cqe: Any, comp_vector: Any, what: str) -> tuple[int, int]:
-        hw_parent(context, HwContext, what, "context")
+        hw_impl(context, v_device.Context, HwContext, what, "context")
         return (as_int(cqe, what, "cqe", (1 << 31) - 1),
                 as_int(comp_vector, what, "comp_vector", (1 << 31) - 1))
 

@@ -1,4 +1,5 @@
-"""``HwContext``: an opened libibverbs device, its queries and async events."""
+"""``HwContext``: an opened libibverbs device, its queries and async events: the
+implementation a ``verbs_api.Context`` holds on the libibverbs backend."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from typing import Any
 from ..readiness import readable
 from ..completion import AsyncEvent
 from ..errors import PyverbsRDMAError
-from ..verbs_api import ah as v_ah, cq as v_cq, device as v_device, mr as v_mr, pd as v_pd
-from ..verbs_api import qp as v_qp, srq as v_srq
+from ..verbs_api import device as v_device
 from ..verbs_api._check import U32, as_int
 from ..verbs_api.attr import GID
 from ..verbs_api.enums import (ibv_event_type as E)
@@ -51,7 +51,7 @@ class HwDevice:
     def gid_table(self) -> list[bytes]:
         """The port-1 GID table, raw (zeros for empty entries), up to the last populated
         entry: ``gid_table[i]`` is GID index ``i``, as on a soft device."""
-        ents = HwContext.query_gid_table(self._ctx)  # not a subclass's (pyverbs' has args)
+        ents = self._ctx.query_gid_table()
         table = [bytes(16)] * (ents[-1][0] + 1 if ents else 0)
         for i, g, _ in ents:
             table[i] = g.raw
@@ -69,8 +69,15 @@ class HwDevice:
 
 # -- Context ---------------------------------------------------------------------------------
 
-class HwContext(v_device.Context):
-    """An ``ibv_context`` opened with ``ibv_open_device``."""
+class HwContext:
+    """The libibverbs backend's context: an ``ibv_context`` opened with ``ibv_open_device``
+    (or adopted), held by a ``verbs_api.Context`` (``owner``) as its ``impl``.
+
+    Its ``extras`` are what the other hardware implementations read through the API
+    context they are given (``context._addr``...), and ``num_comp_vectors``; a soft
+    context has none of them."""
+
+    extras = frozenset({"_addr", "_ops", "_objs", "_mrs", "_rxe", "num_comp_vectors"})
 
     @property
     def backend(self) -> Any:
@@ -79,29 +86,26 @@ class HwContext(v_device.Context):
         from .objects import BACKEND
         return BACKEND
 
-    def __init__(self, name: str | bytes | None = None) -> None:
-        if name is not None and not isinstance(name, (str, bytes)):
-            raise PyverbsRDMAError(f"Failed to open device: name must be a str, not "
-                                   f"{type(name).__name__}", errno.EINVAL)
-        if isinstance(name, bytes):
-            name = name.decode()
-        self.closed = True  # until open: __del__ and close() must not touch anything
-        self._attach(*devices.open_device(name), owned=True)
+    def __init__(self, owner: Any, name: str | None) -> None:
+        self.closed = True  # until open: close() must not touch anything
+        self._attach(owner, *devices.open_device(name), owned=True)
 
     @classmethod
-    def adopt(cls, addr: int) -> "HwContext":
+    def adopt(cls, addr: int) -> v_device.Context:
         """The context of an ``ibv_context*`` that another library opened and keeps
-        (librdmacm's ``id->verbs``): ``close`` destroys what was made in it and leaves the
-        device open."""
-        self = object.__new__(cls)  # HwContext itself: what dispatch.variant(Context) is
-        self.closed = True
-        dev = ffi.ibv_context.from_address(addr).device
-        self._attach(addr, ffi.lib().ibv_get_device_name(ctypes.cast(dev, c_void_p)).decode(),
-                     owned=False)
-        return self
+        (librdmacm's ``id->verbs``): a ``verbs_api.Context`` holding an ``HwContext``;
+        ``close`` destroys what was made in it and leaves the device open."""
+        def make(owner: v_device.Context) -> "HwContext":
+            self = object.__new__(cls)
+            self.closed = True
+            dev = ffi.ibv_context.from_address(addr).device
+            self._attach(owner, addr, ffi.lib().ibv_get_device_name(
+                ctypes.cast(dev, c_void_p)).decode(), owned=False)
+            return self
+        return v_device.Context.holding(make)
 
-    def _attach(self, addr: int, name: str, owned: bool) -> None:
-        self.children: dict[Any, None] = {}
+    def _attach(self, owner: Any, addr: int, name: str, owned: bool) -> None:
+        self.owner = owner
         self.name, self._addr, self._owned = name, addr, owned
         self._c = ffi.ibv_context.from_address(addr)
         self._ops = ffi.Ops(self._c)
@@ -112,24 +116,19 @@ class HwContext(v_device.Context):
         a = self.query_device()
         self._rxe = a.vendor_id == _RXE_VENDOR_ID and a.vendor_part_id == 0
 
+    def _check(self) -> None:
+        if self.closed:
+            raise PyverbsRDMAError("the context is closed", errno.EBADF)
+
     def close(self) -> None:
+        """Close the device if this context opened it (its children are gone)."""
         if self.closed:
             return
-        errs = []
-        for k in (v_qp.QP, v_srq.SRQ, v_ah.AH, v_mr.MW, v_mr.MR, v_cq.CQ, v_cq.CompChannel,
-                  v_pd.PD):
-            for obj in [c for c in self.children if isinstance(c, k)]:
-                try:
-                    obj._destroy()
-                except PyverbsRDMAError as e:  # keep going: the context is going away
-                    errs.append(e)
         rc = ffi.lib().ibv_close_device(self._addr) if self._owned else 0
         self.closed = True
         self._objs.clear()
         if rc:
             raise fail(f"Failed to close device {self.name}", rc)
-        if errs:
-            raise errs[0]
 
     # -- queries ---------------------------------------------------------------------------
     def query_device(self) -> v_device.DeviceAttr:
@@ -246,9 +245,6 @@ class HwContext(v_device.Context):
             return AsyncEvent(t, el)
         finally:
             ffi.lib().ibv_ack_async_event(byref(ev))
-
-    def _on_fatal(self, exc: BaseException) -> None:  # soft-device hook: never called here
-        pass
 
     def __repr__(self) -> str:
         return f"<Context {self.name} (libibverbs)>"

@@ -12,9 +12,10 @@ from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ..verbs_api import pd as v_pd
+from ..verbs_api import device as v_device
 from ..verbs_api._check import U64, as_int
 from . import ffi
-from .common import fail, hw_impl, hw_parent, null_error
+from .common import fail, hw_impl, null_error
 from .context import HwContext
 
 __all__ = ["HwPD", "HwMR", "HwMW"]
@@ -29,7 +30,7 @@ class HwPD:
 
     def __init__(self, owner: Any) -> None:
         context = owner.context
-        hw_parent(context, HwContext, "Failed to alloc PD", "context")
+        hw_impl(context, v_device.Context, HwContext, "Failed to alloc PD", "context")
         addr = ffi.lib().ibv_alloc_pd(context._addr)
         if not addr:
             raise null_error("Failed to alloc PD")

@@ -6,8 +6,8 @@ verbs_api class (``verbs_api.QP``) checks what both backends check and holds the
 context's ``backend`` names, so what is pure API (``QP.to_rts``'s masks,
 ``MR.read``/``write`` over ``mr.mem``, ``CQ.poll_all``, ``Resource.close``'s
 EBUSY-if-used rule) is the same code on both. Users never name these classes:
-``verbs_api.PD(hw_context)`` is a ``verbs_api.PD`` holding an ``HwPD``. ``HwContext`` is
-still mixed into ``verbs_api.Context`` when a device is opened (see :mod:`.dispatch`).
+``verbs_api.PD(hw_context)`` is a ``verbs_api.PD`` holding an ``HwPD``. So is the context:
+``verbs_api.Context(name="rxe0")`` holds an ``HwContext``.
 
 Errors are ``PyverbsRDMAError`` with the errno libibverbs reports: a NULL from a
 create/alloc/reg verb takes ``errno``; a non-zero ``int`` result is itself the errno
@@ -38,9 +38,7 @@ AH -> MW -> MR -> CQ -> channel -> PD, acknowledging CQ events before ``ibv_dest
 
 from __future__ import annotations
 
-from ..verbs_api import device as v_device
 from ..verbs_api.base import Backend
-from . import dispatch
 from .completion import HwCompChannel, HwCQ
 from .context import HwContext, HwDevice
 from .memory import HwMR, HwMW, HwPD
@@ -49,8 +47,6 @@ from .queues import HwAH, HwQP, HwSRQ
 __all__ = ["HwContext", "HwPD", "HwMR", "HwMW", "HwCQ", "HwCompChannel", "HwSRQ", "HwAH",
            "HwQP", "HwDevice", "BACKEND"]
 
-
-dispatch.install([(v_device.Context, HwContext)])
 
 #: the implementations of this backend (``HwContext.backend``)
 BACKEND = Backend("ibverbs", PD=HwPD, MR=HwMR, MW=HwMW, CompChannel=HwCompChannel, CQ=HwCQ,

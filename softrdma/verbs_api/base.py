@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from ._check import kind
 
-__all__ = ["Resource", "ContextBase", "Backend", "Sibling"]
+__all__ = ["Resource", "ContextBase", "Backend", "Sibling", "Delegating"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,20 @@ class Backend:
     AH: type  #: SoftAH or HwAH
     SRQ: type  #: SoftSRQ or HwSRQ
     QP: type  #: SoftQP or HwQP
+
+
+class Delegating:
+    """An API object holding ``impl``: a name its class lacks is looked up among the
+    implementation's ``extras`` (what only that backend has), and nowhere else."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        # reached only when the normal lookup fails: the implementation's extras
+        impl = self.__dict__.get("impl")
+        if impl is not None and name in impl.extras:
+            return getattr(impl, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 class ContextBase:
@@ -105,7 +119,7 @@ class Resource:
         self.close()
 
 
-class Sibling(Resource):
+class Sibling(Resource, Delegating):
     """A verbs object that is one class on both backends: it checks what both backends
     check and holds ``impl``, the implementation its context's backend gives
     (``context.backend.QP``...: the soft one or the libibverbs one, siblings with the
@@ -128,13 +142,6 @@ class Sibling(Resource):
                 Resource._destroy(self)
                 raise
         return self.impl
-
-    def __getattr__(self, name: str) -> Any:
-        # reached only when the normal lookup fails: the implementation's extras
-        impl = self.__dict__.get("impl")
-        if impl is not None and name in impl.extras:
-            return getattr(impl, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _destroy(self) -> None:
         if not self.closed:

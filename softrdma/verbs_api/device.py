@@ -35,14 +35,14 @@ import ipaddress
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import PyverbsRDMAError
 from ..soft.device import SoftDevice
 from ..soft.udp import TransportError
 from .ah import AH, SoftAH
 from .attr import GID
-from .base import Backend, ContextBase
+from .base import Backend, ContextBase, Delegating
 from .cq import CQ, CompChannel, SoftCompChannel, SoftCQ
 from .events import EventQueue
 from .mr import MR, MW, SoftMR, SoftMW
@@ -57,7 +57,7 @@ from .enums import (
 
 __all__ = ["Device", "Context", "DeviceAttr", "PortAttr", "AsyncEvent", "get_device_list",
            "add_device", "remove_device", "get_soft_device", "soft_devices", "set_backend",
-           "get_backend"]
+           "get_backend", "SoftContext"]
 
 BACKENDS = ("auto", "soft", "ibverbs")
 _backend: str | None = None  # set_backend's choice; None: SOFTRDMA_BACKEND, else auto
@@ -311,35 +311,35 @@ _RXE_CAP_FLAGS = (1 << 1) | (1 << 2) | (1 << 5) | (1 << 6) | (1 << 10) | (1 << 1
 _RXE_PORT_CAP_FLAGS = 1 << 26  # IB_PORT_CM_SUP; the RoCEv2 capability is a core flag
 
 
-class Context(ContextBase):
+def _pick_backend(name: str | None) -> str:
+    """``"soft"`` or ``"ibverbs"``: which backend opens device ``name`` (module docstring).
+    ENODEV naming why when the ibverbs backend is forced and libibverbs has no device."""
+    backend = get_backend()
+    if backend == "soft" or (backend == "auto" and (name is None or _is_soft_name(name))):
+        return "soft"
+    hw = _hw_devices()
+    if backend == "auto":
+        # not soft, not libibverbs: the soft path says "no such device"
+        return "ibverbs" if any(h.name == name for h in hw) else "soft"
+    if not hw:
+        from ..ibverbs import devices
+        raise PyverbsRDMAError(f"Failed to open device{' ' + str(name) if name else ''}: "
+                               f"the backend is ibverbs but {devices.why_none()}", errno.ENODEV)
+    return "ibverbs"
+
+
+class Context(ContextBase, Delegating):
     """An open device (``ibv_context``). ``Context(name="softrdma0")``; with no name, the
     first device. A context manager: leaving the ``with`` block destroys, in dependency
     order, every resource made through it that is still open.
 
-    The name picks the backend (module docstring): a libibverbs device's name gives a
-    context of :mod:`softrdma.ibverbs`, still an instance of this class."""
+    One class on both backends, like every verbs object: the name picks the backend
+    (module docstring) and the context holds ``impl``, that backend's implementation
+    (:class:`SoftContext`, or ``softrdma.ibverbs.context.HwContext`` for a libibverbs
+    device), which does the queries and async events. What only one implementation has is
+    in its ``extras``, reachable here on that backend only."""
 
-    backend = Backend("soft", PD=SoftPD, MR=SoftMR, MW=SoftMW, CompChannel=SoftCompChannel,
-                      CQ=SoftCQ, AH=SoftAH, SRQ=SoftSRQ, QP=SoftQP)
-
-    def __new__(cls, name: Any = None, *args: Any, **kwargs: Any) -> Any:
-        backend = get_backend()
-        if backend == "soft" or (backend == "auto" and (
-                not isinstance(name, (str, bytes)) or _is_soft_name(
-                    name.decode(errors="replace") if isinstance(name, bytes) else name))):
-            return object.__new__(cls)
-        hw = _hw_devices()
-        if backend == "auto":
-            n = name.decode(errors="replace") if isinstance(name, bytes) else name
-            if not any(h.name == n for h in hw):
-                return object.__new__(cls)  # the soft path says "no such device"
-        elif not hw:
-            from ..ibverbs import devices
-            raise PyverbsRDMAError(f"Failed to open device{' ' + str(name) if name else ''}: "
-                                   f"the backend is ibverbs but {devices.why_none()}",
-                                   errno.ENODEV)
-        from ..ibverbs import dispatch
-        return object.__new__(dispatch.variant(cls))
+    impl: Any  #: SoftContext or HwContext
 
     def __init__(self, name: str | bytes | None = None) -> None:
         if name is not None and not isinstance(name, (str, bytes)):
@@ -347,13 +347,120 @@ class Context(ContextBase):
                                    f"{type(name).__name__}", errno.EINVAL)
         if isinstance(name, bytes):
             name = name.decode()
+        self.closed = True  # until open: __del__ and close() must not touch anything
+        if _pick_backend(name) == "soft":
+            self._open(lambda api: SoftContext(api, name))
+        else:
+            from ..ibverbs.context import HwContext  # only here: soft never imports it
+            self._open(lambda api: HwContext(api, name))
+
+    @classmethod
+    def holding(cls, make: Callable[["Context"], Any]) -> "Context":
+        """A context holding ``make(context)``, an implementation opened another way
+        (``HwContext.adopt`` wraps the ``ibv_context*`` librdmacm opened)."""
+        self = object.__new__(cls)
+        self.closed = True
+        self._open(make)
+        return self
+
+    def _open(self, make: Callable[["Context"], Any]) -> None:
+        # every PD, CQ, CompChannel, ... made in this context, in creation order (a dict used
+        # as an ordered set, so destroying one of 10,000 QPs does not scan a list)
+        self.children: dict[Any, None] = {}
+        self.impl = make(self)
+        self.device = self.impl.device  # SoftDevice, or what a libibverbs context reads
+        self.name: str = self.impl.name
+        self.backend = self.impl.backend
+        self.closed = False
+
+    # -- lifetime ------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.closed:
+            raise PyverbsRDMAError("the context is closed", errno.EBADF)
+
+    def close(self) -> None:
+        """Destroy every resource still open (QPs, then SRQs, AHs, MWs, MRs, CQs, channels,
+        PDs) and close the device. A child that fails to go is reported after the others
+        went (the context is going away)."""
+        if self.closed:
+            return
+        errs = []
+        for kind in (QP, SRQ, AH, MW, MR, CQ, CompChannel, PD):
+            for obj in [c for c in self.children if isinstance(c, kind)]:
+                try:
+                    obj._destroy()
+                except PyverbsRDMAError as e:
+                    errs.append(e)
+        try:
+            self.impl.close()
+        finally:
+            self.closed = True
+        if errs:
+            raise errs[0]
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort, like pyverbs' dealloc
+        try:
+            if not self.closed:
+                self.close()
+        except Exception:
+            pass
+
+    # -- queries -------------------------------------------------------------------
+    def query_device(self) -> DeviceAttr:
+        return self.impl.query_device()
+
+    def query_port(self, port_num: int = 1) -> PortAttr:
+        return self.impl.query_port(port_num)
+
+    def query_gid(self, port_num: int, index: int) -> GID:
+        return self.impl.query_gid(port_num, index)
+
+    def query_gid_type(self, port_num: int, index: int) -> int:
+        return self.impl.query_gid_type(port_num, index)
+
+    def query_gid_table(self) -> list[tuple[int, GID, int]]:
+        """``(index, GID, gid type)`` for every populated entry (like ibv_query_gid_table)."""
+        return self.impl.query_gid_table()
+
+    def query_pkey(self, port_num: int, index: int) -> int:
+        return self.impl.query_pkey(port_num, index)
+
+    # -- async events ----------------------------------------------------------------
+    @property
+    def async_fd(self) -> int:
+        """Readable when an async event is pending (select/poll/asyncio)."""
+        return self.impl.async_fd
+
+    def get_async_event(self, block: bool = True) -> AsyncEvent | None:
+        """ibv_get_async_event: the next event; blocks unless ``block=False`` (then None).
+        A failed device has queued IBV_EVENT_DEVICE_FATAL, so a waiter always wakes."""
+        return self.impl.get_async_event(block)
+
+    def __repr__(self) -> str:
+        impl = self.__dict__.get("impl")
+        return repr(impl) if impl is not None else "<Context (not open)>"
+
+
+class SoftContext:
+    """The soft backend's context: a :class:`~softrdma.soft.device.SoftDevice` opened for
+    ``owner`` (the API :class:`Context`), its queries, and the async events routed to it."""
+
+    backend = Backend("soft", PD=SoftPD, MR=SoftMR, MW=SoftMW, CompChannel=SoftCompChannel,
+                      CQ=SoftCQ, AH=SoftAH, SRQ=SoftSRQ, QP=SoftQP)
+    extras: frozenset[str] = frozenset()  # nothing beyond the API's members
+
+    def __init__(self, owner: Context, name: str | None) -> None:
+        self.owner = owner
         self.device = get_soft_device(name)
         self.name = self.device.name
         self.closed = False
         self._events = EventQueue()  # of AsyncEvents; async_fd is readable while one waits
-        # every PD, CQ, CompChannel, ... made in this context, in creation order (a dict used
-        # as an ordered set, so destroying one of 10,000 QPs does not scan a list)
-        self.children: dict[Any, None] = {}
         try:
             self.device.open()
         except TransportError as e:
@@ -368,19 +475,12 @@ class Context(ContextBase):
             self.device.async_listeners.append(self._on_async_event)
             self.device.fatal_listeners.append(self._on_fatal)
 
-    # -- lifetime ------------------------------------------------------------------
     def _check(self) -> None:
         if self.closed:
             raise PyverbsRDMAError("the context is closed", errno.EBADF)
 
     def close(self) -> None:
-        """Destroy every resource still open (QPs, then SRQs, AHs, MWs, MRs, CQs, channels,
-        PDs) and close the device."""
-        if self.closed:
-            return
-        for kind in (QP, SRQ, AH, MW, MR, CQ, CompChannel, PD):
-            for obj in [c for c in self.children if isinstance(c, kind)]:
-                obj._destroy()
+        """Stop listening to the device and release it (its children are gone)."""
         with self.device.lock:
             if self._on_async_event in self.device.async_listeners:
                 self.device.async_listeners.remove(self._on_async_event)
@@ -389,19 +489,6 @@ class Context(ContextBase):
         self.device.release()
         self._events.close()
         self.closed = True
-
-    def __enter__(self) -> "Context":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # best effort, like pyverbs' dealloc
-        try:
-            if not self.closed:
-                self.close()
-        except Exception:
-            pass
 
     # -- queries -------------------------------------------------------------------
     def query_device(self) -> DeviceAttr:
@@ -458,7 +545,6 @@ class Context(ContextBase):
         return ibv_gid_type.IBV_GID_TYPE_ROCE_V2
 
     def query_gid_table(self) -> list[tuple[int, GID, int]]:
-        """``(index, GID, gid type)`` for every populated entry (like ibv_query_gid_table)."""
         return [(i, GID(g), ibv_gid_type.IBV_GID_TYPE_ROCE_V2)
                 for i, g in enumerate(self.device.gid_table)]
 
@@ -472,7 +558,7 @@ class Context(ContextBase):
     # -- async events ----------------------------------------------------------------
     def _on_fatal(self, exc: BaseException) -> None:
         # wake whoever blocks on a completion channel of ours: they find the device failed
-        for c in list(self.children):
+        for c in list(self.owner.children):
             if isinstance(c, CompChannel):
                 c.impl.wake()  # (async waiters get the DEVICE_FATAL event itself)
 
@@ -480,17 +566,14 @@ class Context(ContextBase):
         # Like uverbs: an event about a QP, CQ or SRQ goes to the context that owns it;
         # port and device events (element is a port number) go to every context.
         owner = getattr(ev.element, "context", None)
-        if owner is None or owner is self:
+        if owner is None or owner is self.owner:
             self._events.put(ev)
 
     @property
     def async_fd(self) -> int:
-        """Readable when an async event is pending (select/poll/asyncio)."""
         return self._events.fd
 
     def get_async_event(self, block: bool = True) -> AsyncEvent | None:
-        """ibv_get_async_event: the next event; blocks unless ``block=False`` (then None).
-        A failed device has queued IBV_EVENT_DEVICE_FATAL, so a waiter always wakes."""
         self._check()
         while (ev := self._events.get()) is None and block:
             self._events.wait(None)
