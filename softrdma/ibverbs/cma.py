@@ -28,7 +28,6 @@ id, its addresses and QP transitions), :mod:`.cma_event` (channel and events), t
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import errno
 import sys
@@ -37,73 +36,32 @@ from ctypes import byref, c_int, c_uint8, c_void_p, sizeof
 from typing import Any
 
 from ..readiness import readable
-from ..errors import PyverbsRDMAError, PyverbsUserError
+from ..errors import PyverbsRDMAError
+from ..rdmacm.cmid import CMIDBase
 from ..rdmacm.enums import (
-    RAI_PASSIVE, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, RDMA_OPTION_ID_REUSEADDR,
-    RDMA_OPTION_ID_TOS, RDMA_PS_IB, RDMA_PS_TCP, RDMA_PS_UDP, event_str,
-    rdma_cm_event_type as E,
+    RAI_PASSIVE, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, RDMA_PS_IB, RDMA_PS_TCP,
+    RDMA_PS_UDP, rdma_cm_event_type as E,
 )
-from ..verbs_api.enums import ibv_qp_state as Q
 from . import cma_ffi as F, convert
 from .cma_event import CMEvent, CMEventChannel, Event
 from .cma_id import RdmaCmId, context_of, sockaddr as _sockaddr
 
 __all__ = ["CMEventChannel", "CMEvent", "CMID", "RdmaCmId", "Event"]
 
-#: how long a synchronous call waits for its event (as softrdma.rdmacm.cmid)
-SYNC_TIMEOUT = 120.0
-
-
 # ---- the id -----------------------------------------------------------------------------------
 
-_WAIT_ERRNO = {E.RDMA_CM_EVENT_REJECTED: errno.ECONNREFUSED,
-               E.RDMA_CM_EVENT_UNREACHABLE: errno.ETIMEDOUT,
-               E.RDMA_CM_EVENT_ADDR_ERROR: errno.EHOSTUNREACH,
-               E.RDMA_CM_EVENT_ROUTE_ERROR: errno.EHOSTUNREACH}
 
-
-class CMID:
+class CMID(CMIDBase):
     """``rdma_cm_id`` on librdmacm, made as the soft one: ``CMID(channel, port_space=...)``
     (events), ``CMID(AddrInfo(...), qp_init_attr, pd)`` (synchronous), ``CMID(event,
-    listen_id=listener)`` (the id a CONNECT_REQUEST carries)."""
+    listen_id=listener)`` (the id a CONNECT_REQUEST carries). What does not depend on the
+    backend (the rdma_verbs.h helpers, ``create_qp``, ``close``...) is
+    :class:`softrdma.rdmacm.cmid.CMIDBase`'s."""
 
-    @staticmethod
-    def _verbs() -> Any:
-        from .. import verbs_api
-        return verbs_api
+    _channel_class = CMEventChannel
+    _event_class = CMEvent
 
-    def __init__(self, creator: Any = None, qp_init_attr: Any = None, pd: Any = None,
-                 port_space: int = RDMA_PS_TCP, listen_id: "CMID | None" = None) -> None:
-        from ..rdmacm.cmid import AddrInfo
-        self.pd = pd
-        self.ctx: Any = None
-        self.event_channel: CMEventChannel | None = None
-        self.sync = False
-        self.qp_init_attr = qp_init_attr
-        self._owned: list[Any] = []  # what close() destroys: QP, CQs, PD made for the id
-        self._comp_channel: Any = None
-        self.id: RdmaCmId | None = None
-        self.closed = False
-        if creator is None:
-            return
-        if isinstance(creator, CMEventChannel):
-            self.event_channel = creator
-            self.id = self._create_id(creator, port_space)
-        elif isinstance(creator, AddrInfo):
-            self._create_ep(creator, qp_init_attr)
-        elif isinstance(creator, CMEvent):
-            if listen_id is None:
-                raise PyverbsUserError("listen ID not provided")
-            self.id = creator.id
-            self.event_channel = listen_id.event_channel
-            self.pd = listen_id.pd
-            self.sync = listen_id.sync
-        else:
-            raise PyverbsRDMAError(f"Cannot create CM ID from {type(creator).__name__}",
-                                   errno.EINVAL)
-
-    @staticmethod
-    def _create_id(channel: CMEventChannel, port_space: int) -> RdmaCmId:
+    def _create_id(self, channel: CMEventChannel, port_space: int) -> RdmaCmId:
         if port_space not in (RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IB):
             raise PyverbsRDMAError(f"Failed to create CM ID: port_space {port_space!r:.40} "
                                    f"is not RDMA_PS_TCP, _UDP or _IB", errno.EINVAL)
@@ -111,6 +69,27 @@ class CMID:
         F.call("Failed to create CM ID", "rdma_create_id", channel.handle, byref(p), None,
                int(port_space))
         return RdmaCmId(p.value, channel)
+
+    def _take_event_id(self, event: CMEvent, listen_id: CMIDBase) -> None:
+        self.id = event.id
+
+    def _take_request(self, to_conn: CMIDBase, event: Event) -> None:
+        to_conn.id = event.id
+        to_conn._sync_channel = CMEventChannel()
+        to_conn.event_channel = to_conn._sync_channel
+        event.id.migrate(to_conn._sync_channel)
+
+    def _has_device(self, cid: RdmaCmId) -> bool:
+        return self.context is not None
+
+    def _set_id_option(self, cid: RdmaCmId, optname: int, value: int) -> None:
+        v: Any = c_int(value) if optname == RDMA_OPTION_ID_REUSEADDR else c_uint8(value)
+        F.call("Failed to Set Option", "rdma_set_option", cid.addr, RDMA_OPTION_ID, optname,
+               byref(v), sizeof(v))
+
+    def _init_qp_attr(self, qp_state: int) -> tuple[Any, int]:
+        a, mask = self._check().init_qp_attr(qp_state)
+        return convert.qp_attr_from_c(a), mask
 
     # ---- synchronous plumbing -----------------------------------------------------------
     def _create_ep(self, ai: Any, qp_init_attr: Any) -> None:
@@ -132,19 +111,6 @@ class CMID:
             self.close()
             raise
 
-    def _wait(self, want: int, what: str, timeout: float = SYNC_TIMEOUT) -> Event:
-        """``ucma_complete``: the id's next event; an error unless it is ``want``."""
-        ev = self._check().channel.get(timeout)
-        if ev.event != want or ev.status:
-            raise PyverbsRDMAError(f"{what}: {event_str(ev.event)} (status {ev.status})",
-                                   _WAIT_ERRNO.get(ev.event, abs(ev.status) or errno.EINVAL))
-        return ev
-
-    def _after_bind(self) -> None:
-        if self.context is not None and self.pd is None:
-            self.pd = self._verbs().PD(self.context)
-            self._owned.append(self.pd)
-
     # ---- properties ---------------------------------------------------------------------
     @property
     def context(self) -> Any:
@@ -161,14 +127,6 @@ class CMID:
     @property
     def port_num(self) -> int:
         return self.id.c.port_num if self.id is not None else 1
-
-    @property
-    def qp(self) -> Any:
-        return self.id.qp if self.id is not None else None
-
-    @property
-    def qpn(self) -> int | None:
-        return self.qp.qp_num if self.qp is not None else None
 
     @property
     def local_addr(self) -> tuple[str, int]:
@@ -191,11 +149,6 @@ class CMID:
         REQ); 0 while there is no path."""
         plt = self._check().packet_life_time
         return 0 if plt is None else min(plt + 1, 31)
-
-    def _check(self) -> RdmaCmId:
-        if self.closed or self.id is None:
-            raise PyverbsRDMAError("the CMID is closed", errno.EBADF)
-        return self.id
 
     # ---- addressing and connecting ------------------------------------------------------
     def bind_addr(self, lai: Any) -> None:
@@ -222,31 +175,6 @@ class CMID:
     def listen(self, backlog: int = 0) -> None:
         F.call("Failed to Listen", "rdma_listen", self._check().addr, int(backlog))
         self._after_bind()
-
-    def get_request(self, timeout: float | None = None) -> "CMID":
-        """``rdma_get_request`` (synchronous listener): the next connection request as a
-        new CMID on a channel of its own, with a QP if the listener has ``qp_init_attr``."""
-        rid = self._check()
-        if not self.sync:
-            raise PyverbsRDMAError("get_request: only for synchronous (AddrInfo) ids",
-                                   errno.EINVAL)
-        while True:
-            ev = rid.channel.get(timeout)
-            if ev.event == E.RDMA_CM_EVENT_CONNECT_REQUEST:
-                break
-        to_conn = type(self)()
-        to_conn.sync = True
-        to_conn.id = ev.id
-        to_conn._sync_channel = CMEventChannel()
-        to_conn.event_channel = to_conn._sync_channel
-        ev.id.migrate(to_conn._sync_channel)
-        to_conn._event = ev
-        to_conn.pd = self.pd if self.pd is not None else self._verbs().PD(to_conn.context)
-        if self.pd is None:
-            to_conn._owned.append(to_conn.pd)
-        if self.qp_init_attr is not None:
-            to_conn.create_qp(self.qp_init_attr)
-        return to_conn
 
     def migrate(self, channel: CMEventChannel) -> None:
         """``rdma_migrate_id``: the id's events go to ``channel`` from now on."""
@@ -311,72 +239,6 @@ class CMID:
             except PyverbsRDMAError:
                 pass
 
-    def set_option(self, level: int, optname: int, optval: int, optlen: int = 1) -> None:
-        """``rdma_set_option``: RDMA_OPTION_ID_TOS, _REUSEADDR and _ACK_TIMEOUT."""
-        rid = self._check()
-        if level != RDMA_OPTION_ID:
-            raise PyverbsRDMAError(f"set_option: level {level} is not RDMA_OPTION_ID",
-                                   errno.ENOSYS)
-        if optname == RDMA_OPTION_ID_ACK_TIMEOUT:
-            if not 0 <= int(optval) <= 31:
-                raise PyverbsRDMAError(f"set_option: ACK timeout {optval} is not 0..31",
-                                       errno.EINVAL)
-            v: Any = c_uint8(int(optval))
-        elif optname == RDMA_OPTION_ID_TOS:
-            v = c_uint8(int(optval) & 0xFF)
-        elif optname == RDMA_OPTION_ID_REUSEADDR:
-            v = c_int(1 if optval else 0)
-        else:
-            raise PyverbsRDMAError(f"set_option: option {optname} is not supported",
-                                   errno.ENOSYS)
-        F.call("Failed to Set Option", "rdma_set_option", rid.addr, RDMA_OPTION_ID, optname,
-               byref(v), sizeof(v))
-
-    # ---- the QP -------------------------------------------------------------------------
-    def create_qp(self, qp_init: Any) -> None:
-        """A QP on the id's PD (CQs made for it when ``qp_init`` has none), in INIT (UD:
-        RTS) with rdma_cm's attributes, as ``rdma_create_qp``."""
-        v = self._verbs()
-        rid = self._check()
-        if self.context is None:
-            raise PyverbsRDMAError("Failed to Create QP: the id has no device (resolve or "
-                                   "bind an address first)", errno.EINVAL)
-        if self.pd is None:
-            self._after_bind()
-        if qp_init.scq is None or qp_init.rcq is None:
-            qp_init = copy.copy(qp_init)
-            self._comp_channel = v.CompChannel(self.context)
-            self._owned.append(self._comp_channel)
-            for side, depth in (("scq", qp_init.cap.max_send_wr),
-                                ("rcq", qp_init.cap.max_recv_wr)):
-                if getattr(qp_init, side) is None:
-                    cq = v.CQ(self.context, max(depth, 1), None, self._comp_channel)
-                    setattr(qp_init, side, cq)
-                    self._owned.append(cq)
-        qp = v.QP(self.pd, qp_init)
-        try:
-            rid.attach_qp(qp)
-        except BaseException:
-            qp.close()
-            raise
-        self._owned.append(qp)
-
-    def query_qp(self, attr_mask: int) -> Any:
-        return self._qp("query_qp").query(attr_mask)
-
-    def init_qp_attr(self, qp_state: int) -> tuple[Any, int]:
-        if qp_state not in (Q.IBV_QPS_INIT, Q.IBV_QPS_RTR, Q.IBV_QPS_RTS):
-            raise PyverbsRDMAError(f"Failed to get QP attributes: state {qp_state} is not "
-                                   f"INIT, RTR or RTS", errno.EINVAL)
-        a, mask = self._check().init_qp_attr(qp_state)
-        return convert.qp_attr_from_c(a), mask
-
-    def _qp(self, what: str) -> Any:
-        qp = self._check().qp
-        if qp is None:
-            raise PyverbsRDMAError(f"{what}: the CMID has no QP", errno.EINVAL)
-        return qp
-
     def _get_comp(self, cq: Any, timeout: float | None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
         ch = self._comp_channel
@@ -399,58 +261,6 @@ class CMID:
                     cq.ack_events(1)
                 except PyverbsRDMAError:
                     pass
-
-    def get_send_comp(self, timeout: float | None = None) -> Any:
-        """``rdma_get_send_comp``: block until the send CQ has a completion (its WC)."""
-        return self._get_comp(self._qp("Failed to retrieve send completion").send_cq, timeout)
-
-    def get_recv_comp(self, timeout: float | None = None) -> Any:
-        """``rdma_get_recv_comp``: block until the receive CQ has a completion."""
-        return self._get_comp(self._qp("Failed to retrieve receive completion").recv_cq,
-                              timeout)
-
-    # ---- the end ------------------------------------------------------------------------
-    def close(self) -> None:
-        """The QP, CQs and PD made for the id, then ``rdma_destroy_id``. Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        rid = self.id
-        if rid is not None and any(o is rid.qp for o in self._owned):
-            rid.qp = None
-        for obj in reversed(self._owned):
-            try:
-                obj.close()
-            except Exception:
-                pass
-        self._owned.clear()
-        if rid is not None:
-            rid.destroy()
-        ch = getattr(self, "_sync_channel", None)
-        if ch is not None:
-            ch.close()
-
-    def __enter__(self) -> "CMID":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"CMID({self.id!r})"
-
-
-def _share_rdma_verbs_helpers() -> None:
-    """The rdma_verbs.h helpers (``reg_msgs``, ``post_send``, ...) are the verbs API
-    alone: the soft CMID's, which reach only ``_verbs()``, ``_check()``, ``_qp()`` and
-    ``pd``, all defined here too."""
-    from ..rdmacm import cmid as soft
-    for name in ("_mr", "reg_msgs", "reg_read", "reg_write", "post_recv", "post_send",
-                 "_post_rdma", "post_read", "post_write", "post_ud_send"):
-        setattr(CMID, name, getattr(soft.CMID, name))
-
-
-_share_rdma_verbs_helpers()
 
 
 # what softrdma.rdmacm.cmid's classes look for to hand a new object to this module

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import time
 from ipaddress import ip_address
+import copy
 from typing import Any
 
 from ..readiness import readable
@@ -32,11 +33,17 @@ from .enums import (
     rdma_cm_event_type as E,
 )
 
-__all__ = ["CMEventChannel", "CMEvent", "CMID", "AddrInfo", "ConnParam", "UDParam"]
+__all__ = ["CMEventChannel", "CMEvent", "CMID", "CMIDBase", "AddrInfo", "ConnParam", "UDParam"]
 
 #: how long a synchronous call waits for its event (librdmacm waits for ever; a bound
 #: keeps a lost peer from hanging a program: the CM itself gives up after ~100 s)
 SYNC_TIMEOUT = 120.0
+
+#: the errno a synchronous call fails with when its event is one of these (librdmacm's)
+_WAIT_ERRNO = {E.RDMA_CM_EVENT_REJECTED: errno.ECONNREFUSED,
+               E.RDMA_CM_EVENT_UNREACHABLE: errno.ETIMEDOUT,
+               E.RDMA_CM_EVENT_ADDR_ERROR: errno.EHOSTUNREACH,
+               E.RDMA_CM_EVENT_ROUTE_ERROR: errno.EHOSTUNREACH}
 
 
 def _hardware(parent: Any, ask: bool) -> Any:
@@ -269,18 +276,17 @@ class AddrInfo:
         pass
 
 
-class CMID:
-    """softrdma's ``pyverbs.cmid.CMID``: a librdmacm ``rdma_cm_id`` for Python, with the
-    rdma_verbs.h helpers (``reg_msgs``, ``post_send``, ``get_recv_comp``...). It holds
-    the rdma_cm id proper (:class:`~softrdma.rdmacm.cm_id.RdmaCmId`, :attr:`id`) and the
-    PD, QP and CQs made for it. ``CMID(channel, port_space=...)`` for the event style,
-    ``CMID(AddrInfo(...), qp_init_attr, pd)`` for the synchronous one
-    (``rdma_create_ep``), ``CMID(event, listen_id=listener)`` for the id a
-    CONNECT_REQUEST carries."""
+class CMIDBase:
+    """What both rdma_cm backends' CMIDs share (this module's soft one, and
+    :class:`softrdma.ibverbs.cma.CMID` on librdmacm): the constructor's argument handling,
+    the synchronous calls' waiting, the option checks, ``create_qp`` (the QP and CQs come
+    from :meth:`_verbs`), the rdma_verbs.h helpers (``reg_msgs``, ``post_send``...),
+    ``close`` of what was made for the id, and the context manager. A backend gives the
+    rdma_cm calls themselves and the hooks named ``_``-something below."""
 
-    def __new__(cls, creator: Any = None, *args: Any, **kwargs: Any) -> Any:
-        hw = _hardware(creator, isinstance(creator, AddrInfo))
-        return object.__new__(cls) if hw is None else hw.CMID(creator, *args, **kwargs)
+    #: the channel and event classes the constructor accepts (the backend's own)
+    _channel_class: type = type(None)
+    _event_class: type = type(None)
 
     @staticmethod
     def _verbs() -> Any:
@@ -290,167 +296,98 @@ class CMID:
         return verbs_api
 
     def __init__(self, creator: Any = None, qp_init_attr: Any = None, pd: Any = None,
-                 port_space: int = RDMA_PS_TCP, listen_id: "CMID | None" = None) -> None:
+                 port_space: int = RDMA_PS_TCP, listen_id: "CMIDBase | None" = None) -> None:
         self.pd = pd
         self.ctx: Any = None
-        self.event_channel: CMEventChannel | None = None
+        self.event_channel: Any = None
         self.sync = False
         self.qp_init_attr = qp_init_attr
         self._owned: list[Any] = []  # what close() destroys: QP, CQs, PD made for the id
-        self.id: RdmaCmId | None = None
+        self._comp_channel: Any = None
+        self.id: Any = None
         self.closed = False
         if creator is None:
             return
-        if isinstance(creator, CMEventChannel):
+        if isinstance(creator, self._channel_class):
             self.event_channel = creator
-            self.id = RdmaCmId(creator.channel, port_space, self)
+            self.id = self._create_id(creator, port_space)
         elif isinstance(creator, AddrInfo):
-            self._create_ep(creator, qp_init_attr, pd)
-        elif isinstance(creator, CMEvent):
+            self._create_ep(creator, qp_init_attr)
+        elif isinstance(creator, self._event_class):
             if listen_id is None:
                 raise PyverbsUserError("listen ID not provided")
-            self.id = creator._ev.id
-            self.id.context = self
             self.event_channel = listen_id.event_channel
-            self.ctx = listen_id.ctx or (self.id.cdev.ctx if self.id.cdev else None)
             self.pd = listen_id.pd
             self.sync = listen_id.sync
+            self._take_event_id(creator, listen_id)
         else:
             raise PyverbsRDMAError(f"Cannot create CM ID from {type(creator).__name__}",
                                    errno.EINVAL)
 
-    # ---- synchronous plumbing -------------------------------------------------------
+    # ---- what a backend gives -----------------------------------------------------------
 
-    def _create_ep(self, ai: AddrInfo, qp_init_attr: Any, pd: Any) -> None:
-        """``rdma_create_ep``: an id with its own channel, bound (passive) or resolved
-        (active), with a QP if ``qp_init_attr`` is given (active side)."""
-        self.sync = True
-        self._sync_channel = EventChannel()
-        self.id = RdmaCmId(self._sync_channel, ai.port_space, self)
-        try:
-            if ai.flags & RAI_PASSIVE:
-                self.id.bind_addr(ai.src, ai.src_port)
-                self._after_bind()
-                return
-            self.id.resolve_addr(ai.src, ai.dst, ai.dst_port)
-            self._wait(E.RDMA_CM_EVENT_ADDR_RESOLVED, "Failed to create CM ID")
-            self.id.resolve_route()
-            self._wait(E.RDMA_CM_EVENT_ROUTE_RESOLVED, "Failed to create CM ID")
-            self._after_bind()
-            if qp_init_attr is not None:
-                self.create_qp(qp_init_attr)
-        except BaseException:
-            self.close()
-            raise
+    def _create_id(self, channel: Any, port_space: int) -> Any:
+        """``rdma_create_id`` on ``channel``: the backend's id."""
+        raise NotImplementedError
 
-    def _after_bind(self) -> None:
-        if self.id.cdev is not None:
-            if self.ctx is None:
-                self.ctx = self.id.cdev.ctx
-            if self.pd is None:
-                self.pd = self._verbs().PD(self.ctx)
-                self._owned.append(self.pd)
+    def _create_ep(self, ai: AddrInfo, qp_init_attr: Any) -> None:
+        """``rdma_create_ep``: bind or resolve ``ai`` on a channel of the id's own."""
+        raise NotImplementedError
 
-    def _wait(self, want: int, what: str, timeout: float = SYNC_TIMEOUT) -> RdmaCmEvent:
-        """``ucma_complete``: the id's next event; an error unless it is ``want``."""
-        ev = self.id.channel.get(timeout)
-        if ev.event != want or ev.status:
-            code = {E.RDMA_CM_EVENT_REJECTED: errno.ECONNREFUSED,
-                    E.RDMA_CM_EVENT_UNREACHABLE: errno.ETIMEDOUT,
-                    E.RDMA_CM_EVENT_ADDR_ERROR: errno.EHOSTUNREACH,
-                    E.RDMA_CM_EVENT_ROUTE_ERROR: errno.EHOSTUNREACH}.get(
-                        ev.event, abs(ev.status) or errno.EINVAL)
-            raise PyverbsRDMAError(f"{what}: {event_str(ev.event)} (status {ev.status})",
-                                   code)
-        return ev
+    def _take_event_id(self, event: Any, listen_id: "CMIDBase") -> None:
+        """Make the id a CONNECT_REQUEST ``event`` carries this CMID's."""
+        raise NotImplementedError
 
-    # ---- properties -------------------------------------------------------------------
+    def _take_request(self, to_conn: "CMIDBase", event: Any) -> None:
+        """``get_request``: give ``to_conn`` the request's id on a channel of its own."""
+        raise NotImplementedError
+
+    def _has_device(self, cid: Any) -> bool:
+        raise NotImplementedError
+
+    def _set_id_option(self, cid: Any, optname: int, value: int) -> None:
+        """``rdma_set_option`` of a checked option and value on ``cid``."""
+        raise NotImplementedError
+
+    def _init_qp_attr(self, qp_state: int) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    def _get_comp(self, cq: Any, timeout: float | None) -> Any:
+        raise NotImplementedError
 
     @property
     def context(self) -> Any:
-        """The verbs context of the id's device (None before the id has one)."""
-        if self.ctx is None and self.id is not None and self.id.cdev is not None:
-            self.ctx = self.id.cdev.ctx
-        return self.ctx
+        raise NotImplementedError
 
-    @property
-    def dev_name(self) -> str:
-        return self.id.device.name if self.id is not None and self.id.cdev else ""
+    # ---- shared --------------------------------------------------------------------------
 
-    @property
-    def port_num(self) -> int:
-        return 1
+    def _after_bind(self) -> None:
+        if self.context is not None and self.pd is None:
+            self.pd = self._verbs().PD(self.context)
+            self._owned.append(self.pd)
 
-    @property
-    def qpn(self) -> int | None:
-        return self.id.qp.qp_num if self.id is not None and self.id.qp is not None else None
+    def _wait(self, want: int, what: str, timeout: float = SYNC_TIMEOUT) -> Any:
+        """``ucma_complete``: the id's next event; an error unless it is ``want``."""
+        ev = self._check().channel.get(timeout)
+        if ev.event != want or ev.status:
+            raise PyverbsRDMAError(f"{what}: {event_str(ev.event)} (status {ev.status})",
+                                   _WAIT_ERRNO.get(ev.event, abs(ev.status) or errno.EINVAL))
+        return ev
+
+    def _check(self) -> Any:
+        if self.closed or self.id is None:
+            raise PyverbsRDMAError("the CMID is closed", errno.EBADF)
+        return self.id
 
     @property
     def qp(self) -> Any:
         return self.id.qp if self.id is not None else None
 
     @property
-    def local_addr(self) -> tuple[str, int]:
-        """The id's own address and port, as ``getsockname`` gives them (the wildcard
-        address while a wildcard-bound id has no device, port 0 while unbound; a closed
-        id keeps its last address)."""
-        cid = self.id
-        if cid is None:
-            return ("0.0.0.0", 0)
-        ip = cid.local_ip
-        return (str(ip) if ip is not None else "0.0.0.0", cid.src_port)
+    def qpn(self) -> int | None:
+        return self.qp.qp_num if self.qp is not None else None
 
-    @property
-    def peer_addr(self) -> tuple[str, int]:
-        """The peer's address and port, as ``getpeername`` gives them; ENOTCONN before a
-        destination is known (an id that only listens)."""
-        cid = self.id
-        if cid is None or cid.dst_ip is None:
-            raise PyverbsRDMAError("peer_addr: the id has no peer", errno.ENOTCONN)
-        return (str(cid.dst_ip), cid.dst_port)
-
-    @property
-    def path_ack_timeout(self) -> int:
-        """The local ACK timeout exponent (4.096 us x 2^t) of the connection's path: the
-        CM REQ's ``primary_local_ack_timeout`` on the passive side, the route's packet
-        lifetime + 1 on the active side (what cm.c gives the QP); 0 if not known yet."""
-        return self.id.path_ack_timeout if self.id is not None else 0
-
-    def migrate(self, channel: CMEventChannel) -> None:
-        """``rdma_migrate_id``: this id's later events go to ``channel``."""
-        if not isinstance(channel, CMEventChannel):
-            raise PyverbsRDMAError(f"migrate: channel must be a CMEventChannel, not "
-                                   f"{type(channel).__name__}", errno.EINVAL)
-        channel.channel.adopt(self._check())
-        self.event_channel = channel
-
-    def _check(self) -> RdmaCmId:
-        if self.closed or self.id is None:
-            raise PyverbsRDMAError("the CMID is closed", errno.EBADF)
-        return self.id
-
-    # ---- addressing and connecting ----------------------------------------------------
-
-    def bind_addr(self, lai: AddrInfo) -> None:
-        self._check().bind_addr(lai.src, lai.src_port)
-        self._after_bind()
-
-    def resolve_addr(self, rai: AddrInfo, timeout_ms: int = 2000) -> None:
-        self._check().resolve_addr(rai.src, rai.dst, rai.dst_port, timeout_ms)
-        if self.sync:
-            self._wait(E.RDMA_CM_EVENT_ADDR_RESOLVED, "Failed to Resolve Address")
-
-    def resolve_route(self, timeout_ms: int = 2000) -> None:
-        self._check().resolve_route(timeout_ms)
-        if self.sync:
-            self._wait(E.RDMA_CM_EVENT_ROUTE_RESOLVED, "Failed to Resolve Route")
-        self._after_bind()
-
-    def listen(self, backlog: int = 0) -> None:
-        self._check().listen(backlog)
-        self._after_bind()
-
-    def get_request(self, timeout: float | None = None) -> "CMID":
+    def get_request(self, timeout: float | None = None) -> "CMIDBase":
         """``rdma_get_request`` (synchronous listener): the next connection request as a
         new CMID with its own channel, and a QP made with the listener's
         ``qp_init_attr`` if it has one."""
@@ -464,44 +401,14 @@ class CMID:
                 break
         to_conn = type(self)()
         to_conn.sync = True
-        to_conn.id = ev.id
-        to_conn.id.context = to_conn
-        to_conn._sync_channel = EventChannel()  # rdma_migrate_id to a channel of its own
-        to_conn._sync_channel.adopt(to_conn.id)
+        self._take_request(to_conn, ev)
         to_conn._event = ev
-        to_conn.ctx = ev.id.cdev.ctx
-        to_conn.pd = self.pd if self.pd is not None else self._verbs().PD(to_conn.ctx)
+        to_conn.pd = self.pd if self.pd is not None else self._verbs().PD(to_conn.context)
         if self.pd is None:
             to_conn._owned.append(to_conn.pd)
         if self.qp_init_attr is not None:
             to_conn.create_qp(self.qp_init_attr)
         return to_conn
-
-    def connect(self, param: ConnParam | None = None) -> None:
-        self._check().connect(param.params if param is not None else None)
-        if self.sync:
-            self._wait(E.RDMA_CM_EVENT_ESTABLISHED, "Failed to Connect")
-
-    def accept(self, param: ConnParam | None = None) -> None:
-        cid = self._check()
-        cid.accept(param.params if param is not None else None)
-        if self.sync and not cid.is_ud:
-            self._wait(E.RDMA_CM_EVENT_ESTABLISHED, "Failed to Accept Connection")
-
-    def establish(self) -> None:
-        self._check().establish()
-
-    def reject(self, private_data: bytes | None = None) -> None:
-        self._check().reject(private_data or b"")
-
-    def disconnect(self) -> None:
-        cid = self._check()
-        cid.disconnect()
-        if self.sync:
-            try:
-                self._wait(E.RDMA_CM_EVENT_DISCONNECTED, "Failed to Disconnect", 10.0)
-            except PyverbsRDMAError:
-                pass
 
     def set_option(self, level: int, optname: int, optval: int, optlen: int = 1) -> None:
         """``rdma_set_option``: RDMA_OPTION_ID_TOS, _REUSEADDR and _ACK_TIMEOUT."""
@@ -513,41 +420,39 @@ class CMID:
             if not 0 <= int(optval) <= 31:
                 raise PyverbsRDMAError(f"set_option: ACK timeout {optval} is not 0..31",
                                        errno.EINVAL)
-            cid.ack_timeout = int(optval)
+            value = int(optval)
         elif optname == RDMA_OPTION_ID_TOS:
-            cid.tos = int(optval) & 0xFF
+            value = int(optval) & 0xFF
         elif optname == RDMA_OPTION_ID_REUSEADDR:
-            cid.reuseaddr = bool(optval)
+            value = 1 if optval else 0
         else:
             raise PyverbsRDMAError(f"set_option: option {optname} is not supported",
                                    errno.ENOSYS)
+        self._set_id_option(cid, optname, value)
 
-    # ---- the QP -----------------------------------------------------------------------
+    # ---- the QP -------------------------------------------------------------------------
 
     def create_qp(self, qp_init: Any) -> None:
         """``rdma_create_qp``: a QP on the id's PD (CQs made for it when ``qp_init`` has
         none), moved to INIT (UD: to RTS) with rdma_cm's attributes."""
         v = self._verbs()
-        CQ, QP, CompChannel = v.CQ, v.QP, v.CompChannel
         cid = self._check()
-        if cid.cdev is None:
+        if not self._has_device(cid):
             raise PyverbsRDMAError("Failed to Create QP: the id has no device (resolve or "
                                    "bind an address first)", errno.EINVAL)
         if self.pd is None:
             self._after_bind()
         if qp_init.scq is None or qp_init.rcq is None:
-            import copy
             qp_init = copy.copy(qp_init)
-            cap = qp_init.cap
-            self._comp_channel = CompChannel(self.ctx)
+            self._comp_channel = v.CompChannel(self.context)
             self._owned.append(self._comp_channel)
-            if qp_init.scq is None:
-                qp_init.scq = CQ(self.ctx, max(cap.max_send_wr, 1), None, self._comp_channel)
-                self._owned.append(qp_init.scq)
-            if qp_init.rcq is None:
-                qp_init.rcq = CQ(self.ctx, max(cap.max_recv_wr, 1), None, self._comp_channel)
-                self._owned.append(qp_init.rcq)
-        qp = QP(self.pd, qp_init)
+            for side, depth in (("scq", qp_init.cap.max_send_wr),
+                                ("rcq", qp_init.cap.max_recv_wr)):
+                if getattr(qp_init, side) is None:
+                    cq = v.CQ(self.context, max(depth, 1), None, self._comp_channel)
+                    setattr(qp_init, side, cq)
+                    self._owned.append(cq)
+        qp = v.QP(self.pd, qp_init)
         try:
             cid.attach_qp(qp)
         except BaseException:
@@ -560,11 +465,10 @@ class CMID:
 
     def init_qp_attr(self, qp_state: int) -> tuple[Any, int]:
         from ..verbs_api.enums import ibv_qp_state as Q
-        names = {Q.IBV_QPS_INIT: "INIT", Q.IBV_QPS_RTR: "RTR", Q.IBV_QPS_RTS: "RTS"}
-        if qp_state not in names:
+        if qp_state not in (Q.IBV_QPS_INIT, Q.IBV_QPS_RTR, Q.IBV_QPS_RTS):
             raise PyverbsRDMAError(f"Failed to get QP attributes: state {qp_state} is not "
                                    f"INIT, RTR or RTS", errno.EINVAL)
-        return self._check().init_qp_attr(names[qp_state])
+        return self._init_qp_attr(qp_state)
 
     def _qp(self, what: str) -> Any:
         qp = self._check().qp
@@ -638,35 +542,6 @@ class CMID:
         wr.set_wr_ud(ah, rqpn, RDMA_UDP_QKEY)
         qp.post_send(wr)
 
-    def _get_comp(self, cq: Any, timeout: float | None) -> Any:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        manual = self._check().channel.manual_devices()
-        while True:
-            n, wcs = cq.poll(1)
-            if n:
-                return wcs[0]
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            if manual:
-                for dev in manual:
-                    with dev.lock:
-                        dev.progress()
-            else:
-                ch = getattr(self, "_comp_channel", None)
-                if ch is not None:
-                    cq.req_notify()
-                    n, wcs = cq.poll(1)
-                    if n:
-                        return wcs[0]
-                    readable([ch.fd], 0.05)
-                    try:
-                        ch.get_cq_event(cq)
-                        cq.ack_events(1)
-                    except Exception:
-                        pass
-                else:
-                    time.sleep(0.0005)
-
     def get_send_comp(self, timeout: float | None = None) -> Any:
         """``rdma_get_send_comp``: block until the send CQ has a completion (its WC)."""
         return self._get_comp(self._qp("Failed to retrieve send completion").send_cq,
@@ -701,7 +576,7 @@ class CMID:
         if ch is not None:
             ch.close()
 
-    def __enter__(self) -> "CMID":
+    def __enter__(self) -> "CMIDBase":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -709,3 +584,203 @@ class CMID:
 
     def __repr__(self) -> str:
         return f"CMID({self.id!r})"
+
+
+class CMID(CMIDBase):
+    """softrdma's ``pyverbs.cmid.CMID``: a librdmacm ``rdma_cm_id`` for Python, with the
+    rdma_verbs.h helpers (``reg_msgs``, ``post_send``, ``get_recv_comp``...). It holds
+    the rdma_cm id proper (:class:`~softrdma.rdmacm.cm_id.RdmaCmId`, :attr:`id`) and the
+    PD, QP and CQs made for it. ``CMID(channel, port_space=...)`` for the event style,
+    ``CMID(AddrInfo(...), qp_init_attr, pd)`` for the synchronous one
+    (``rdma_create_ep``), ``CMID(event, listen_id=listener)`` for the id a
+    CONNECT_REQUEST carries. What does not depend on the backend is :class:`CMIDBase`'s."""
+
+    _channel_class = CMEventChannel
+    _event_class = CMEvent
+
+    def __new__(cls, creator: Any = None, *args: Any, **kwargs: Any) -> Any:
+        hw = _hardware(creator, isinstance(creator, AddrInfo))
+        return object.__new__(cls) if hw is None else hw.CMID(creator, *args, **kwargs)
+
+    def _create_id(self, channel: CMEventChannel, port_space: int) -> RdmaCmId:
+        return RdmaCmId(channel.channel, port_space, self)
+
+    def _take_event_id(self, event: CMEvent, listen_id: CMIDBase) -> None:
+        self.id = event._ev.id
+        self.id.context = self
+        self.ctx = listen_id.ctx or (self.id.cdev.ctx if self.id.cdev else None)
+
+    def _take_request(self, to_conn: CMIDBase, event: RdmaCmEvent) -> None:
+        to_conn.id = event.id
+        to_conn.id.context = to_conn
+        to_conn._sync_channel = EventChannel()  # rdma_migrate_id to a channel of its own
+        to_conn._sync_channel.adopt(to_conn.id)
+        to_conn.ctx = event.id.cdev.ctx
+
+    def _has_device(self, cid: RdmaCmId) -> bool:
+        return cid.cdev is not None
+
+    def _set_id_option(self, cid: RdmaCmId, optname: int, value: int) -> None:
+        if optname == RDMA_OPTION_ID_ACK_TIMEOUT:
+            cid.ack_timeout = value
+        elif optname == RDMA_OPTION_ID_TOS:
+            cid.tos = value
+        else:
+            cid.reuseaddr = bool(value)
+
+    def _init_qp_attr(self, qp_state: int) -> tuple[Any, int]:
+        from ..verbs_api.enums import ibv_qp_state as Q
+        names = {Q.IBV_QPS_INIT: "INIT", Q.IBV_QPS_RTR: "RTR", Q.IBV_QPS_RTS: "RTS"}
+        return self._check().init_qp_attr(names[qp_state])
+
+    # ---- synchronous plumbing -------------------------------------------------------
+
+    def _create_ep(self, ai: AddrInfo, qp_init_attr: Any) -> None:
+        """``rdma_create_ep``: an id with its own channel, bound (passive) or resolved
+        (active), with a QP if ``qp_init_attr`` is given (active side)."""
+        self.sync = True
+        self._sync_channel = EventChannel()
+        self.id = RdmaCmId(self._sync_channel, ai.port_space, self)
+        try:
+            if ai.flags & RAI_PASSIVE:
+                self.id.bind_addr(ai.src, ai.src_port)
+                self._after_bind()
+                return
+            self.id.resolve_addr(ai.src, ai.dst, ai.dst_port)
+            self._wait(E.RDMA_CM_EVENT_ADDR_RESOLVED, "Failed to create CM ID")
+            self.id.resolve_route()
+            self._wait(E.RDMA_CM_EVENT_ROUTE_RESOLVED, "Failed to create CM ID")
+            self._after_bind()
+            if qp_init_attr is not None:
+                self.create_qp(qp_init_attr)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- properties -------------------------------------------------------------------
+
+    @property
+    def context(self) -> Any:
+        """The verbs context of the id's device (None before the id has one)."""
+        if self.ctx is None and self.id is not None and self.id.cdev is not None:
+            self.ctx = self.id.cdev.ctx
+        return self.ctx
+
+    @property
+    def dev_name(self) -> str:
+        return self.id.device.name if self.id is not None and self.id.cdev else ""
+
+    @property
+    def port_num(self) -> int:
+        return 1
+
+    @property
+    def local_addr(self) -> tuple[str, int]:
+        """The id's own address and port, as ``getsockname`` gives them (the wildcard
+        address while a wildcard-bound id has no device, port 0 while unbound; a closed
+        id keeps its last address)."""
+        cid = self.id
+        if cid is None:
+            return ("0.0.0.0", 0)
+        ip = cid.local_ip
+        return (str(ip) if ip is not None else "0.0.0.0", cid.src_port)
+
+    @property
+    def peer_addr(self) -> tuple[str, int]:
+        """The peer's address and port, as ``getpeername`` gives them; ENOTCONN before a
+        destination is known (an id that only listens)."""
+        cid = self.id
+        if cid is None or cid.dst_ip is None:
+            raise PyverbsRDMAError("peer_addr: the id has no peer", errno.ENOTCONN)
+        return (str(cid.dst_ip), cid.dst_port)
+
+    @property
+    def path_ack_timeout(self) -> int:
+        """The local ACK timeout exponent (4.096 us x 2^t) of the connection's path: the
+        CM REQ's ``primary_local_ack_timeout`` on the passive side, the route's packet
+        lifetime + 1 on the active side (what cm.c gives the QP); 0 if not known yet."""
+        return self.id.path_ack_timeout if self.id is not None else 0
+
+    def migrate(self, channel: CMEventChannel) -> None:
+        """``rdma_migrate_id``: this id's later events go to ``channel``."""
+        if not isinstance(channel, CMEventChannel):
+            raise PyverbsRDMAError(f"migrate: channel must be a CMEventChannel, not "
+                                   f"{type(channel).__name__}", errno.EINVAL)
+        channel.channel.adopt(self._check())
+        self.event_channel = channel
+
+    # ---- addressing and connecting ----------------------------------------------------
+
+    def bind_addr(self, lai: AddrInfo) -> None:
+        self._check().bind_addr(lai.src, lai.src_port)
+        self._after_bind()
+
+    def resolve_addr(self, rai: AddrInfo, timeout_ms: int = 2000) -> None:
+        self._check().resolve_addr(rai.src, rai.dst, rai.dst_port, timeout_ms)
+        if self.sync:
+            self._wait(E.RDMA_CM_EVENT_ADDR_RESOLVED, "Failed to Resolve Address")
+
+    def resolve_route(self, timeout_ms: int = 2000) -> None:
+        self._check().resolve_route(timeout_ms)
+        if self.sync:
+            self._wait(E.RDMA_CM_EVENT_ROUTE_RESOLVED, "Failed to Resolve Route")
+        self._after_bind()
+
+    def listen(self, backlog: int = 0) -> None:
+        self._check().listen(backlog)
+        self._after_bind()
+
+    def connect(self, param: ConnParam | None = None) -> None:
+        self._check().connect(param.params if param is not None else None)
+        if self.sync:
+            self._wait(E.RDMA_CM_EVENT_ESTABLISHED, "Failed to Connect")
+
+    def accept(self, param: ConnParam | None = None) -> None:
+        cid = self._check()
+        cid.accept(param.params if param is not None else None)
+        if self.sync and not cid.is_ud:
+            self._wait(E.RDMA_CM_EVENT_ESTABLISHED, "Failed to Accept Connection")
+
+    def establish(self) -> None:
+        self._check().establish()
+
+    def reject(self, private_data: bytes | None = None) -> None:
+        self._check().reject(private_data or b"")
+
+    def disconnect(self) -> None:
+        cid = self._check()
+        cid.disconnect()
+        if self.sync:
+            try:
+                self._wait(E.RDMA_CM_EVENT_DISCONNECTED, "Failed to Disconnect", 10.0)
+            except PyverbsRDMAError:
+                pass
+
+    def _get_comp(self, cq: Any, timeout: float | None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        manual = self._check().channel.manual_devices()
+        while True:
+            n, wcs = cq.poll(1)
+            if n:
+                return wcs[0]
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            if manual:
+                for dev in manual:
+                    with dev.lock:
+                        dev.progress()
+            else:
+                ch = getattr(self, "_comp_channel", None)
+                if ch is not None:
+                    cq.req_notify()
+                    n, wcs = cq.poll(1)
+                    if n:
+                        return wcs[0]
+                    readable([ch.fd], 0.05)
+                    try:
+                        ch.get_cq_event(cq)
+                        cq.ack_events(1)
+                    except Exception:
+                        pass
+                else:
+                    time.sleep(0.0005)
