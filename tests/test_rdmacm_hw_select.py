@@ -101,20 +101,3 @@ def test_a_soft_device_keeps_its_address(sysfs, backend, monkeypatch):
     backend("auto")
     monkeypatch.setattr(cma_select, "_soft_holds_address", lambda ip: True)
     assert not cma_select.on_hardware(AddrInfo(src="10.77.0.11", flags=RAI_PASSIVE))
-
-
-@pytest.mark.xfail(strict=True, reason="issue 25 section 4, left: a CMID subclass (pyverbs_compat's) "
-                   "is handed the plain librdmacm CMID on a device; CMID is not yet one API "
-                   "class holding a soft or hardware implementation")
-def test_a_cmid_subclass_stays_itself_on_the_hardware_backend(sysfs, backend, monkeypatch):
-    from softrdma.ibverbs import cma
-    from softrdma.pyverbs_compat.cmid import CMID as PyverbsCMID
-
-    def no_device(self, ai, qp_init_attr):  # what librdmacm would do, without a device
-        self.sync = True
-    monkeypatch.setattr(cma.CMID, "_create_ep", no_device)
-    backend("auto")
-    ai = AddrInfo(src="10.77.0.11", src_service="7000", flags=RAI_PASSIVE)
-    assert cma_select.on_hardware(ai)
-    cid = PyverbsCMID(ai)
-    assert type(cid) is PyverbsCMID and hasattr(cid, "get_remote_ece")
