@@ -48,12 +48,19 @@ What it does as Linux does (docs/cm.md, "The connection state machine"):
   (``counters['dropped']['unmatched_sidr_rep']``). SIDR is not retransmitted from the
   passive side and never enters TIMEWAIT.
 
+**A consumer with no room** (``destroy(cm_id, err=-ENOMEM)`` in REQ_RCVD: rdma_cm's
+listener backlog is full) makes the CM forget the REQ without a REJ
+(``cm_destroy_id``: "Do not reject to allow future retries"): the id and its remote keys
+go, so the peer's retransmission of the REQ is a new request. A SIDR_REQ in the same case
+is answered REJECT, as Linux does. Both are counted in ``counters['listen_overflow']``.
+
 LAP/APR are not supported (Linux drops them on RoCE).
 """
 
 from __future__ import annotations
 
 import enum
+import errno
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Protocol
 
@@ -305,9 +312,12 @@ class CmAgent:
         self._events: list[CmEvent] = []
         self._dispatching = False
         #: Linux's per-port counters (cm_tx_msgs, cm_tx_retries, cm_rx_msgs,
-        #: cm_rx_duplicates), by message name; plus ``dropped`` (unparsable MADs).
+        #: cm_rx_duplicates), by message name; plus ``dropped`` (unparsable MADs) and
+        #: ``listen_overflow`` (REQs forgotten and SIDR_REQs refused because the consumer
+        #: had no room: :meth:`destroy` with ``err=-ENOMEM``).
         self.counters: dict[str, dict[str, int]] = {
-            g: {} for g in ("tx", "tx_retries", "rx", "rx_duplicates", "dropped")}
+            g: {} for g in ("tx", "tx_retries", "rx", "rx_duplicates", "dropped",
+                            "listen_overflow")}
 
     # ---- ids and time ---------------------------------------------------------------
 
@@ -659,13 +669,22 @@ class CmAgent:
         self._send(cm_id, mad, now, expect_answer=False)
         self._dispatch()
 
-    def destroy(self, cm_id: IbCmId) -> None:
+    def destroy(self, cm_id: IbCmId, err: int = 0) -> None:
         """``ib_destroy_cm_id``: say goodbye as Linux does for the state (REJ TIMEOUT
         with our GUID as ARI while a REQ is out, REJ 28 during setup, DREQ or DREP once
         connected, SIDR_REP REJECT (2) to a SIDR_REQ not answered yet; a SIDR_REQ out is
-        just cancelled), then forget the id. No events follow."""
+        just cancelled), then forget the id. No events follow.
+
+        ``err`` is what the consumer's event handler returned (``cm_destroy_id``):
+        ``-ENOMEM`` on a REQ not answered yet (REQ_RCVD) means no room for it, and the
+        REQ is forgotten without a REJ so that the peer's retransmission may find room;
+        it is counted in ``counters['listen_overflow']``, as is a SIDR_REQ refused so."""
         st = cm_id.state
-        if st == CmState.LISTEN:
+        if err == -errno.ENOMEM and st in (CmState.REQ_RCVD, CmState.SIDR_REQ_RCVD):
+            self._count("listen_overflow", "REQ" if st == CmState.REQ_RCVD else "SIDR_REQ")
+        if st == CmState.REQ_RCVD and err == -errno.ENOMEM:
+            pass  # cm_reset_to_idle below: "Do not reject to allow future retries"
+        elif st == CmState.LISTEN:
             self.listeners.pop(cm_id.service_id, None)
         elif st == CmState.SIDR_REQ_SENT:
             self._cancel(cm_id)

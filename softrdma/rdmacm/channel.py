@@ -5,6 +5,10 @@ descriptor that is readable while an event waits. Waiting on a channel whose ids
 manual device (no progress thread) moves that device: the device's own
 :meth:`~softrdma.soft.device.SoftDevice.step` does it, so the channel never touches a
 device's clock.
+
+Taking a CONNECT_REQUEST (:meth:`EventChannel.get`, the one way events leave a channel)
+gives its listener room for one more request (the listener's backlog, as Linux's
+``ucma_get_event`` does).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import PyverbsRDMAError
 from ..verbs_api.events import EventQueue
+from .enums import rdma_cm_event_type as E
 from .events import RdmaCmEvent
 
 if TYPE_CHECKING:  # the id module imports this one
@@ -72,6 +77,8 @@ class EventChannel:
                                        errno.EBADF)
             ev = self._queue.get()
             if ev is not None:
+                if ev.event == E.RDMA_CM_EVENT_CONNECT_REQUEST and ev.listen_id is not None:
+                    ev.listen_id.connect_request_taken()
                 return ev
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:

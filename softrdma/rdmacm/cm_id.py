@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import random
+import threading
 from contextlib import contextmanager, nullcontext
 from ipaddress import ip_address
 from typing import Any, Iterator
@@ -56,7 +57,7 @@ from .loopback import LOOPBACK
 from .ports import PORTS
 from .state import TRANSITIONS, next_state
 
-__all__ = ["RdmaCmId"]
+__all__ = ["RdmaCmId", "RDMA_UCM_MAX_BACKLOG"]
 
 #: rdma_cm constants (cma.c): CM response timeout, CM retries, the MRA setting it
 #: answers every REQ and REP with (state only, 24 ~ 68 s)
@@ -64,6 +65,11 @@ CMA_CM_RESPONSE_TIMEOUT = 20
 CMA_MAX_CM_RETRIES = 15
 CMA_CM_MRA_SETTING = MRA_FLAG_DELAY | 24
 ETIMEDOUT = errno.ETIMEDOUT
+#: The most connection requests a listener holds for the application (queued
+#: CONNECT_REQUEST events not yet taken): Linux's ``net.rdma_ucm.max_backlog`` sysctl
+#: (drivers/infiniband/core/ucma.c, default 1024). ``listen(backlog)`` with a backlog <= 0
+#: or above it gets it, as ``ucma_listen`` does.
+RDMA_UCM_MAX_BACKLOG = 1024
 
 _PS = {RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IB, RDMA_PS_IPOIB}
 
@@ -122,7 +128,9 @@ class RdmaCmId:
         self.qp: Any = None
         self.cm: IbCmId | None = None
         self.listen_id: "RdmaCmId | None" = None
-        self.backlog = 0
+        self.backlog = 0  # a listener's: rdma_listen's, as ucma_listen clamps it
+        self._backlog_left = 0  # ucma_context.backlog: room for CONNECT_REQUESTs
+        self._backlog_lock = threading.Lock()  # the device thread and the taker's
         self.reuseaddr = False
         self.tos = 0
         self.ack_timeout: int | None = None  # RDMA_OPTION_ID_ACK_TIMEOUT
@@ -325,20 +333,34 @@ class RdmaCmId:
 
     def listen(self, backlog: int = 0) -> None:
         """``rdma_listen``: take REQs (or SIDR_REQs) for this port on the bound address's
-        device, or on every soft device for the wildcard address."""
+        device, or on every soft device for the wildcard address.
+
+        ``backlog`` is how many connection requests may wait for the application (queued
+        CONNECT_REQUEST events not taken with ``rdma_get_cm_event``); <= 0 or more than
+        :data:`RDMA_UCM_MAX_BACKLOG` gives that maximum (``ucma_listen``). A REQ beyond
+        it is forgotten without an answer, so the peer's CM retransmits it (6.144 s later
+        with rdma_cm's timers) and may find room then; a SIDR_REQ beyond it is refused
+        (SIDR_REP REJECT): Linux's ucma and cm.c. The CM counts both in
+        ``counters['listen_overflow']``."""
         what = "rdma_listen"
+        if isinstance(backlog, bool) or not isinstance(backlog, int):
+            raise _err(f"{what}: backlog must be an int, not {type(backlog).__name__}",
+                       errno.EINVAL)
         if self.state == RdmaCmState.IDLE and not self.destroyed:
             self.bind_addr(None, 0)
         self._check("listen", what)
         if self.src_port == 0:
             raise _err(f"{what}: the id has no port", errno.EINVAL)
+        if backlog <= 0 or backlog > RDMA_UCM_MAX_BACKLOG:
+            backlog = RDMA_UCM_MAX_BACKLOG
+        with self._backlog_lock:  # set before a request can arrive
+            self.backlog = self._backlog_left = backlog
         self._move("listen", what)
         try:
             self._listen_on_devices(what)
         except BaseException:
             self._move("listen_failed")
             raise
-        self.backlog = backlog
         if self.src_loopback and self.cdev is not None:
             LOOPBACK.publish(self.ps, self.src_ip, self.src_port, self.cdev.ip)
             self._published = True
@@ -389,6 +411,9 @@ class RdmaCmId:
         if qp_type is None or (qp_type != self.qp_type and self.ps != RDMA_PS_IB) or \
                 (self.ps == RDMA_PS_IB and sidr != self.is_ud):
             return self._refuse(cdev, ev.cm_id, sidr)
+        if not self._take_backlog():  # ucma_connect_event_handler: -ENOMEM
+            cdev.service.destroy(ev.cm_id, err=-errno.ENOMEM)
+            return
         child = RdmaCmId(self.channel, self.ps, qp_type=qp_type)
         child.cdev = cdev.ref()
         child.listen_id = self
@@ -421,7 +446,6 @@ class RdmaCmId:
         child.initiator_depth = min(int(msg.responder_resources), cdev.max_initiator_depth)
         child.responder_resources = min(int(msg.initiator_depth),
                                         cdev.max_responder_resources)
-        cdev.service.send_mra(ev.cm_id, CMA_CM_MRA_SETTING)
         self._event(E.RDMA_CM_EVENT_CONNECT_REQUEST, cid=child, listen_id=self,
                     conn=ConnParams(
                         private_data=user.ljust(REQ_PRIVATE_DATA, b"\0"),
@@ -430,14 +454,31 @@ class RdmaCmId:
                         flow_control=int(msg.flow_control), retry_count=int(msg.retry_count),
                         rnr_retry_count=int(msg.rnr_retry_count), srq=int(msg.srq),
                         qp_num=int(msg.local_qpn)))
+        # cma_ib_req_handler: the MRA once the request is queued, so a request dropped
+        # for want of room has had no answer at all
+        if child.state == RdmaCmState.CONNECT and ev.cm_id.state == CmState.REQ_RCVD:
+            cdev.service.send_mra(ev.cm_id, CMA_CM_MRA_SETTING)
+
+    def _take_backlog(self) -> bool:
+        """Room for one more connection request (``atomic_add_unless(&backlog, -1, 0)``);
+        False when the backlog is full."""
+        with self._backlog_lock:
+            if self._backlog_left <= 0:
+                return False
+            self._backlog_left -= 1
+            return True
+
+    def connect_request_taken(self) -> None:
+        """The application took one of this listener's CONNECT_REQUEST events (the event
+        channel calls it from ``rdma_get_cm_event``): room for one more (``ucma_get_event``)."""
+        with self._backlog_lock:
+            self._backlog_left += 1
 
     @staticmethod
     def _refuse(cdev: CmaDevice, cm_id: IbCmId, sidr: bool) -> None:
-        """cma.c: a request rdma_cm cannot take gets REJ 28 (SIDR_REP REJECT)."""
-        if sidr:
-            cdev.service.sidr_reply(cm_id, status=int(SidrStatus.REJECT))
-        else:
-            cdev.service.reject(cm_id, RejectReason.CONSUMER_DEFINED)
+        """cma.c: a request rdma_cm cannot take gets REJ 28 (SIDR_REP REJECT), and the
+        CM id goes (``cm_destroy_id`` sends exactly these for REQ_RCVD/SIDR_REQ_RCVD)."""
+        cdev.service.destroy(cm_id)
 
     # ---- QP -----------------------------------------------------------------------------
 

@@ -97,6 +97,7 @@ class CmaDevice:
                     self.service.reject(ev.cm_id, RejectReason.INVALID_SERVICE_ID)
                 else:
                     self.sidr_answer(ev.cm_id, SidrStatus.UNSUPPORTED)
+                self.service.destroy(ev.cm_id)  # answered: nobody holds the id
                 return
             listener.on_request(ev, self)
             return

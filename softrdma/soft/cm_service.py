@@ -122,6 +122,17 @@ class CmService:
     def now(self) -> float:
         return self.device.now
 
+    @property
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The CM's counters by group and message (:attr:`CmAgent.counters`: ``tx``,
+        ``rx``, ``tx_retries``, ``rx_duplicates``, ``dropped``, ``listen_overflow``)."""
+        return self.agent.counters
+
+    @property
+    def id_count(self) -> int:
+        """How many CM ids the service holds (listeners included)."""
+        return len(self.agent.ids)
+
     def get_event(self, timeout: float | None = None) -> CmEvent:
         """The next event (without an ``on_event`` callback); ``queue.Empty`` on timeout."""
         return self.events.get(timeout=timeout)
@@ -194,8 +205,10 @@ class CmService:
     def establish(self, cm_id: IbCmId) -> None:
         self._run(lambda: self.agent.establish(cm_id))
 
-    def destroy(self, cm_id: IbCmId) -> None:
-        self._run(lambda: self.agent.destroy(cm_id))
+    def destroy(self, cm_id: IbCmId, err: int = 0) -> None:
+        """Forget ``cm_id`` saying goodbye as its state asks (:meth:`CmAgent.destroy`);
+        ``err=-ENOMEM`` on a request not answered yet: no room, forgotten without a REJ."""
+        self._run(lambda: self.agent.destroy(cm_id, err))
 
     def holds(self, cm_id: IbCmId) -> bool:
         """Whether ``cm_id`` is still one of this service's ids (not destroyed, and not
