@@ -15,6 +15,7 @@ from softrdma.cm.cma import CmaHeader, service_id
 from softrdma.cm.messages import REQ, SIDR_REQ, build_cm, parse_cm
 from softrdma.cm.qp1 import QP1_UDP_SPORT, build_qp1
 from softrdma.harness.replay import load_capture
+from softrdma.rdmacm import RAI_PASSIVE, AddrInfo, CMEventChannel, CMID
 from softrdma.wire.packet import parse
 
 from .conftest import PCAPS
@@ -79,3 +80,12 @@ class Wire:
     def times(self, name: str) -> list[float]:
         return [t for t, p in zip(self.at, self.packets)
                 if p.dest_qp == 1 and parse_cm(p.payload).name == name]
+
+
+def listening(ch: CMEventChannel, backlog: int, ps: int | None = None) -> CMID:
+    """A listener on the capture's address and port (``ps``: its port space)."""
+    kw = {} if ps is None else {"port_space": ps}
+    lid = CMID(ch, **kw)
+    lid.bind_addr(AddrInfo(src=SERVER, src_service=str(PORT), flags=RAI_PASSIVE, **kw))
+    lid.listen(backlog)
+    return lid

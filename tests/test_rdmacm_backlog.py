@@ -29,7 +29,9 @@ from softrdma.rdmacm.cm_id import RDMA_UCM_MAX_BACKLOG
 from softrdma.verbs_api import QPCap, QPInitAttr, add_device, remove_device
 from softrdma.verbs_api.enums import ibv_qp_type
 
-from .cm_forge import PORT, SERVER, Wire, cma_header, deliver, forged_req, forged_sidr_req
+from .cm_forge import (
+    PORT, SERVER, Wire, cma_header, deliver, forged_req, forged_sidr_req, listening,
+)
 
 E = ce.rdma_cm_event_type
 #: rdma_cm's REQ retransmission interval on RoCE: 2*conv(packet lifetime 18) +
@@ -49,14 +51,6 @@ def server():
         yield dev
     finally:
         remove_device("backlog")
-
-
-def listening(ch: CMEventChannel, backlog: int, ps: int | None = None) -> CMID:
-    kw = {} if ps is None else {"port_space": ps}
-    lid = CMID(ch, **kw)
-    lid.bind_addr(AddrInfo(src=SERVER, src_service=str(PORT), flags=RAI_PASSIVE, **kw))
-    lid.listen(backlog)
-    return lid
 
 
 def test_a_full_backlog_forgets_requests_without_an_answer_and_a_retry_connects(server):

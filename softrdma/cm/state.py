@@ -19,13 +19,13 @@ What it does as Linux does (docs/cm.md, "The connection state machine"):
   :data:`USER_CALLS`, :data:`ON_RECEIVE` and :data:`ON_SEND_ERROR`;
 * **timers**: a REQ is retransmitted every ``2*conv(packet_life_time) +
   conv(remote_cm_response_timeout)`` ms, a REP every ``conv(REQ local CM response
-  timeout)``, a DREQ with its id's REQ/REP timeout, each up to ``max_cm_retries`` times
-  (15 from rdma_cm), where ``conv(t) = 1 << max(t - 8, 0)`` ms is Linux's approximation
-  of 4.096 us x 2^t (``cm_convert_to_ms``). After the last retransmission's timeout the
-  id gets REQ_ERROR, REP_ERROR or DREQ_ERROR. An MRA moves the pending timer to
-  ``conv(service_timeout) + conv(av timeout)`` (``ib_modify_mad``). TIMEWAIT lasts
-  ``conv(av timeout)`` (2048 ms for the ACK timeout 19 rxe paths give), then
-  TIMEWAIT_EXIT and IDLE;
+  timeout)`` (capped, see below), a DREQ with its id's REQ/REP timeout, each up to
+  ``max_cm_retries`` times (15 from rdma_cm), where ``conv(t) = 1 << max(t - 8, 0)`` ms
+  is Linux's approximation of 4.096 us x 2^t (``cm_convert_to_ms``). After the last
+  retransmission's timeout the id gets REQ_ERROR, REP_ERROR or DREQ_ERROR. An MRA moves
+  the pending timer to ``conv(service_timeout) + conv(av timeout)`` (``ib_modify_mad``).
+  TIMEWAIT lasts ``conv(av timeout)`` (2048 ms for the ACK timeout 19 rxe paths give),
+  then TIMEWAIT_EXIT and IDLE;
 * **matching**: REQ duplicates by (remote comm ID, remote CA GUID), stale connections by
   (remote QPN, remote CA GUID) among live connections, a REP by the comm ID it names with
   no remote ID bound yet (otherwise it is a duplicate: the RTU is resent if ESTABLISHED,
@@ -47,6 +47,15 @@ What it does as Linux does (docs/cm.md, "The connection state machine"):
   cancels the retransmission and gives SIDR_REP_RECEIVED; any other SIDR_REP is dropped
   (``counters['dropped']['unmatched_sidr_rep']``). SIDR is not retransmitted from the
   passive side and never enters TIMEWAIT.
+
+**Timers a peer chooses are capped** (a softrdma bound; Linux takes them as sent). A REQ
+names the REP's retransmit timeout (``local_cm_response_timeout``, 5 bits: 31 is 2^23 ms,
+2.3 h) and the path's ACK timeout (TIMEWAIT, MRA waits), a REP its target ACK delay:
+each exponent is cut to :data:`MAX_PEER_CM_TIMEOUT` (20, what rdma_cm itself asks of
+peers) before it becomes a timer, so one forged REQ holds a half-open id at most
+16 x 4.096 s, not 16 x 2.3 h; an MRA's service timeout is cut to
+:data:`MAX_PEER_MRA_TIMEOUT` (24, rdma_cm's own MRA). The retry count (4 bits) is at most
+15 by its width.
 
 **A consumer with no room** (``destroy(cm_id, err=-ENOMEM)`` in REQ_RCVD: rdma_cm's
 listener backlog is full) makes the CM forget the REQ without a REJ
@@ -74,6 +83,7 @@ __all__ = [
     "CmState", "CmEventType", "CmEvent", "IbCmId", "CmAgent", "CmTransmit", "CmEventSink",
     "CmStateError", "USER_CALLS", "ON_RECEIVE", "ON_SEND_ERROR", "cm_convert_to_ms",
     "cm_ack_timeout", "MRA_FLAG_DELAY", "reply_without_consumer", "DEFAULT_SIDR_TIMEOUT_MS",
+    "MAX_PEER_CM_TIMEOUT", "MAX_PEER_MRA_TIMEOUT", "peer_timeout_ms",
 ]
 
 #: rdma_cm's defaults (drivers/infiniband/core/cma.c): CMA_CM_RESPONSE_TIMEOUT,
@@ -87,6 +97,19 @@ DEFAULT_ACK_DELAY = 15
 DEFAULT_SIDR_TIMEOUT_MS = 1 << (DEFAULT_CM_RESPONSE_TIMEOUT - 8)
 #: ``IB_CM_MRA_FLAG_DELAY``: change state only; send the MRA if a duplicate arrives.
 MRA_FLAG_DELAY = 0x80
+#: The largest time exponent (4.096 us x 2^t) a peer may choose for one of our timers:
+#: the REP's retransmit interval (the REQ's local CM response timeout) and the path's
+#: ACK timeout from a REQ or a REP's target ACK delay (TIMEWAIT; MRA waits). 20 is
+#: rdma_cm's CMA_CM_RESPONSE_TIMEOUT, the value rdma_cm puts in its own REQs and so asks of
+#: every peer (conv(20) = 4096 ms); rxe paths need 19 (ACK timeout). The 5-bit fields go to
+#: 31 (2^23 ms, 2.3 h per resend), which would let one forged REQ hold an id for 16 x 2.3 h.
+MAX_PEER_CM_TIMEOUT = DEFAULT_CM_RESPONSE_TIMEOUT
+#: The largest MRA service timeout a peer may make us wait (on top of the ACK timeout):
+#: 24 (conv = 65.5 s) is rdma_cm's CMA_CM_MRA_SETTING, the MRA every Linux rdma_cm sends
+#: while its application decides, so honouring it keeps Linux peers working; 31 would be
+#: 2.3 h per retry. Only a peer that got our REQ or REP (it must name our comm ID) can
+#: send one, and an id takes one MRA (a second is a duplicate).
+MAX_PEER_MRA_TIMEOUT = 24
 
 
 class CmState(enum.IntEnum):
@@ -188,6 +211,12 @@ ON_SEND_ERROR: dict[CmState, tuple[CmState, CmEventType]] = {
 def cm_convert_to_ms(iba_time: int) -> int:
     """Linux's approximation of 4.096 us x 2^t in ms: ``1 << max(t - 8, 0)``."""
     return 1 << max(iba_time - 8, 0)
+
+
+def peer_timeout_ms(iba_time: int) -> int:
+    """A timer in ms from a time exponent a peer sent: :func:`cm_convert_to_ms` of it,
+    capped at :data:`MAX_PEER_CM_TIMEOUT` (4096 ms)."""
+    return cm_convert_to_ms(min(iba_time, MAX_PEER_CM_TIMEOUT))
 
 
 def cm_ack_timeout(ca_ack_delay: int, packet_life_time: int) -> int:
@@ -388,7 +417,7 @@ class CmAgent:
         if state in (CmState.IDLE, CmState.TIMEWAIT):
             self._remove_remote(cm_id)
         if state == CmState.TIMEWAIT:
-            cm_id.timewait_deadline = now + cm_convert_to_ms(cm_id.av_timeout) / 1000
+            cm_id.timewait_deadline = now + peer_timeout_ms(cm_id.av_timeout) / 1000
             cm_id.timewait_remote_qpn = cm_id.remote_qpn
         cm_id.state = state
 
@@ -514,7 +543,8 @@ class CmAgent:
     def send_rep(self, cm_id: IbCmId, *, local_qpn: int, starting_psn: int,
                  private_data: bytes = b"", **rep_fields: Any) -> None:
         """Accept a REQ (``ib_send_cm_rep``): REQ_RCVD/MRA_REQ_SENT -> REP_SENT,
-        retransmitted every conv(REQ local CM response timeout) ms."""
+        retransmitted every conv(REQ local CM response timeout) ms, at most
+        conv(:data:`MAX_PEER_CM_TIMEOUT`) = 4096 ms."""
         now = self.clock()
         nxt = self._check("send_rep", cm_id)
         fields = dict(target_ack_delay=self.ack_delay)
@@ -766,8 +796,8 @@ class CmAgent:
         cm_id.service_id = msg.service_id
         cm_id.tid = msg.tid
         cm_id.dest = src
-        cm_id.timeout_ms = cm_convert_to_ms(msg.local_cm_response_timeout)
-        cm_id.max_cm_retries = msg.max_cm_retries
+        cm_id.timeout_ms = peer_timeout_ms(msg.local_cm_response_timeout)  # capped
+        cm_id.max_cm_retries = msg.max_cm_retries  # 4 bits: at most 15
         cm_id.remote_qpn = msg.local_qpn
         cm_id.remote_ca_guid = guid
         t = msg.primary_local_ack_timeout  # packet lifetime = t - 1; av timeout = lifetime + 1
@@ -845,8 +875,8 @@ class CmAgent:
             if cm_id.state in (CmState.MRA_REQ_RCVD, CmState.MRA_REP_RCVD):
                 self._count("rx_duplicates", "MRA")
             return
-        timeout = (cm_convert_to_ms(msg.service_timeout)
-                   + cm_convert_to_ms(cm_id.av_timeout))
+        timeout = (cm_convert_to_ms(min(msg.service_timeout, MAX_PEER_MRA_TIMEOUT))
+                   + peer_timeout_ms(cm_id.av_timeout))
         p = cm_id.pending  # ib_modify_mad: restart the wait, and retries use it too
         p.timeout_ms = timeout
         p.deadline = now + timeout / 1000
