@@ -15,12 +15,14 @@ real-client case uses one manual device connecting to itself, on its virtual clo
 
 from __future__ import annotations
 
+import errno
 import gc
 import tracemalloc
 
 import pytest
 
 from softrdma.cm.messages import RTU, SidrStatus, build_cm
+from softrdma.errors import PyverbsRDMAError
 from softrdma.rdmacm import (
     RAI_PASSIVE, RDMA_PS_UDP, AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam,
 )
@@ -236,5 +238,34 @@ def test_listen_backlog_must_be_an_int(server):
         with pytest.raises(Exception, match="backlog must be an int"):
             lid.listen("8")
         lid.close()
+    finally:
+        ch.close()
+
+
+def test_requests_nobody_took_go_with_their_listener(server):
+    """Destroying a listener destroys the connection requests still queued for it, as
+    ucma does (``ucma_cleanup_ctx_events``): each is rejected (REJ 28, what
+    rdma_destroy_id sends for a request not answered), its CM id goes, and the
+    application never reads the stale CONNECT_REQUESTs. Before, they stayed, each with
+    its ids, until the channel was closed."""
+    ch = CMEventChannel()
+    try:
+        lid = listening(ch, 8)
+        bystander = CMID(ch)  # keeps the device's CM open after the listener goes
+        bystander.bind_addr(AddrInfo(src=SERVER, src_service=str(PORT + 1), flags=RAI_PASSIVE))
+        service = lid.id.cdev.service
+        wire = Wire(server)
+        for n in range(3):
+            deliver(server, forged_req(n))
+        assert ch.channel.pending() == 3
+        lid.close()
+        rejs = wire.mads("REJ")
+        assert sorted(m.remote_comm_id for m in rejs) == [0x10000 + n for n in range(3)]
+        assert {m.reason for m in rejs} == {28}
+        with pytest.raises(PyverbsRDMAError) as e:
+            CMEvent(ch, 0)
+        assert e.value.error_code == errno.ETIMEDOUT
+        assert service.id_count == 0 and not service.closed
+        bystander.close()
     finally:
         ch.close()

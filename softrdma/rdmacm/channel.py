@@ -8,7 +8,8 @@ device's clock.
 
 Taking a CONNECT_REQUEST (:meth:`EventChannel.get`, the one way events leave a channel)
 gives its listener room for one more request (the listener's backlog, as Linux's
-``ucma_get_event`` does).
+``ucma_get_event`` does). A CONNECT_REQUEST whose id is gone (its listener was destroyed
+first) is not reported, as Linux removes those events with the listener.
 """
 
 from __future__ import annotations
@@ -76,9 +77,12 @@ class EventChannel:
                 raise PyverbsRDMAError("rdma_get_cm_event: the event channel is closed",
                                        errno.EBADF)
             ev = self._queue.get()
+            if ev is not None and ev.event == E.RDMA_CM_EVENT_CONNECT_REQUEST:
+                if ev.id.destroyed:  # went with its listener: not the application's
+                    continue
+                if ev.listen_id is not None:
+                    ev.listen_id.connect_request_taken(ev.id)
             if ev is not None:
-                if ev.event == E.RDMA_CM_EVENT_CONNECT_REQUEST and ev.listen_id is not None:
-                    ev.listen_id.connect_request_taken()
                 return ev
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:

@@ -131,6 +131,7 @@ class RdmaCmId:
         self.backlog = 0  # a listener's: rdma_listen's, as ucma_listen clamps it
         self._backlog_left = 0  # ucma_context.backlog: room for CONNECT_REQUESTs
         self._backlog_lock = threading.Lock()  # the device thread and the taker's
+        self._unreported: set["RdmaCmId"] = set()  # children whose request is queued
         self.reuseaddr = False
         self.tos = 0
         self.ack_timeout: int | None = None  # RDMA_OPTION_ID_ACK_TIMEOUT
@@ -417,6 +418,8 @@ class RdmaCmId:
         child = RdmaCmId(self.channel, self.ps, qp_type=qp_type)
         child.cdev = cdev.ref()
         child.listen_id = self
+        with self._backlog_lock:
+            self._unreported.add(child)
         child.src_ip, child.src_port = local, self.src_port
         child.dst_ip, child.dst_port = hdr.src, hdr.sport
         child.cm = ev.cm_id
@@ -468,11 +471,13 @@ class RdmaCmId:
             self._backlog_left -= 1
             return True
 
-    def connect_request_taken(self) -> None:
-        """The application took one of this listener's CONNECT_REQUEST events (the event
-        channel calls it from ``rdma_get_cm_event``): room for one more (``ucma_get_event``)."""
+    def connect_request_taken(self, child: "RdmaCmId") -> None:
+        """The application took the CONNECT_REQUEST event of ``child``, one of this
+        listener's (the event channel calls it from ``rdma_get_cm_event``): room for one
+        more request (``ucma_get_event``), and the child is the application's now."""
         with self._backlog_lock:
             self._backlog_left += 1
+            self._unreported.discard(child)
 
     @staticmethod
     def _refuse(cdev: CmaDevice, cm_id: IbCmId, sidr: bool) -> None:
@@ -897,6 +902,12 @@ class RdmaCmId:
                         del c.listeners[sid]
                 if c is not cdev:
                     c.release()
+            # ucma_cleanup_ctx_events: the requests nobody took go with their listener
+            # (each child is rejected as rdma_destroy_id does: REJ 28, SIDR_REP REJECT)
+            with self._backlog_lock:
+                unreported, self._unreported = self._unreported, set()
+            for child in unreported:
+                child.destroy()
         if self.cm is not None and cdev is not None:
             with self._lock():
                 if self.is_ud and self.cm.state == CmState.SIDR_REQ_RCVD:
