@@ -19,11 +19,13 @@ import tracemalloc
 
 from softrdma.enums import (
     IBV_QP_STATE, IBV_QPS_ERR, IBV_WC_REM_ACCESS_ERR, IBV_WC_SUCCESS, IBV_WR_RDMA_READ,
-    IBV_WR_RDMA_WRITE, ibv_mtu,
+    IBV_WR_RDMA_WRITE, IBV_WR_SEND, ibv_mtu,
 )
+from softrdma.harness.replay import load_capture, replay_side
 from softrdma.harness.sim import SimNetwork
 from softrdma.harness.testing import Endpoint, connect, connected_pair
 from softrdma.qp.responder import HELD_REQUESTS_MAX, READ_RESPONSE_BATCH
+from softrdma.soft.capture import PacketCapture
 from softrdma.verbs_api import Context, QPAttr, QPCap
 from softrdma.wire.opcodes import Opcode as O
 from softrdma.wire.packet import build
@@ -316,10 +318,6 @@ def test_a_capture_of_a_long_read_replays_identically(tmp_path):
     responder's batches run to the end before the capture's next packet (as rxe's task
     did when it was captured). The capture is made on the simulated network, where no
     step may send more than a batch (main: the 300 packets in one step)."""
-    from softrdma.enums import IBV_WR_SEND
-    from softrdma.harness.replay import load_capture, replay_side
-    from softrdma.soft.capture import PacketCapture
-
     net = SimNetwork(seed=11)
     a, b = _sim_pair(net)
     path = tmp_path / "long_read.pcap"

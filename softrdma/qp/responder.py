@@ -258,7 +258,7 @@ class Responder:
                 self.qp.device.schedule_responder(self.qp)
                 return
             pkt, ip_header = held.popleft()
-            self._take(pkt, ip_header)
+            self.on_request(pkt, ip_header, self.budget)
 
     def _hold(self, pkt: Any, ip_header: bytes) -> None:
         """A request arrived while a READ's response is under way: it waits (module doc)."""
@@ -301,14 +301,11 @@ class Responder:
         self.qp.trace("ack", what, psn=psn, msn=self.msn, syndrome=syndrome)
 
     # -- the state machine ---------------------------------------------------------------
-    def on_request(self, pkt: Any, ip_header: bytes) -> None:
-        """A request packet from the network (a pass of its own: a READ it starts may
-        send up to :data:`READ_RESPONSE_BATCH` packets now)."""
-        self.budget = READ_RESPONSE_BATCH
-        self._take(pkt, ip_header)
-
-    def _take(self, pkt: Any, ip_header: bytes) -> None:
-        """rxe_responder for one request packet, from check_psn to the ACK."""
+    def on_request(self, pkt: Any, ip_header: bytes, budget: int = READ_RESPONSE_BATCH) -> None:
+        """rxe_responder for one request packet, from check_psn to the ACK. ``budget``:
+        the READ RESPONSE packets a READ it starts may send now (a packet from the
+        network is a pass of its own; :meth:`resume` hands on what its pass has left)."""
+        self.budget = budget
         qp = self.qp
         if qp.state == _ERR:
             return
