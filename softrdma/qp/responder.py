@@ -73,9 +73,10 @@ DUP_ACK_INTERVAL = 0.001  # further behind: at most one re-ACK per QP per this m
 #: rxe's task yields after RXE_MAX_ITERATIONS = 1024 passes of one packet each; softrdma
 #: takes the smaller bound rxe puts on a QP's packets in flight, RXE_INFLIGHT_SKBS_PER_QP_HIGH
 #: = 64: at MTU 4096 that is 256 KiB per batch (a sixteenth of the 4 MiB socket buffers of
-#: softrdma.soft.udp, so a batch never fills one), about 4 GSO trains, and a pass that costs
-#: well under a millisecond, which is what another QP waits at most per busy QP. Larger
-#: batches measured no faster (docs/architecture.md, "Long READs").
+#: softrdma.soft.udp, so a batch never fills one), 4 to 5 GSO trains, and a pass of about a
+#: millisecond (a one-batch 256 KiB READ takes 1.2 ms through both engines), which is what
+#: another QP waits per busy QP. Batches of 256 and 1,024 measured no faster, and another
+#: QP's median round trip grew with them (docs/architecture.md, "Long READs").
 READ_RESPONSE_BATCH = 64
 #: Requests held while a READ's response is under way (rxe's req_pkts). A requester keeps at
 #: most RXE_MAX_UNACKED_PSNS PSNs unacknowledged, and a READ's PSNs count, so after a long
