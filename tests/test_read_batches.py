@@ -14,9 +14,11 @@ steps are the device's passes, so what one pass sends is counted exactly.
 
 from __future__ import annotations
 
+import io
 import time
 import tracemalloc
 
+from softrdma import trace
 from softrdma.enums import (
     IBV_MTU_256, IBV_QP_STATE, IBV_QPS_ERR, IBV_WC_REM_ACCESS_ERR, IBV_WC_SUCCESS, IBV_WR_RDMA_READ,
     IBV_WR_RDMA_WRITE, IBV_WR_SEND, ibv_mtu,
@@ -393,3 +395,21 @@ def test_the_engine_asks_for_passes_through_its_device_services():
     assert bytes(a.mr.buf) == bytes(b.mr.buf)
     assert wire.passes == size // 256 // READ_RESPONSE_BATCH - 1
     assert a.dev.counters.completer_retry_err == 0  # no pass came late enough to time out
+
+
+def test_the_trace_says_where_a_read_paused_and_what_waited():
+    """``softrdma trace`` (kind ``ack``) shows the READ pausing after a batch, with the PSN
+    it resumes at, and the request that waited behind it (main: neither happened)."""
+    out = io.StringIO()
+    trace.enable("ack", stream=out)
+    try:
+        net = SimNetwork(seed=12)
+        a, b = _sim_pair(net)
+        a.post_send(IBV_WR_RDMA_READ, a.sge(0, 100 * 1024), wr_id=1, remote_offset=0)
+        a.post_send(IBV_WR_RDMA_WRITE, a.sge(0, 100), wr_id=2, remote_offset=0)
+        assert net.run_until(lambda: a.ncomp() >= 2)
+    finally:
+        trace.disable()
+    text = out.getvalue()
+    assert f"READ response paused at PSN {100 + READ_RESPONSE_BATCH} " in text, text[-2000:]
+    assert "request PSN 200 waits: a READ's response is under way (1 held)" in text
