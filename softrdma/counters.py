@@ -55,6 +55,7 @@ class Drop(str, enum.Enum):
     DUPLICATE_WITHOUT_RESOURCE = "duplicate_without_resource"  # replay with nothing saved
     DUPLICATE_READ_MISMATCH = "duplicate_read_mismatch"  # replayed READ that changed
     DUPLICATE_ACK_LIMITED = "duplicate_ack_limited"  # far-behind duplicate, not re-ACKed
+    REQUEST_QUEUE_FULL = "request_queue_full"  # arrived during a READ's response, queue full
     # transmit (softrdma.soft.device, softrdma.soft.udp)
     NO_PATH = "no_path"  # the QP has no destination yet
     NO_TRANSPORT = "no_transport"  # a manual device cannot reach another address

@@ -348,6 +348,8 @@ def _play(capture: list[CapturedPacket], roles: _Roles, dev: SoftDevice, qp: Any
             if p.opcode == O.RC_RDMA_READ_REQUEST and p.dma_len and p.rkey in target_mrs:
                 _seed_read(target_mrs[p.rkey], p, by_psn, roles.path_mtu)
             dev.receive(c.roce, c.src, c.dst, ip_id=c.ip_id, sport=c.sport, verify_icrc=True)
+            while dev.run_responders():  # a long READ's response, whole before the next packet
+                pass
     return cut if last_mine >= 0 else None
 
 

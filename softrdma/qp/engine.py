@@ -8,12 +8,15 @@ timers, async events), the send and receive CQs
 (:class:`~softrdma.qp.interfaces.CompletionSink`) and an optional SRQ
 (:class:`~softrdma.qp.interfaces.RecvSource`). The device hands it packets
 (:meth:`on_packet`), asks it when it next needs waking (:attr:`deadline`) and wakes it
-(:meth:`on_timer`). The verbs ``QP`` is a thin translation layer over it, as
+(:meth:`on_timer`); a responder with more of a READ's response to send than one pass
+may asks the device for another pass, which the device gives with :meth:`run_responder`
+(rxe reschedules the QP's responder task). The verbs ``QP`` is a thin translation layer over it, as
 ``rxe_verbs.c`` is over ``rxe_qp``; ``owner`` is that object, used only as the element of
 the async events the engine raises.
 
 Fault containment: the entry points from outside (:meth:`on_packet` from the receive path,
-:meth:`on_timer` from the device's timers, :meth:`kick` from post_send and modify) catch
+:meth:`on_timer` from the device's timers, :meth:`run_responder` from its progress passes,
+:meth:`kick` from post_send and modify) catch
 any exception the protocol code did not expect and hand it to :meth:`fault`, which moves
 this QP alone to ERR, as a hardware QP that hit an internal error: outstanding WRs
 complete with IBV_WC_WR_FLUSH_ERR, IBV_EVENT_QP_FATAL is raised, the device's
@@ -125,6 +128,7 @@ class QpEngine:
         if new == S.IBV_QPS_ERR:
             if old != S.IBV_QPS_ERR:
                 self._cancel_timers()
+            self.resp.drop_pending()
             self.flush()
         elif new == S.IBV_QPS_RTR and self.qp_type in (T.IBV_QPT_RC, T.IBV_QPT_UC) and self.av:
             # the source port hashes both QP numbers, known now
@@ -221,6 +225,17 @@ class QpEngine:
                 self._rearm_retrans()
         except Exception as e:  # contained: see fault()
             self.fault(e, "receive")
+
+    def run_responder(self) -> None:
+        """The device's pass for this QP's responder, which asked for it
+        (``DeviceServices.schedule_responder``): the next batch of the READ response
+        under way, then the requests that waited for it (:meth:`Responder.resume`)."""
+        if self.closed:
+            return
+        try:
+            self.resp.resume()
+        except Exception as e:  # contained: see fault()
+            self.fault(e, "send")
 
     def fault(self, exc: BaseException, where: str) -> None:
         """An unexpected exception escaped this QP's protocol code (``where``: "receive",

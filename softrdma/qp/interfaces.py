@@ -60,6 +60,13 @@ class DeviceServices(Protocol):
         """``qp.deadline`` changed: wake the engine at the new time."""
         ...
 
+    def schedule_responder(self, qp: Any) -> None:
+        """``qp``'s responder has more to send than one pass may (a long READ's response):
+        call ``qp.run_responder()`` on the device's next pass, once what is queued has
+        left (rxe reschedules the QP's responder task). Asking twice before that pass
+        counts once."""
+        ...
+
     def emit_async(self, event: Any) -> None:
         """Deliver an asynchronous event (about ``event.element``) to its context."""
         ...

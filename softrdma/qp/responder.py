@@ -21,12 +21,27 @@ PSNs unacknowledged); a duplicate further behind is ACKed at most once per
 ``DUP_ACK_INTERVAL`` seconds per QP and otherwise counted as ``duplicate_ack_limited``. Every
 such ACK is the same packet (it names the expected PSN - 1), so a requester that really is
 that far behind still learns everything from the first one.
+
+A READ's response leaves in batches, as rxe's responder task sends it: rxe builds one
+READ RESPONSE packet per pass of ``rxe_responder`` and keeps the READ under way in
+``qp->resp.res``; its task runs at most ``RXE_MAX_ITERATIONS`` passes before it yields to
+other work and is rescheduled. Here one call sends at most :data:`READ_RESPONSE_BATCH`
+packets; if more remain, the READ stays in :attr:`Responder.res` and the device is asked
+for another pass (``DeviceServices.schedule_responder``), which it gives after what is
+queued has left and the other QPs have had theirs (:meth:`Responder.resume`). A request
+that arrives meanwhile waits, as it waits in rxe's ``req_pkts`` (``get_req`` goes back to
+the READ before it looks at the next packet): up to :data:`HELD_REQUESTS_MAX` of them are
+held and executed in order once the response is complete; more are dropped
+(``request_queue_full``) and come back as the requester's retries. So what one READ makes
+a device hold is a batch of packets and the held requests, whatever its length (up to the
+2 GiB a READ may ask for), and a long READ never keeps the device from its other work.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .memory import Access, AccessError
@@ -40,19 +55,33 @@ from ..wire.headers import (
     AETH_ACK_UNLIMITED, AETH_TYPE_MASK, AethType, NakCode, aeth_value, make_syndrome,
 )
 from ..wire.opcodes import BTH_SIZE, OPCODE_LIST, Opcode as O, Transport
-from ..wire.packet import build
+from ..wire.packet import build, parse
 from .dma import NoSpace, scatter
+from .params import RXE_MAX_UNACKED_PSNS
 from .psn import psn_add, psn_diff
 from ..counters import Drop
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import QpEngine
 
-__all__ = ["Responder", "RespResource"]
+__all__ = ["Responder", "RespResource", "READ_RESPONSE_BATCH", "HELD_REQUESTS_MAX"]
 
 _U64 = struct.Struct("<Q")
 DUP_ACK_WINDOW = 256  # duplicates this close behind the expected PSN are re-ACKed 1:1 (rxe)
 DUP_ACK_INTERVAL = 0.001  # further behind: at most one re-ACK per QP per this many seconds
+#: READ RESPONSE packets one pass of the responder sends before it yields (module doc).
+#: rxe's task yields after RXE_MAX_ITERATIONS = 1024 passes of one packet each; softrdma
+#: takes the smaller bound rxe puts on a QP's packets in flight, RXE_INFLIGHT_SKBS_PER_QP_HIGH
+#: = 64: at MTU 4096 that is 256 KiB per batch (a sixteenth of the 4 MiB socket buffers of
+#: softrdma.soft.udp, so a batch never fills one), 4 to 5 GSO trains, and a pass of about a
+#: millisecond (a one-batch 256 KiB READ takes 1.2 ms through both engines), which is what
+#: another QP waits per busy QP. Batches of 256 and 1,024 measured no faster, and another
+#: QP's median round trip grew with them (docs/architecture.md, "Long READs").
+READ_RESPONSE_BATCH = 64
+#: Requests held while a READ's response is under way (rxe's req_pkts). A requester keeps at
+#: most RXE_MAX_UNACKED_PSNS PSNs unacknowledged, and a READ's PSNs count, so after a long
+#: READ no more than that many request packets can arrive before its response is complete.
+HELD_REQUESTS_MAX = RXE_MAX_UNACKED_PSNS
 # plain ints for per-packet flag tests (IntFlag arithmetic is a Python call per use)
 _R_READ, _R_WRITE, _R_ATOMIC = (int(A.IBV_ACCESS_REMOTE_READ), int(A.IBV_ACCESS_REMOTE_WRITE),
                                 int(A.IBV_ACCESS_REMOTE_ATOMIC))
@@ -166,11 +195,15 @@ def _write_fits(resid: int, n: int, pad: int, mtu: int) -> bool:
 class Responder:
     __slots__ = ("qp", "psn", "ack_psn", "msn", "opcode", "sent_psn_nak", "drop_msg",
                  "wqe", "wqe_offset", "va", "rkey", "resid", "length", "resources", "res_head",
-                 "status", "syndrome", "goto_error", "far_dup_ack_at", "duplicates")
+                 "status", "syndrome", "goto_error", "far_dup_ack_at", "duplicates", "res",
+                 "held", "budget")
 
     def __init__(self, qp: "QpEngine") -> None:
         self.qp = qp  # the QP engine (rxe: struct rxe_qp)
         self.resources: list[RespResource] = []
+        # requests that arrived while a READ's response was under way, with their IP header
+        self.held: deque[tuple[Any, bytes]] = deque()
+        self.budget = READ_RESPONSE_BATCH  # READ RESPONSE packets this pass may still send
         self.reset()
 
     def reset(self) -> None:
@@ -193,10 +226,53 @@ class Responder:
         # duplicate requests seen by this QP: a peer retransmitting means an ACK of ours
         # was lost (rsocket's close lingers until they stop)
         self.duplicates = 0
+        self.res: RespResource | None = None  # the READ whose response is under way (rxe)
+        self.held.clear()
 
     def set_resources(self, n: int) -> None:
         self.resources = [RespResource() for _ in range(n)]
         self.res_head = 0
+        self.res = None
+        self.held.clear()
+
+    def drop_pending(self) -> None:
+        """The QP went to ERR: the rest of the READ under way is not sent, and the requests
+        held behind it are dropped (rxe drains ``req_pkts`` in the error state)."""
+        self.res = None
+        self.held.clear()
+
+    def resume(self) -> None:
+        """The device's next pass for this responder (asked for with
+        ``schedule_responder``): the next batch of the READ under way; once its response
+        is complete, the requests held meanwhile, in their order of arrival, each taken as
+        :meth:`on_request` takes a packet, until one starts a READ longer than a batch
+        (rxe_responder: ``get_req`` returns to ``read_reply`` while ``resp.res`` is set)."""
+        if self.qp.state == _ERR:
+            self.drop_pending()
+            return
+        self.budget = READ_RESPONSE_BATCH  # one pass's, shared by everything it sends
+        if self.res is not None:
+            self._read_reply(self.res)
+        held = self.held
+        while held and self.res is None:
+            if self.budget <= 0:  # a held READ may not add its batch to this pass's
+                self.qp.device.schedule_responder(self.qp)
+                return
+            pkt, ip_header = held.popleft()
+            self.on_request(pkt, ip_header, self.budget)
+
+    def _hold(self, pkt: Any, ip_header: bytes) -> None:
+        """A request arrived while a READ's response is under way: it waits (module doc)."""
+        dev = self.qp.device
+        if len(self.held) >= HELD_REQUESTS_MAX:
+            dev.counters.drop(Drop.REQUEST_QUEUE_FULL)
+            return
+        if type(pkt.buf) is not bytes:  # a view of a buffer the receive path reuses
+            pkt = parse(bytes(pkt.buf))
+        self.held.append((pkt, ip_header))
+        if dev.trace is not None:
+            self.qp.trace("ack", f"request PSN {pkt.psn} waits: a READ's response is under way "
+                                 f"({len(self.held)} held)", psn=pkt.psn, held=len(self.held))
 
     # -- sending ACKs and responses --------------------------------------------------------
     def _send(self, opcode: int, psn: int, syndrome: int = AETH_ACK_UNLIMITED,
@@ -226,9 +302,16 @@ class Responder:
         self.qp.trace("ack", what, psn=psn, msn=self.msn, syndrome=syndrome)
 
     # -- the state machine ---------------------------------------------------------------
-    def on_request(self, pkt: Any, ip_header: bytes) -> None:
+    def on_request(self, pkt: Any, ip_header: bytes, budget: int = READ_RESPONSE_BATCH) -> None:
+        """rxe_responder for one request packet, from check_psn to the ACK. ``budget``:
+        the READ RESPONSE packets a READ it starts may send now (a packet from the
+        network is a pass of its own; :meth:`resume` hands on what its pass has left)."""
+        self.budget = budget
         qp = self.qp
         if qp.state == _ERR:
+            return
+        if self.res is not None:  # rxe's get_req: the READ's response comes first
+            self._hold(pkt, ip_header)
             return
         self.syndrome = AETH_ACK_UNLIMITED
         rc = qp.qp_type == _RC_QP
@@ -293,7 +376,7 @@ class Responder:
         (:func:`_op_seq_error`, :func:`_op_allowed`)."""
         qp = self.qp
         qpt = qp.qp_type
-        if qp.state == _ERR or qpt not in _RC_OR_UC:
+        if qp.state == _ERR or qpt not in _RC_OR_UC or self.res is not None:
             return False
         rc = qpt == _RC_QP
         if not rc and self.drop_msg:
@@ -313,7 +396,7 @@ class Responder:
         executed; the caller hands the rest to the per-packet path, which decides exactly
         as before."""
         qp = self.qp
-        if not packets or qp.state == _ERR:
+        if not packets or qp.state == _ERR or self.res is not None:
             return 0
         op = packets[0][0]
         keys = qp.device.keys
@@ -563,7 +646,9 @@ class Responder:
         return res
 
     def _read_reply(self, res: RespResource) -> None:
-        """Send the read response packets for ``res`` from ``res.cur_psn`` on."""
+        """Send the read response packets for ``res`` from ``res.cur_psn`` on, at most
+        :data:`READ_RESPONSE_BATCH` of them; if more remain, ``res`` is the READ under way
+        (``self.res``) and the device is asked for another pass (:meth:`resume`)."""
         mtu = self.qp.mtu()
         keys = self.qp.device.keys
         qp = self.qp
@@ -581,14 +666,25 @@ class Responder:
                 # the MR or window went away while the read was in progress
                 self._error(None, RespErr.RKEY_VIOLATION, True, psn=res.cur_psn)
                 self.goto_error = False
+                self.res = None
                 qp.to_error()
                 return
             self._send(op, res.cur_psn, payload=data)
             res.va += n
             res.resid -= n
             res.cur_psn = psn_add(res.cur_psn, 1)
+            self.budget -= 1
             if res.resid <= 0:
                 break
+            if self.budget <= 0:  # rxe's task yields: the rest on the device's next pass
+                if self.res is None and qp.device.trace is not None:
+                    qp.trace("ack", f"READ response paused at PSN {res.cur_psn} ({res.resid} "
+                                    f"bytes left): {READ_RESPONSE_BATCH} packets per pass",
+                             psn=res.cur_psn, resid=res.resid)
+                self.res = res
+                qp.device.schedule_responder(qp)
+                return
+        self.res = None
         if not res.replay:
             self.opcode = -1
         if psn_diff(res.cur_psn, self.psn) >= 0:

@@ -11,6 +11,13 @@ device only moves packets and time between them and a driver:
 * **manual** (``live=False``): nothing moves unless the program says so, with
   :meth:`progress` (in-memory loopback, virtual time) or ``attach_udp(thread=False)`` and
   :meth:`poll`; the simulated network and capture replay drive devices this way.
+
+Every driver makes progress the same way: deliver what arrived, fire the due timers
+(:meth:`fire_timers`), deliver what looped back (:meth:`run_local`). :meth:`fire_timers`
+also gives every QP whose responder asked for it (:meth:`schedule_responder`: a long
+READ's response) one pass, and :meth:`next_deadline` is "now" while one waits, so a
+driver that sleeps until the next timer (the progress thread, :meth:`poll`, :meth:`step`,
+the simulated network) comes straight back.
 """
 
 from __future__ import annotations
@@ -156,6 +163,11 @@ class SoftDevice:
         self.polled_at = float("-inf")  # when an application last polled a CQ (progress.py)
         self.timers = DeviceTimers()  # every QP's (and the CM's...) armed timers
         self._rxq: deque[tuple[bytes, bytes, bytes, int]] = deque()  # loopback deliveries
+        # QPs whose responder has more to send (schedule_responder), in the order they asked
+        self._resp_ready: deque[QpEngine] = deque()
+        self._resp_queued: set[QpEngine] = set()
+        # told when the first of them asks (the progress thread wakes up for it)
+        self.on_schedule: Callable[[], None] | None = None
         self.capture: Any = None  # a PacketCapture, when capturing
         self.verify_icrc = True  # transports that cannot see the IPv4 ID switch this off
         # fault injection (soft/faults.py, docs/faults.md): ``faults.tx`` / ``faults.rx``;
@@ -274,6 +286,54 @@ class SoftDevice:
         if self.capture is not None:
             self.capture.record(data, self.ip_packed, dst_ip, sport)
         self.transmit(data, dst_ip, sport)
+
+    def flush_tx(self) -> None:
+        """Send what the transport has queued now, rather than when the device lock is let
+        go (softrdma.soft.lock): between two QPs' batches in :meth:`run_responders`."""
+        flush = self.lock.on_release
+        if flush is not None:
+            flush()
+
+    def schedule_responder(self, qp: QpEngine) -> None:
+        """``qp``'s responder has more to send than one pass may (a READ longer than
+        ``softrdma.qp.responder.READ_RESPONSE_BATCH`` packets): give it another pass
+        (``qp.run_responder()``) in :meth:`run_responders`, after the QPs that asked
+        before it. Asking again before that pass counts once. rxe reschedules the QP's
+        responder task the same way."""
+        if qp in self._resp_queued:
+            return
+        self._resp_queued.add(qp)
+        self._resp_ready.append(qp)
+        if len(self._resp_ready) == 1 and self.on_schedule is not None:
+            self.on_schedule()
+
+    @property
+    def responders_waiting(self) -> int:
+        """How many QPs wait for a pass of :meth:`run_responders`."""
+        return len(self._resp_ready)
+
+    def run_responders(self) -> int:
+        """One pass over the QPs that asked for one (:meth:`schedule_responder`), in the
+        order they asked: each sends its next batch, which leaves (:meth:`flush_tx`)
+        before the next QP's is built. A QP with still more to send asks again and comes
+        after the others: round robin, so two long READs share the device and neither
+        keeps it from received packets and timers, which drivers handle between passes.
+        Returns how many QPs had a pass."""
+        q = self._resp_ready
+        if not q:
+            return 0
+        n = 0
+        with self.lock:
+            for _ in range(len(q)):
+                qp = q.popleft()
+                self._resp_queued.discard(qp)
+                if qp.closed:
+                    continue
+                self.flush_tx()
+                qp.run_responder()
+                n += 1
+            self.flush_tx()
+        return n
 
     def set_mad_handler(self, handler: Callable[..., Any] | None) -> None:
         """QP1: hand every MAD that passes rxe's checks to ``handler(mad, source)``
@@ -395,6 +455,8 @@ class SoftDevice:
             return 0
         try:
             n = self.udp.receive_ready(64) if self.udp is not None else 0
+            if self._resp_ready:
+                n += self.run_responders()
             return n + self.run_local()
         finally:
             self.lock.release()
@@ -529,14 +591,21 @@ class SoftDevice:
         return self.timers.owners
 
     def next_deadline(self) -> float | None:
-        """The earliest armed timer's deadline, or None. It tidies the heap on the way: call
+        """The earliest armed timer's deadline, or None; :attr:`now` while a responder
+        waits for a pass (:meth:`schedule_responder`). It tidies the heap on the way: call
         it with the device lock held (or from the one thread driving a manual device), as
         :meth:`fire_timers` and :meth:`timer_changed` are called."""
+        if self._resp_ready:
+            return self.now
         return self.timers.next_deadline()
 
     def fire_timers(self, now: float) -> int:
-        """Fire every timer due at ``now``; return how many owners were due."""
-        return self.timers.fire(now)
+        """Fire every timer due at ``now``, then give the responders that asked for it a
+        pass (:meth:`run_responders`); return how many owners were due or had a pass."""
+        n = self.timers.fire(now)
+        if self._resp_ready:
+            n += self.run_responders()
+        return n
 
     def emit_async(self, event: Any) -> None:
         if self.trace is not None:

@@ -79,6 +79,7 @@ class Progress(threading.Thread):
         self._sleep_until = 0.0
         self._logged: set[type] = set()
         device.timers.on_change = self._on_timer_change
+        device.on_schedule = self._on_schedule
 
     def start(self) -> None:
         super().start()
@@ -87,6 +88,12 @@ class Progress(threading.Thread):
     def _on_timer_change(self, deadline: float | None) -> None:
         # a timer armed earlier than our wake-up time: wake the thread to re-plan
         if deadline is not None and deadline < self._sleep_until:
+            self._wake()
+
+    def _on_schedule(self) -> None:
+        # a responder asked for a pass (SoftDevice.schedule_responder) from another thread
+        # (a CQ poller's or a verbs call's): this thread may be asleep for MAX_SLEEP
+        if threading.get_ident() != self.ident:
             self._wake()
 
     def _wake(self) -> None:
@@ -151,6 +158,8 @@ class Progress(threading.Thread):
         _running.discard(self)
         if self.device.timers.on_change == self._on_timer_change:
             self.device.timers.on_change = None
+        if self.device.on_schedule == self._on_schedule:
+            self.device.on_schedule = None
         self._sel.close()
         self._wake_sel.close()
         os.close(self._wake_r)

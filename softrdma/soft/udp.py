@@ -136,6 +136,7 @@ class UdpTransport:
             except OSError:  # a kernel before 5.0: one datagram per packet
                 pass
         self._pending: list[tuple[bytes, bytes, int]] = []
+        self.pending_peak = 0  # the most packets one flush has sent (see ``pending``)
         device.lock.on_release = self.flush
         self._buf = bytearray(65536)
         self._addr: dict[bytes, tuple[str, int]] = {}
@@ -223,12 +224,21 @@ class UdpTransport:
             return
         self._send_one(data, dst_ip, sport)
 
+    @property
+    def pending(self) -> int:
+        """Packets queued for the next :meth:`flush`. What one hold of the device lock
+        queues: :attr:`pending_peak` is the most a flush has sent since the transport was
+        made (a long READ's response leaves in batches, softrdma.qp.responder)."""
+        return len(self._pending)
+
     def flush(self) -> None:
         """Send what is queued: each run of equal-size packets for one destination and
         port as one train. Called with the device lock held, as it is let go."""
         pending = self._pending
         if not pending or self.closed:
             return
+        if len(pending) > self.pending_peak:
+            self.pending_peak = len(pending)
         self._pending = []
         for dst_ip, sport, size, packets in coalesce(pending):
             if len(packets) == 1:
