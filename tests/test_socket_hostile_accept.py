@@ -36,6 +36,7 @@ from softrdma.socket.handshake import (
 )
 from softrdma.socket.mq import RECEIVER_BACKLOG
 from softrdma.socket.record import CTRL_SLOTS, RECORD_SIZE, Hello
+from softrdma.socket.rswire import ConnData
 from softrdma.verbs_api import add_device, remove_device
 from softrdma.wire.icrc import set_icrc_ipv4
 
@@ -57,8 +58,12 @@ class Forger:
     """An off-path sender: a UDP socket on an address of its own (nobody listens there,
     so the REPs go nowhere) that sends rdma_cm REQs with the socket layer's hello."""
 
-    def __init__(self, src: str, dst: str) -> None:
+    def __init__(self, src: str, dst: str, protocol: str = "softrdma") -> None:
         self.src, self.dst = ipaddress.ip_address(src), ipaddress.ip_address(dst)
+        # the first words a server of the protocol expects: softrdma's hello, or
+        # rsocket's struct rs_conn_data (version 1, 64 credits, made-up buffers)
+        self.hello = Hello(_O.slots, _O.inline_max).pack() if protocol == "softrdma" \
+            else ConnData(1, 0, 64, 0, 0x1000, 1, 4, 0x2000, 2, 1 << 16).pack()
         self.udp = pysocket.socket(pysocket.AF_INET, pysocket.SOCK_DGRAM)
         self.udp.bind((src, 0))
         self.sport = self.udp.getsockname()[1]
@@ -66,8 +71,7 @@ class Forger:
     def req(self, port: int, n: int) -> bytes:
         """The ``n``-th forged REQ to ``port``: its own comm ID, QPN and PSN, rdma_cm's
         defaults elsewhere, a cma header naming the forger and the socket layer's hello."""
-        private = CmaHeader(self.src, self.dst, 20000 + n % 40000).pack() + \
-            Hello(_O.slots, _O.inline_max).pack()
+        private = CmaHeader(self.src, self.dst, 20000 + n % 40000).pack() + self.hello
         mad = build_cm(REQ, tid=0x5000_0000 + n, private_data=private,
                        local_comm_id=0x0100_0000 + n,
                        service_id=service_id(PortSpace.TCP, port),
@@ -128,22 +132,27 @@ def traced() -> int:
 
 # -- one forged request ---------------------------------------------------------------------
 
-def test_one_forged_request_does_not_hold_accept(dev):
+@pytest.mark.parametrize("protocol", ["softrdma", "rsocket"])
+def test_one_forged_request_does_not_hold_accept(dev, protocol):
     """Guards point 1: accept() answered the forged REQ and then waited for its
     ESTABLISHED alone, so the legitimate client behind it timed out (25 s, or for ever
-    without a timeout). Now accept() returns the connection that completes, the forged
-    one stays half-open (at most HANDSHAKE_TIMEOUT) and accept() never returns it."""
+    without a timeout), and with a timeout it returned the forged, never connected one.
+    Now accept() returns the connection that completes, the forged one stays half-open
+    (at most HANDSHAKE_TIMEOUT) and accept() never returns it. Both protocols share the
+    handshake (SocketBase)."""
+    port = 9600 if protocol == "softrdma" else 9601
     dev("127.0.71.1", "hostile-acc")
-    forger = Forger("127.0.71.99", "127.0.71.1")
-    with rsock.create_server(("127.0.71.1", 9600), backlog=8) as srv:
-        forger.send(9600, 0, 1)
+    forger = Forger("127.0.71.99", "127.0.71.1", protocol)
+    with rsock.create_server(("127.0.71.1", port), backlog=8, protocol=protocol) as srv:
+        forger.send(port, 0, 1)
         srv.settimeout(0.5)  # the forged REQ is answered: nothing completes
         with pytest.raises(TimeoutError):
             srv.accept()
         assert srv.listen_queue() == (1, 0)
         box: dict[str, Any] = {}
         t = threading.Thread(target=lambda: box.setdefault(
-            "c", rsock.create_connection(("127.0.71.1", 9600), timeout=20)))
+            "c", rsock.create_connection(("127.0.71.1", port), timeout=20,
+                                         protocol=protocol)))
         t.start()
         srv.settimeout(20)
         start = time.monotonic()
@@ -152,9 +161,9 @@ def test_one_forged_request_does_not_hold_accept(dev):
         t.join(20)
         c = box["c"]
         assert took < 5, f"accept took {took:.1f} s behind one forged request"
-        c.send(b"hello")
+        c.sendall(b"hello")
         s.settimeout(10)
-        assert s.recv() == b"hello"  # the legitimate client's connection, not the forger's
+        assert s.recv(5) == b"hello"  # the legitimate client's connection, not the forger's
         assert srv.listen_queue() == (1, 0)  # the forged one: still half-open, not handed out
         c.close(), s.close()
     forger.close()
@@ -370,6 +379,40 @@ def test_evicted_connections_die_without_the_cycle_collector(dev):
             alive = [r() for r in refs if r() is not None and id(r()) not in live]
             assert not alive, f"released but alive without gc: {alive[:3]}"
             assert len(dead) >= 4 * 3
+    finally:
+        gc.enable()
+        forger.close()
+
+
+def test_a_listening_socket_frees_what_it_evicts_without_the_cycle_collector(dev):
+    """The same for a listening socket, whose half-open connections have a hub (CQ, PD,
+    completion channel) and a CM channel each: with the collector off, the connections
+    and hubs it evicts are gone at once."""
+    dev("127.0.74.2", "hostile-gc2")
+    forger = Forger("127.0.74.98", "127.0.74.2")
+    gc.collect()
+    gc.disable()
+    try:
+        with rsock.create_server(("127.0.74.2", 9901), backlog=2) as srv:
+            srv.settimeout(0.05)
+            refs: list[weakref.ref] = []
+            for n in range(6):
+                forger.send(9901, n, 1)
+                end = time.monotonic() + 10
+                while srv.listen_queue()[0] < min(n + 1, 2) or \
+                        srv._half_open.evicted < n - 1:
+                    with pytest.raises(TimeoutError):
+                        srv.accept()  # nothing completes; the requests are answered
+                    assert time.monotonic() < end, "the forged REQ never arrived"
+                for e in srv._half_open:
+                    refs += [weakref.ref(e.conn), weakref.ref(e.extra),
+                             weakref.ref(e.conn.recv_mr)]
+            assert srv._half_open.evicted == 4 and srv.listen_queue() == (2, 0)
+            live = {id(o) for e in srv._half_open for o in (e.conn, e.extra,
+                                                            e.conn.recv_mr)}
+            alive = [r() for r in refs if r() is not None and id(r()) not in live]
+            assert not alive, f"released but alive without gc: {alive[:3]}"
+            assert sum(r() is None for r in refs) >= 4 * 3
     finally:
         gc.enable()
         forger.close()
