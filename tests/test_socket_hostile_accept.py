@@ -416,3 +416,45 @@ def test_a_listening_socket_frees_what_it_evicts_without_the_cycle_collector(dev
     finally:
         gc.enable()
         forger.close()
+
+
+def test_the_accept_queue_is_bounded_by_the_backlog_and_keeps_moving(dev):
+    """Completed connections not yet accepted are the backlog proper, as TCP's accept
+    queue: with ``listen(1)`` and one waiting, the next request is rejected and its
+    client is told why (REJ_BACKLOG in the REJ's private data); the waiting one keeps
+    being driven (what its client sends arrives) and is accepted later. Before, the
+    backlog counted only requests not yet answered, and the REJ said nothing."""
+    dev("127.0.75.1", "hostile-aq")
+    with rsock.create_server(("127.0.75.1", 9950), backlog=1) as srv:
+        box: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: box.setdefault(
+            "a", rsock.create_connection(("127.0.75.1", 9950), timeout=20)))
+        t.start()
+        end = time.monotonic() + 20
+        while srv.listen_queue() != (0, 1):  # progress as accept() does, taking nothing
+            srv._listener_progress()
+            assert time.monotonic() < end, srv.listen_queue()
+            time.sleep(0.01)
+        t.join(20)
+        a = box["a"]
+        a.send(b"sent before accept")
+        refused: list[BaseException] = []
+
+        def second() -> None:
+            try:
+                rsock.create_connection(("127.0.75.1", 9950), timeout=20).close()
+            except ConnectionRefusedError as e:
+                refused.append(e)
+        t = threading.Thread(target=second)
+        t.start()
+        while t.is_alive() and time.monotonic() < end:
+            srv._listener_progress()
+            time.sleep(0.01)
+        t.join(1)
+        assert refused and "backlog full" in str(refused[0]), refused
+        assert srv.listen_queue() == (0, 1)
+        srv.settimeout(10)
+        s, _ = srv.accept()
+        s.settimeout(10)
+        assert s.recv() == b"sent before accept"
+        a.close(), s.close()

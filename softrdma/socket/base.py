@@ -20,7 +20,7 @@ from ..errors import PyverbsRDMAError
 from ..readiness import readable
 from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam, RAI_PASSIVE
 from ..rdmacm import enums as ce
-from .handshake import REJ_BACKLOG, HalfOpen, HalfOpenTable, turn_away
+from .handshake import REJ_BACKLOG, HalfOpen, HalfOpenTable, rej_reason, turn_away
 
 __all__ = ["SocketBase", "Endpoint", "accept_request", "check_address", "os_error",
            "wait_slice", "WAIT_SLICE"]
@@ -387,7 +387,8 @@ class SocketBase:
         status = f"{ev.event_str()} (status {ev.status})"
         self.close()
         if ev.event_type == E.RDMA_CM_EVENT_REJECTED:
-            raise ConnectionRefusedError(errno.ECONNREFUSED, f"{what}: {status}")
+            raise ConnectionRefusedError(errno.ECONNREFUSED,
+                                         f"{what}: {status}{rej_reason(ev.private_data)}")
         raise ConnectionError(errno.EHOSTUNREACH, f"{what}: {status}")
 
     def _expect(self, want: int, deadline: float | None, what: str) -> None:

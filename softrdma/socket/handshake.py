@@ -37,7 +37,7 @@ from ..rdmacm.cm_id import CMA_CM_RESPONSE_TIMEOUT
 
 __all__ = ["HalfOpen", "HalfOpenTable", "HANDSHAKE_TIMEOUT", "REP_TIMEOUT",
            "HANDSHAKE_REP_SENDS", "REJ_TIMEOUT", "REJ_EVICTED", "REJ_BACKLOG", "REJ_FAILED",
-           "turn_away"]
+           "turn_away", "rej_reason"]
 
 #: rdma_cm's REP retransmission period, in seconds: a REQ from rdma_cm asks for
 #: CMA_CM_RESPONSE_TIMEOUT (20), which the CM turns into 2^(20-8) ms = 4.096 s
@@ -60,6 +60,17 @@ REJ_BACKLOG = b"softrdma.socket: backlog full (too many connections not accepted
 REJ_FAILED = b"softrdma.socket: the connection failed during the handshake"
 
 C = TypeVar("C")
+_REJ_PREFIX = b"softrdma.socket: "
+
+
+def rej_reason(private_data: bytes) -> str:
+    """``": <reason>"`` for a REJ a socket-layer listener sent (its private data is one
+    of the REJ_* texts, zero-padded to 148 bytes), else ``""``: the requester's error
+    then says why it was turned away."""
+    data = bytes(private_data).rstrip(b"\0")
+    if not data.startswith(_REJ_PREFIX) or not data.isascii():
+        return ""
+    return ": " + data.decode("ascii")
 
 
 def turn_away(ev: CMEvent, listen_id: CMID, reason: bytes) -> None:
