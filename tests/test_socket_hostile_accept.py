@@ -126,7 +126,12 @@ def connect_retrying(address: tuple[str, int], deadline: float) -> Any:
             time.sleep(0.05)
 
 
-def traced() -> int:
+def live() -> int:
+    """The bytes Python holds now that something can still reach (tracemalloc, after a
+    collection: a released connection's QP engine is a reference cycle of the layers
+    below, ~20 KiB that the collector frees on its own schedule; the MRs and buffers,
+    the bulk, go at once: see the *_without_the_cycle_collector tests)."""
+    gc.collect()
     return tracemalloc.get_traced_memory()[0]
 
 
@@ -184,7 +189,7 @@ def test_a_flood_of_forged_requests_leaves_a_receiver_bounded_and_open(dev):
     tracemalloc.start()
     try:
         with Receiver(("127.0.72.1", 9700)) as rx:
-            base = traced()
+            base = live()
             peak = 0
             deadline = time.monotonic() + CONNECT_BOUND
             errors: list[BaseException] = []
@@ -206,7 +211,7 @@ def test_a_flood_of_forged_requests_leaves_a_receiver_bounded_and_open(dev):
                     for t in senders[:2]:
                         t.start()  # during the flood
                 rx.progress()
-                peak = max(peak, traced() - base)
+                peak = max(peak, live() - base)
                 assert peak < bound, f"{i + 50} forged REQs: +{peak >> 20} MiB"
                 assert len(rx.half_open) <= RECEIVER_BACKLOG
             for t in senders[2:]:
@@ -217,11 +222,12 @@ def test_a_flood_of_forged_requests_leaves_a_receiver_bounded_and_open(dev):
                     delivered.append(rx.recv(timeout=0.5).data)
                 except TimeoutError:
                     pass
-                peak = max(peak, traced() - base)
+            peak = max(peak, live() - base)
             for t in senders:
                 t.join(10)
             assert not errors, errors
             assert sorted(delivered) == [b"legit %d" % i for i in range(4)]
+            print(f"Receiver: +{peak / 2**20:.1f} MiB at most (bound {bound >> 20} MiB)")
             assert peak < bound, f"+{peak >> 20} MiB"
             assert len(rx.half_open) <= RECEIVER_BACKLOG
             assert rx.half_open.evicted >= FLOOD - 2 * RECEIVER_BACKLOG
@@ -245,7 +251,7 @@ def test_a_flood_of_forged_requests_leaves_listen_8_bounded_and_open(dev):
     tracemalloc.start()
     try:
         srv = rsock.create_server(("127.0.73.1", 9800), backlog=8)
-        base = traced()
+        base = live()
 
         def serve() -> None:
             srv.settimeout(0.2)
@@ -283,19 +289,20 @@ def test_a_flood_of_forged_requests_leaves_listen_8_bounded_and_open(dev):
                 for t in threads[:2]:
                     t.start()  # during the flood
             time.sleep(0.01)
-            peak = max(peak, traced() - base)
+            peak = max(peak, live() - base)
             assert peak < bound, f"{i + 50} forged REQs: +{peak >> 20} MiB"
         for t in threads[2:]:
             t.start()  # after it
         while len(got) < 4 and time.monotonic() < deadline and not errors:
             time.sleep(0.05)
-            peak = max(peak, traced() - base)
+        peak = max(peak, live() - base)
         stop.set()
         server.join(30)
         for t in threads:
             t.join(10)
         assert not errors, errors
         assert sorted(got) == [b"legit %d" % i for i in range(4)]
+        print(f"listen(8): +{peak / 2**20:.1f} MiB at most (bound {bound >> 20} MiB)")
         assert peak < bound, f"+{peak >> 20} MiB"
         assert max(half_open_seen) <= 8
         for c in clients:
