@@ -15,6 +15,7 @@ the socket layer's hello from an address nobody listens on, over real UDP on loo
 from __future__ import annotations
 
 import gc
+import select
 import ipaddress
 import socket as pysocket
 import threading
@@ -465,3 +466,50 @@ def test_the_accept_queue_is_bounded_by_the_backlog_and_keeps_moving(dev):
         s.settimeout(10)
         assert s.recv() == b"sent before accept"
         a.close(), s.close()
+
+
+@pytest.mark.parametrize("protocol", ["softrdma", "rsocket"])
+def test_a_select_loop_sees_a_connection_complete(dev, protocol):
+    """A select() loop with a non-blocking accept(), a forged request ahead of the
+    client: accept() returned the forged, never connected one at once (its deadline
+    had passed), and now it must return the client's. accept() no longer waits for the
+    RTU, so it answers a request and raises BlockingIOError; the listener's descriptor
+    must then become readable again when the connection completes (its ESTABLISHED
+    comes to the listener's channel), or the loop waits for ever with it ready."""
+    port = 9960 if protocol == "softrdma" else 9961
+    dev("127.0.75.2", "hostile-sel")
+    dev("127.0.75.3", "hostile-sel-c")  # the client's own device: the CM over UDP
+
+    def client() -> None:
+        c = rsock.socket(protocol=protocol)
+        c.settimeout(20)
+        c.bind(("127.0.75.3", 0))
+        c.connect(("127.0.75.2", port))
+        box["c"] = c
+    forger = Forger("127.0.75.99", "127.0.75.2", protocol)
+    with rsock.create_server(("127.0.75.2", port), protocol=protocol) as srv:
+        srv.setblocking(False)
+        forger.send(port, 0, 1)
+        box: dict[str, Any] = {}
+        t = threading.Thread(target=client)
+        t.start()
+        end = time.monotonic() + 20
+        got = None
+        while got is None:
+            left = end - time.monotonic()
+            assert left > 0, "the listener never became readable for the completion"
+            r, _, _ = select.select([srv.fileno()], [], [], left)
+            if not r:
+                continue
+            try:
+                got = srv.accept()
+            except BlockingIOError:
+                pass  # answered: the REP is out, the RTU not yet in
+        t.join(20)
+        s, peer = got
+        assert peer[0] == "127.0.75.3", peer  # the client, not the forger
+        box["c"].sendall(b"ok")
+        s.settimeout(10)
+        assert s.recv(2) == b"ok"
+        box["c"].close(), s.close()
+    forger.close()

@@ -239,6 +239,8 @@ class SocketBase:
             ev = CMEvent(self._channel, 0)
             if ev.event_type == E.RDMA_CM_EVENT_CONNECT_REQUEST:
                 requests.append(ev)
+            else:
+                self._child_event(table, ev)
         # what completed first (an RTU must be seen before newer requests could evict
         # its connection), then the newest requests of the batch (HalfOpenTable.triage)
         self._collect_completed(table)
@@ -253,6 +255,20 @@ class SocketBase:
             if sock._conn.error is not None:  # broke before it was accepted
                 self._accept_queue.remove(sock)
                 sock._abort()
+
+    def _child_event(self, table: HalfOpenTable[Any], ev: CMEvent) -> None:
+        """A half-open connection's CM event (its ESTABLISHED, REJECTED...), which comes
+        to the listener's channel so that the listener's descriptor wakes a select()
+        loop. Once ESTABLISHED, the id moves to the connection's own channel; what came
+        here just before the move goes to its hub still."""
+        for e in table:
+            if e.extra.dispatch_cm(ev):
+                if ev.event_type == E.RDMA_CM_EVENT_ESTABLISHED:
+                    e.conn.cmid.migrate(e.extra.channel)
+                return
+        for sock in self._accept_queue:
+            if sock._hub.dispatch_cm(ev):
+                return
 
     def _collect_completed(self, table: HalfOpenTable[Any]) -> None:
         for e in table:
@@ -306,11 +322,11 @@ class SocketBase:
                 hub.take_cq_event()
 
     def _accept_one(self, ev: CMEvent) -> None:
-        """Answer one request (the REP goes out) on a channel and hub of its own, and add
-        it to the half-open table; a request that cannot be answered is rejected."""
+        """Answer one request (the REP goes out) with a hub and channel of its own, and
+        add it to the half-open table; a request that cannot be answered is rejected.
+        Its CM events come to the listener's channel until it completes."""
         child = CMID(ev, listen_id=self._id)
-        channel = CMEventChannel()  # the new connection's events come to its own hub
-        child.migrate(channel)
+        channel = CMEventChannel()  # the connection's events, once it is ESTABLISHED
         hub = self._make_hub(child, channel)
         conn = accept_request(child, ev, self.options.ack_timeout,
                               lambda cmid: self._make_conn(hub, cmid))
@@ -324,6 +340,7 @@ class SocketBase:
     def _connected_socket(self, e: HalfOpen[Any]) -> Any:
         """The socket for a connection that completed its handshake."""
         hub = e.extra
+        e.conn.cmid.migrate(hub.channel)  # (done already unless it completed by data)
         sock = type(self)(options=self.options, _conn=e.conn, _hub=hub, _peer=e.peer)
         sock._channel = hub.channel
         sock._timeout = self._timeout
@@ -405,7 +422,8 @@ class SocketBase:
 
     def fileno(self) -> int:
         """A descriptor that becomes readable when there may be work: a completion (for a
-        connected socket) or a connection request (for a listening one). After it
+        connected socket), or a connection request or a connection completing or
+        failing its handshake (for a listening one). After it
         fires, ``recv``/``accept`` may still find nothing complete and, when
         non-blocking, raise BlockingIOError."""
         if self._hub is not None:
