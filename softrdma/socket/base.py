@@ -20,7 +20,9 @@ from ..errors import PyverbsRDMAError
 from ..readiness import readable
 from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam, RAI_PASSIVE
 from ..rdmacm import enums as ce
-from .handshake import REJ_BACKLOG, HalfOpen, HalfOpenTable, rej_reason, turn_away
+from .handshake import (
+    REJ_BACKLOG, HalfOpen, HalfOpenTable, reject_and_release, rej_reason, turn_away,
+)
 
 __all__ = ["SocketBase", "Endpoint", "accept_request", "check_address", "os_error",
            "wait_slice", "WAIT_SLICE"]
@@ -351,12 +353,8 @@ class SocketBase:
         """Turn away a half-open connection: REJ with ``reason``, then free its QP, MRs,
         id, hub and channel (a static method: the table keeps no reference to the
         listener)."""
-        conn, hub = e.conn, e.extra
-        try:
-            conn.cmid.reject(reason)
-        except Exception:
-            pass  # (past REP_SENT: the id's close says goodbye as Linux does)
-        conn.release()
+        hub = e.extra
+        reject_and_release(e.conn, reason)
         hub.close()
         if hub.channel is not None:
             hub.channel.close()

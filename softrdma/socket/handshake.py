@@ -37,7 +37,7 @@ from ..rdmacm.cm_id import CMA_CM_RESPONSE_TIMEOUT
 
 __all__ = ["HalfOpen", "HalfOpenTable", "HANDSHAKE_TIMEOUT", "REP_TIMEOUT",
            "HANDSHAKE_REP_SENDS", "REJ_TIMEOUT", "REJ_EVICTED", "REJ_BACKLOG", "REJ_FAILED",
-           "turn_away", "rej_reason"]
+           "turn_away", "rej_reason", "reject_and_release"]
 
 #: rdma_cm's REP retransmission period, in seconds: a REQ from rdma_cm asks for
 #: CMA_CM_RESPONSE_TIMEOUT (20), which the CM turns into 2^(20-8) ms = 4.096 s
@@ -82,6 +82,16 @@ def turn_away(ev: CMEvent, listen_id: CMID, reason: bytes) -> None:
     except Exception:
         pass  # (the REQ may be gone already: the requester gave up)
     child.close()
+
+
+def reject_and_release(conn: Any, reason: bytes) -> None:
+    """Turn away a half-open connection: a REJ with ``reason``, then its QP, MRs and id
+    go (``conn.release()``)."""
+    try:
+        conn.cmid.reject(reason)
+    except Exception:
+        pass  # (past REP_SENT: the id's close says goodbye as Linux does)
+    conn.release()
 
 
 @dataclass(eq=False)

@@ -39,18 +39,18 @@ from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, RAI_PASSIVE
 from ..rdmacm import enums as ce
 from .base import accept_request, wait_slice
 from .conn import Connection, Hub, Options
-from .handshake import HalfOpen, HalfOpenTable
+from .handshake import HalfOpen, HalfOpenTable, reject_and_release
 
 __all__ = ["Receiver", "ReceivedMessage", "RECEIVER_BACKLOG"]
 
 E = ce.rdma_cm_event_type
 #: how many senders may be half-open at once (REP sent, RTU awaited), by default. Each
 #: holds its QP and registered record slots before it says a word: with the default
-#: Options, (64 + 8) receive and 72 send slots of 4,160 bytes, about 600 KiB, all paid
-#: for by one 256-byte forged REQ. 32 of them are at most ~19 MiB, under a third of the
-#: default mem_limit, and still 32 handshakes in flight at once: a handshake takes one
-#: round trip, while setting up a connection costs the receiver milliseconds of its own.
-#: (It was 1024 and not enforced: 2,000 forged REQs held 1.2 GiB.)
+#: Options, 64 + 4 receive and 72 send slots of 32 + 4,096 bytes, 564 KiB, all paid
+#: for by one 256-byte forged REQ. 32 of them are at most 17.6 MiB, about a quarter of
+#: the default mem_limit, and still 32 handshakes in flight at once: a handshake takes
+#: one round trip, while setting up a connection costs the receiver milliseconds of its
+#: own. (It was 1024 and not enforced: 2,000 forged REQs held 1.2 GiB.)
 RECEIVER_BACKLOG = 32
 
 
@@ -62,7 +62,11 @@ class ReceivedMessage:
 
 
 class Receiver:
-    """The receiving end of a many-senders message queue, bound to ``address``."""
+    """The receiving end of a many-senders message queue, bound to ``address``.
+
+    A sender's request is answered at once and waits in :attr:`half_open` (at most
+    ``backlog``, the oldest evicted for a newer one, each for at most HANDSHAKE_TIMEOUT)
+    until it is ESTABLISHED; then it is one of the senders ``recv`` drives."""
 
     def __init__(self, address: tuple[str, int], *, mem_limit: int = 64 << 20,
                  options: Options | None = None, backlog: int = RECEIVER_BACKLOG) -> None:
@@ -260,9 +264,4 @@ def _established(conn: Connection) -> bool:
 
 
 def _release_half_open(e: HalfOpen[Connection], reason: bytes) -> None:
-    """Turn away a half-open sender: REJ with ``reason``, then its QP, MRs and id go."""
-    try:
-        e.conn.cmid.reject(reason)
-    except Exception:
-        pass  # (past REP_SENT: the id's close says goodbye as Linux does)
-    e.conn.release()
+    reject_and_release(e.conn, reason)
