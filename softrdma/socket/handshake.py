@@ -39,9 +39,10 @@ __all__ = ["HalfOpen", "HalfOpenTable", "HANDSHAKE_TIMEOUT", "REP_TIMEOUT",
            "HANDSHAKE_REP_SENDS", "REJ_TIMEOUT", "REJ_EVICTED", "REJ_BACKLOG", "REJ_FAILED",
            "turn_away", "rej_reason", "reject_and_release"]
 
-#: rdma_cm's REP retransmission period, in seconds: a REQ from rdma_cm asks for
-#: CMA_CM_RESPONSE_TIMEOUT (20), which the CM turns into 2^(20-8) ms = 4.096 s
-#: (Linux's cm_convert_to_ms). A peer may ask for more; the CM caps it at this.
+#: rdma_cm's REP retransmission period, in seconds: the REQ's local CM response timeout
+#: sets it, and a REQ from rdma_cm says CMA_CM_RESPONSE_TIMEOUT (20), which the CM turns
+#: into 2^(20-8) ms = 4.096 s (Linux's cm_convert_to_ms). A forged REQ may ask for
+#: hours (31); the deadline below does not depend on what it asks.
 REP_TIMEOUT = (1 << (CMA_CM_RESPONSE_TIMEOUT - 8)) / 1000
 #: how many REPs a half-open connection is given before the socket layer gives up on it:
 #: the first and two retransmissions, so a handshake survives two lost REPs (or RTUs:
