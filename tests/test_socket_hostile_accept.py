@@ -28,18 +28,19 @@ import pytest
 
 from softrdma import socket as rsock
 from softrdma.cm.cma import CmaHeader, PortSpace, gid_from_ip, service_id
-from softrdma.cm.messages import REQ, build_cm
+from softrdma.cm.messages import REQ, build_cm, parse_cm
 from softrdma.cm.qp1 import build_qp1
 from softrdma.socket import Options, Receiver
 from softrdma.socket import handshake
 from softrdma.socket.handshake import (
-    HANDSHAKE_TIMEOUT, REJ_EVICTED, REJ_TIMEOUT, REP_TIMEOUT, HalfOpenTable,
+    HANDSHAKE_TIMEOUT, REJ_EVICTED, REJ_TIMEOUT, REP_TIMEOUT, HalfOpenTable, rej_reason,
 )
 from softrdma.socket.mq import RECEIVER_BACKLOG
 from softrdma.socket.record import CTRL_SLOTS, RECORD_SIZE, Hello
 from softrdma.socket.rswire import ConnData
 from softrdma.verbs_api import add_device, remove_device
 from softrdma.wire.icrc import set_icrc_ipv4
+from softrdma.wire.packet import parse
 
 #: what one half-open connection registers with the default Options: receive slots for
 #: the peer's credits and the control records, and as many send slots, each a record
@@ -513,3 +514,37 @@ def test_a_select_loop_sees_a_connection_complete(dev, protocol):
         assert s.recv(2) == b"ok"
         box["c"].close(), s.close()
     forger.close()
+
+
+def test_a_silent_half_open_sender_is_rejected_at_its_deadline(dev):
+    """A forged REQ whose RTU never comes: the Receiver answers it with a REP, and at
+    the table's deadline (shortened here from HANDSHAKE_TIMEOUT) rejects it with a REJ
+    that says why, to the address the REQ named, and frees it. Before, the connection
+    stayed until the CM gave up on its own (65 s at rdma_cm's default, hours if the REQ
+    asked) and the Receiver kept it for ever."""
+    dev("127.0.76.1", "hostile-dl")
+    forger = Forger("127.0.76.99", "127.0.76.1")
+    inbox = pysocket.socket(pysocket.AF_INET, pysocket.SOCK_DGRAM)
+    inbox.bind(("127.0.76.99", 4791))  # where the REP and REJ go
+    inbox.settimeout(10)
+    try:
+        with Receiver(("127.0.76.1", 9970)) as rx:
+            rx.half_open.timeout = 1.0
+            forger.send(9970, 0, 1)
+            end = time.monotonic() + 20
+            while rx.half_open.timed_out == 0:
+                rx.progress()
+                assert time.monotonic() < end, len(rx.half_open)
+                time.sleep(0.02)
+            assert len(rx.half_open) == 0 and not rx.conns
+            answers = []
+            while not answers or answers[-1].name != "REJ":
+                answers.append(parse_cm(parse(inbox.recv(2048)).payload))
+            assert answers[0].name == "REP" and answers[-1].name == "REJ"
+            rej = answers[-1]
+            assert rej.remote_comm_id == 0x0100_0000  # the forged REQ's comm ID
+            assert bytes(rej.private_data).rstrip(b"\0") == REJ_TIMEOUT
+            assert rej_reason(rej.private_data) == ": " + REJ_TIMEOUT.decode()
+    finally:
+        inbox.close()
+        forger.close()
