@@ -15,6 +15,7 @@ the socket layer's hello from an address nobody listens on, over real UDP on loo
 from __future__ import annotations
 
 import gc
+import os
 import select
 import ipaddress
 import socket as pysocket
@@ -33,7 +34,8 @@ from softrdma.cm.qp1 import build_qp1
 from softrdma.socket import Options, Receiver
 from softrdma.socket import handshake
 from softrdma.socket.handshake import (
-    HANDSHAKE_TIMEOUT, REJ_EVICTED, REJ_TIMEOUT, REP_TIMEOUT, HalfOpenTable, rej_reason,
+    HALF_OPEN_MAX, HANDSHAKE_TIMEOUT, REJ_EVICTED, REJ_TIMEOUT, REP_TIMEOUT, HalfOpenTable,
+    rej_reason,
 )
 from softrdma.socket.mq import RECEIVER_BACKLOG
 from softrdma.socket.record import CTRL_SLOTS, RECORD_SIZE, Hello
@@ -548,3 +550,26 @@ def test_a_silent_half_open_sender_is_rejected_at_its_deadline(dev):
     finally:
         inbox.close()
         forger.close()
+
+
+def test_a_large_backlog_still_keeps_at_most_half_open_max(dev):
+    """create_server's default backlog (128) would let a flood hold 128 half-open
+    connections, 71 MiB and 512 descriptors (a CQ's and a CM channel's pipes each):
+    half-open ones are capped at HALF_OPEN_MAX whatever the backlog, as Linux caps the
+    SYN queue with tcp_max_syn_backlog."""
+    dev("127.0.76.2", "hostile-max")
+    forger = Forger("127.0.76.98", "127.0.76.2")
+    with rsock.create_server(("127.0.76.2", 9980)) as srv:
+        fds = len(os.listdir("/proc/self/fd"))
+        srv.settimeout(0.05)
+        forger.send(9980, 0, 100)
+        end = time.monotonic() + 20
+        while srv.listen_queue()[0] < HALF_OPEN_MAX or \
+                srv._half_open.evicted < 100 - HALF_OPEN_MAX:
+            with pytest.raises(TimeoutError):
+                srv.accept()
+            assert srv.listen_queue()[0] <= HALF_OPEN_MAX
+            assert time.monotonic() < end, srv.listen_queue()
+        assert srv.listen_queue() == (HALF_OPEN_MAX, 0)
+        assert len(os.listdir("/proc/self/fd")) - fds <= 4 * HALF_OPEN_MAX + 8
+    forger.close()

@@ -21,7 +21,8 @@ from ..readiness import readable
 from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam, RAI_PASSIVE
 from ..rdmacm import enums as ce
 from .handshake import (
-    REJ_BACKLOG, HalfOpen, HalfOpenTable, reject_and_release, rej_reason, turn_away,
+    HALF_OPEN_MAX, REJ_BACKLOG, REJ_FAILED, HalfOpen, HalfOpenTable, reject_and_release,
+    reject_id, rej_reason, turn_away,
 )
 
 __all__ = ["SocketBase", "Endpoint", "accept_request", "check_address", "os_error",
@@ -212,8 +213,9 @@ class SocketBase:
 
     def listen(self, backlog: int = 128) -> None:
         """Listen; ``backlog`` bounds both the half-open connections (REP sent, RTU
-        awaited; the oldest is evicted for a newer request) and the completed ones not
-        yet accepted (a request beyond it is rejected). At least 1, as on Linux."""
+        awaited; the oldest is evicted for a newer request; never more than
+        HALF_OPEN_MAX) and the completed ones not yet accepted (a request beyond it is
+        rejected). At least 1, as on Linux."""
         self._check_open()
         _, cid = self._cm()
         try:
@@ -222,11 +224,14 @@ class SocketBase:
             raise os_error(e, "listen") from None
         self._listening = True
         self._backlog = max(backlog, 1)
-        self._table().limit = self._backlog  # (listen() again: a new backlog, as on Linux)
+        self._table().limit = self._half_open_limit()  # (listen() again: a new backlog)
+
+    def _half_open_limit(self) -> int:
+        return min(max(self._backlog, 1), HALF_OPEN_MAX)
 
     def _table(self) -> HalfOpenTable[Any]:
         if self._half_open is None:
-            self._half_open = HalfOpenTable(max(self._backlog, 1),
+            self._half_open = HalfOpenTable(self._half_open_limit(),
                                             ready=type(self)._accepted,
                                             release=self._release_half_open)
         return self._half_open
@@ -328,8 +333,17 @@ class SocketBase:
         add it to the half-open table; a request that cannot be answered is rejected.
         Its CM events come to the listener's channel until it completes."""
         child = CMID(ev, listen_id=self._id)
-        channel = CMEventChannel()  # the connection's events, once it is ESTABLISHED
-        hub = self._make_hub(child, channel)
+        try:
+            channel = CMEventChannel()  # the connection's events, once it is ESTABLISHED
+        except OSError:  # out of descriptors: turned away, accept() goes on
+            reject_id(child, REJ_FAILED)
+            return
+        try:
+            hub = self._make_hub(child, channel)
+        except (OSError, PyverbsRDMAError):
+            reject_id(child, REJ_FAILED)
+            channel.close()
+            return
         conn = accept_request(child, ev, self.options.ack_timeout,
                               lambda cmid: self._make_conn(hub, cmid))
         if conn is None:

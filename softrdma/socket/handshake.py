@@ -35,9 +35,9 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 from ..rdmacm import CMEvent, CMID
 from ..rdmacm.cm_id import CMA_CM_RESPONSE_TIMEOUT
 
-__all__ = ["HalfOpen", "HalfOpenTable", "HANDSHAKE_TIMEOUT", "REP_TIMEOUT",
+__all__ = ["HalfOpen", "HalfOpenTable", "HANDSHAKE_TIMEOUT", "REP_TIMEOUT", "HALF_OPEN_MAX",
            "HANDSHAKE_REP_SENDS", "REJ_TIMEOUT", "REJ_EVICTED", "REJ_BACKLOG", "REJ_FAILED",
-           "turn_away", "rej_reason", "reject_and_release"]
+           "turn_away", "reject_id", "rej_reason", "reject_and_release"]
 
 #: rdma_cm's REP retransmission period, in seconds: the REQ's local CM response timeout
 #: sets it, and a REQ from rdma_cm says CMA_CM_RESPONSE_TIMEOUT (20), which the CM turns
@@ -53,6 +53,14 @@ HANDSHAKE_REP_SENDS = 3
 #: legitimate client answers a REP within one round trip, and the CM's own retries only
 #: matter when packets are lost (Linux TCP, for comparison, resends a SYN-ACK 5 times)
 HANDSHAKE_TIMEOUT = HANDSHAKE_REP_SENDS * REP_TIMEOUT
+
+#: the most half-open connections a listening socket keeps, whatever its backlog (as
+#: Linux's tcp_max_syn_backlog caps the SYN queue): each costs ~570 KiB (the slots of
+#: 564 KiB, a CQ, a PD) and 4 descriptors (its completion and CM channels), so
+#: create_server's default backlog of 128 would let a flood take 71 MiB and 512
+#: descriptors, half a default 1024-descriptor limit; 32 is 18 MiB and 128 descriptors,
+#: and still 32 handshakes in flight at once, each needing one round trip
+HALF_OPEN_MAX = 32
 
 #: the REJ private data (reason 28, consumer defined) for each way a request is turned away
 REJ_TIMEOUT = b"softrdma.socket: handshake timed out (no RTU)"
@@ -77,7 +85,11 @@ def rej_reason(private_data: bytes) -> str:
 def turn_away(ev: CMEvent, listen_id: CMID, reason: bytes) -> None:
     """Reject a connection request without making anything for it (a REJ with
     ``reason``), and free the id rdma_cm made for it."""
-    child = CMID(ev, listen_id=listen_id)
+    reject_id(CMID(ev, listen_id=listen_id), reason)
+
+
+def reject_id(child: CMID, reason: bytes) -> None:
+    """Reject the request ``child`` (the id of a CONNECT_REQUEST) and free the id."""
     try:
         child.reject(reason)
     except Exception:
