@@ -9,10 +9,11 @@ only completed connections, as a TCP ``accept()`` does, and never be held by a r
 that will not complete (one forged REQ, whose REP goes to an address nobody listens on).
 
 A half-open connection costs what the protocol makes before the REP: the QP and its
-registered receive (and send) slots, about 600 KiB with the default ``Options``. An
-off-path sender pays one 256-byte packet for that, so the table is bounded twice:
+registered receive and send slots, 564 KiB with the default ``Options``. An off-path
+sender pays one 256-byte packet for that, so the table is bounded twice:
 
-* in number, ``limit`` (the listener's backlog): a new request evicts the **oldest**
+* in number, ``limit`` (a socket's backlog, at most :data:`HALF_OPEN_MAX`; a
+  ``Receiver``'s, RECEIVER_BACKLOG by default): a new request evicts the **oldest**
   half-open connection when the table is full (:data:`REJ_EVICTED`). Dropping the new
   request instead, as Linux TCP drops SYNs when its SYN queue is full, would let a
   flood of ``limit`` forged REQs per :data:`HANDSHAKE_TIMEOUT` (a few packets a
