@@ -110,6 +110,9 @@ class FakeConn:
         self.req = req
         return "our REP"
 
+    def release(self) -> None:
+        self.released = True
+
 
 def test_accept_request_answers_with_our_data_after_taking_the_peers() -> None:
     child, conn = FakeRequest(), FakeConn()
@@ -124,11 +127,14 @@ def test_accept_request_answers_with_our_data_after_taking_the_peers() -> None:
 
 
 def test_accept_request_rejects_what_it_cannot_take() -> None:
-    child = FakeRequest()
+    child, conn = FakeRequest(), FakeConn(bad_data=True)
     ev = SimpleNamespace(private_data=b"junk", param=None)
     assert accept_request(child, ev, 16,  # type: ignore[arg-type]
-                          lambda cmid: FakeConn(bad_data=True)) is None
+                          lambda cmid: conn) is None
     assert child.calls == [("set_option", 16), ("reject", b"")]
+    # the endpoint made for it (its QP and MRs) goes with it: a REQ with a bad hello
+    # must not leave a connection behind in its hub
+    assert getattr(conn, "released", False)
 
 
 def test_both_protocols_use_the_one_handshake() -> None:

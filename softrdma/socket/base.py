@@ -17,8 +17,13 @@ from collections import deque
 from typing import Any, Callable, Protocol, TypeVar
 
 from ..errors import PyverbsRDMAError
+from ..readiness import readable
 from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam, RAI_PASSIVE
 from ..rdmacm import enums as ce
+from .handshake import (
+    HALF_OPEN_MAX, REJ_BACKLOG, REJ_FAILED, HalfOpen, HalfOpenTable, reject_and_release,
+    reject_id, rej_reason, turn_away,
+)
 
 __all__ = ["SocketBase", "Endpoint", "accept_request", "check_address", "os_error",
            "wait_slice", "WAIT_SLICE"]
@@ -79,7 +84,9 @@ def accept_request(child: CMID, ev: CMEvent, ack_timeout: int | None,
                    make_conn: Callable[[CMID], C]) -> C | None:
     """The passive half of the handshake (rdma_accept): set the QP's ACK timeout (the
     REQ's, 19: 2 s, unless set, as on Linux), make the endpoint, take the peer's private
-    data, answer with ours. On any failure the request is rejected: None."""
+    data, answer with ours. On any failure the request is rejected and the endpoint, if
+    made, released (its QP and MRs must not outlive a request with a bad hello): None."""
+    conn = None
     try:
         if ack_timeout is not None:
             child.set_option(ce.RDMA_OPTION_ID, ce.RDMA_OPTION_ID_ACK_TIMEOUT, ack_timeout)
@@ -91,6 +98,8 @@ def accept_request(child: CMID, ev: CMEvent, ack_timeout: int | None,
             child.reject(b"")
         except Exception:
             pass
+        if conn is not None:
+            conn.release()
         return None
     return conn
 
@@ -106,7 +115,8 @@ class SocketBase:
         self._conn, self._hub, self._peer = conn, hub, peer
         self._channel: CMEventChannel | None = None
         self._id: CMID | None = None
-        self._pending: deque[CMEvent] = deque()  # connection requests not accepted yet
+        self._accept_queue: deque[Any] = deque()  # completed connections not accepted yet
+        self._half_open: HalfOpenTable[Any] | None = None  # requests answered, RTU awaited
         self._listening = False
         self._closed = False
         self._backlog = 0
@@ -121,8 +131,10 @@ class SocketBase:
         """The protocol's connection on ``cmid`` (its QP made), added to ``hub``."""
         raise NotImplementedError
 
-    def _accepted(self, conn: Any) -> bool:
-        """``accept`` may hand the connection over (rdma_cm's ESTABLISHED)."""
+    @staticmethod
+    def _accepted(conn: Any) -> bool:
+        """``accept`` may hand the connection over (rdma_cm's ESTABLISHED). Static: the
+        half-open table keeps it, and must not keep the listener with it."""
         return conn.established
 
     # ---- timeouts ---------------------------------------------------------------------
@@ -192,8 +204,18 @@ class SocketBase:
         return self._peer
 
     # ---- the passive side ---------------------------------------------------------------
+    #
+    # A request is answered at once (rdma_accept: the REP goes out) and its connection
+    # waits, half-open, in a HalfOpenTable of at most ``backlog`` until ESTABLISHED; then
+    # it waits, as a connected socket, in the accept queue (at most ``backlog`` too, as
+    # TCP's) for accept() to take it. accept() drives all of them, so no one request
+    # holds it; a request that finds the accept queue full is rejected (REJ_BACKLOG).
 
     def listen(self, backlog: int = 128) -> None:
+        """Listen; ``backlog`` bounds both the half-open connections (REP sent, RTU
+        awaited; the oldest is evicted for a newer request; never more than
+        HALF_OPEN_MAX) and the completed ones not yet accepted (a request beyond it is
+        rejected). At least 1, as on Linux."""
         self._check_open()
         _, cid = self._cm()
         try:
@@ -201,60 +223,155 @@ class SocketBase:
         except PyverbsRDMAError as e:
             raise os_error(e, "listen") from None
         self._listening = True
-        self._backlog = backlog
+        self._backlog = max(backlog, 1)
+        self._table().limit = self._half_open_limit()  # (listen() again: a new backlog)
+
+    def _half_open_limit(self) -> int:
+        return min(max(self._backlog, 1), HALF_OPEN_MAX)
+
+    def _table(self) -> HalfOpenTable[Any]:
+        if self._half_open is None:
+            self._half_open = HalfOpenTable(self._half_open_limit(),
+                                            ready=type(self)._accepted,
+                                            release=self._release_half_open)
+        return self._half_open
 
     def _listener_progress(self) -> None:
-        """Take connection requests off the channel; turn away what exceeds the backlog."""
+        """Answer the connection requests waiting on the channel, drive every half-open
+        connection and every one in the accept queue, and move those that completed
+        into the accept queue."""
+        table = self._table()
+        requests: list[CMEvent] = []
         while self._channel.pending():
             ev = CMEvent(self._channel, 0)
             if ev.event_type == E.RDMA_CM_EVENT_CONNECT_REQUEST:
-                if len(self._pending) >= max(self._backlog, 1):
-                    CMID(ev, listen_id=self._id).reject(b"backlog")
-                else:
-                    self._pending.append(ev)
+                requests.append(ev)
+            else:
+                self._child_event(table, ev)
+        # what completed first (an RTU must be seen before newer requests could evict
+        # its connection), then the newest requests of the batch (HalfOpenTable.triage)
+        self._collect_completed(table)
+        for ev in table.triage(requests, self._id):
+            if len(self._accept_queue) >= self._backlog:
+                turn_away(ev, self._id, REJ_BACKLOG)
+            else:
+                self._accept_one(ev)
+        self._collect_completed(table)
+        for sock in list(self._accept_queue):  # completed: they keep moving (credits, CLOSE)
+            sock._hub.progress()
+            if sock._conn.error is not None:  # broke before it was accepted
+                self._accept_queue.remove(sock)
+                sock._abort()
+
+    def _child_event(self, table: HalfOpenTable[Any], ev: CMEvent) -> None:
+        """A half-open connection's CM event (its ESTABLISHED, REJECTED...), which comes
+        to the listener's channel so that the listener's descriptor wakes a select()
+        loop. Once ESTABLISHED, the id moves to the connection's own channel; what came
+        here just before the move goes to its hub still."""
+        for e in table:
+            if e.extra.dispatch_cm(ev):
+                if ev.event_type == E.RDMA_CM_EVENT_ESTABLISHED:
+                    e.conn.cmid.migrate(e.extra.channel)
+                return
+        for sock in self._accept_queue:
+            if sock._hub.dispatch_cm(ev):
+                return
+
+    def _collect_completed(self, table: HalfOpenTable[Any]) -> None:
+        for e in table:
+            e.extra.progress()
+        for e in table.completed():
+            sock = self._connected_socket(e)
+            if len(self._accept_queue) >= self._backlog:  # (filled since the request came)
+                sock._abort()
+            else:
+                self._accept_queue.append(sock)
+
+    def listen_queue(self) -> tuple[int, int]:
+        """A listening socket's queues: ``(half-open, completed)``, the connections
+        answered and waiting for their RTU, and those ESTABLISHED and waiting for
+        ``accept`` (Linux's reqsk_queue_len and sk_ack_backlog); each at most the
+        backlog."""
+        return (len(self._half_open) if self._half_open is not None else 0,
+                len(self._accept_queue))
 
     def accept(self) -> tuple[Any, tuple[str, int]]:
-        """Wait for a connection; return a connected socket and the peer's (ip, port)."""
+        """Wait for a completed connection; return a connected socket and the peer's
+        (ip, port). Connections complete in any order: a request that never does (its
+        RTU never comes) is turned away after HANDSHAKE_TIMEOUT without holding others."""
         self._check_open()
         if not self._listening:
             raise OSError(errno.EINVAL, "accept: the socket is not listening")
         deadline = self._deadline()
         while True:
             self._listener_progress()
-            while self._pending:
-                sock = self._accept_one(self._pending.popleft(), deadline)
-                if sock is not None:
-                    return sock, sock._peer
+            if self._accept_queue:
+                sock = self._accept_queue.popleft()
+                return sock, sock._peer
             self._expired(deadline, "accept")
-            self._channel.wait(wait_slice(deadline))
+            self._listener_wait(deadline)
 
-    def _accept_one(self, ev: CMEvent, deadline: float | None) -> Any:
-        """Answer one request on a channel and hub of its own; the connected socket, or
-        None if the request was turned away or the connection broke at once."""
+    def _listener_wait(self, deadline: float | None) -> None:
+        """Block until a request, a CM event or a completion of a half-open or queued
+        connection may be waiting (at most WAIT_SLICE, so handshake deadlines run)."""
+        hubs = [e.extra for e in self._half_open or ()]
+        if not hubs and not self._accept_queue:
+            self._channel.wait(wait_slice(deadline))
+            return
+        hubs += [s._hub for s in self._accept_queue]
+        fds = [self._channel.fd]
+        for hub in hubs:
+            hub.arm()
+            fds += [hub.fileno(), hub.channel.fd]
+        r = readable(fds, wait_slice(deadline))
+        for hub in hubs:
+            if hub.fileno() in r:
+                hub.take_cq_event()
+
+    def _accept_one(self, ev: CMEvent) -> None:
+        """Answer one request (the REP goes out) with a hub and channel of its own, and
+        add it to the half-open table; a request that cannot be answered is rejected.
+        Its CM events come to the listener's channel until it completes."""
         child = CMID(ev, listen_id=self._id)
-        channel = CMEventChannel()  # the new connection's events come to its own hub
-        child.migrate(channel)
-        hub = self._make_hub(child, channel)
+        try:
+            channel = CMEventChannel()  # the connection's events, once it is ESTABLISHED
+        except OSError:  # out of descriptors: turned away, accept() goes on
+            reject_id(child, REJ_FAILED)
+            return
+        try:
+            hub = self._make_hub(child, channel)
+        except (OSError, PyverbsRDMAError):
+            reject_id(child, REJ_FAILED)
+            channel.close()
+            return
         conn = accept_request(child, ev, self.options.ack_timeout,
                               lambda cmid: self._make_conn(hub, cmid))
         if conn is None:
             hub.close()
+            child.close()
             channel.close()
-            return None
-        sock = type(self)(options=self.options, _conn=conn, _hub=hub, _peer=child.peer_addr)
-        sock._channel = channel
+            return
+        self._table().admit(conn, child.peer_addr, hub)
+
+    def _connected_socket(self, e: HalfOpen[Any]) -> Any:
+        """The socket for a connection that completed its handshake."""
+        hub = e.extra
+        e.conn.cmid.migrate(hub.channel)  # (done already unless it completed by data)
+        sock = type(self)(options=self.options, _conn=e.conn, _hub=hub, _peer=e.peer)
+        sock._channel = hub.channel
         sock._timeout = self._timeout
-        while not self._accepted(conn) and conn.error is None:
-            hub.progress()
-            if self._accepted(conn) or conn.error is not None:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            hub.wait(deadline)
-        if conn.error is not None:
-            sock.close()
-            return None
         return sock
+
+    @staticmethod
+    def _release_half_open(e: HalfOpen[Any], reason: bytes) -> None:
+        """Turn away a half-open connection: REJ with ``reason``, then free its QP, MRs,
+        id, hub and channel (a static method: the table keeps no reference to the
+        listener)."""
+        hub = e.extra
+        reject_and_release(e.conn, reason)
+        hub.close()
+        if hub.channel is not None:
+            hub.channel.close()
 
     # ---- the active side ----------------------------------------------------------------
 
@@ -299,7 +416,8 @@ class SocketBase:
         status = f"{ev.event_str()} (status {ev.status})"
         self.close()
         if ev.event_type == E.RDMA_CM_EVENT_REJECTED:
-            raise ConnectionRefusedError(errno.ECONNREFUSED, f"{what}: {status}")
+            raise ConnectionRefusedError(errno.ECONNREFUSED,
+                                         f"{what}: {status}{rej_reason(ev.private_data)}")
         raise ConnectionError(errno.EHOSTUNREACH, f"{what}: {status}")
 
     def _expect(self, want: int, deadline: float | None, what: str) -> None:
@@ -316,7 +434,8 @@ class SocketBase:
 
     def fileno(self) -> int:
         """A descriptor that becomes readable when there may be work: a completion (for a
-        connected socket) or a connection request (for a listening one). After it
+        connected socket), or a connection request or a connection completing or
+        failing its handshake (for a listening one). After it
         fires, ``recv``/``accept`` may still find nothing complete and, when
         non-blocking, raise BlockingIOError."""
         if self._hub is not None:
@@ -331,8 +450,8 @@ class SocketBase:
         raise NotImplementedError
 
     def _free(self) -> None:
-        """Disconnect, free the connection, turn away requests not accepted, free the
-        hub, the listening or unconnected id and the channel."""
+        """Disconnect, free the connection, close the connections not accepted and turn
+        away the half-open ones, free the hub, the listening or unconnected id and the channel."""
         conn, hub = self._conn, self._hub
         if conn is not None:
             try:
@@ -340,18 +459,22 @@ class SocketBase:
             except Exception:
                 pass
             conn.release()
-        for ev in self._pending:
-            try:
-                CMID(ev, listen_id=self._id).reject(b"")
-            except Exception:
-                pass
-        self._pending.clear()
+        while self._accept_queue:  # completed, never accepted: reset, as TCP's are
+            self._accept_queue.popleft()._abort()
+        if self._half_open is not None:
+            self._half_open.close()
         if hub is not None:
             hub.close()
         if self._id is not None and (conn is None or conn.cmid is not self._id):
             self._id.close()
         if self._channel is not None:
             self._channel.close()
+
+    def _abort(self) -> None:
+        """Close without the protocol's goodbye (a connection never accepted, or broken):
+        disconnect and free at once, as TCP resets one."""
+        self._closed = True
+        self._free()
 
     def _state(self) -> str:
         return "closed" if self._closed else "listening" if self._listening else \

@@ -39,10 +39,19 @@ from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, RAI_PASSIVE
 from ..rdmacm import enums as ce
 from .base import accept_request, wait_slice
 from .conn import Connection, Hub, Options
+from .handshake import HalfOpen, HalfOpenTable, reject_and_release
 
-__all__ = ["Receiver", "ReceivedMessage"]
+__all__ = ["Receiver", "ReceivedMessage", "RECEIVER_BACKLOG"]
 
 E = ce.rdma_cm_event_type
+#: how many senders may be half-open at once (REP sent, RTU awaited), by default. Each
+#: holds its QP and registered record slots before it says a word: with the default
+#: Options, 64 + 4 receive and 72 send slots of 32 + 4,096 bytes, 564 KiB, all paid
+#: for by one 256-byte forged REQ. 32 of them are at most 17.6 MiB, about a quarter of
+#: the default mem_limit, and still 32 handshakes in flight at once: a handshake takes
+#: one round trip, while setting up a connection costs the receiver milliseconds of its
+#: own. (It was 1024 and not enforced: 2,000 forged REQs held 1.2 GiB.)
+RECEIVER_BACKLOG = 32
 
 
 @dataclass
@@ -53,10 +62,14 @@ class ReceivedMessage:
 
 
 class Receiver:
-    """The receiving end of a many-senders message queue, bound to ``address``."""
+    """The receiving end of a many-senders message queue, bound to ``address``.
+
+    A sender's request is answered at once and waits in :attr:`half_open` (at most
+    ``backlog``, the oldest evicted for a newer one, each for at most HANDSHAKE_TIMEOUT)
+    until it is ESTABLISHED; then it is one of the senders ``recv`` drives."""
 
     def __init__(self, address: tuple[str, int], *, mem_limit: int = 64 << 20,
-                 options: Options | None = None, backlog: int = 1024) -> None:
+                 options: Options | None = None, backlog: int = RECEIVER_BACKLOG) -> None:
         self.options = options or Options()
         self.mem_limit = mem_limit
         self.channel = CMEventChannel()
@@ -68,6 +81,10 @@ class Receiver:
         except PyverbsRDMAError as e:
             self.channel.close()
             raise OSError(e.error_code or errno.EIO, f"Receiver: {e}") from None
+        # senders answered with a REP, their RTU not yet in: at most ``backlog``, the
+        # oldest evicted for a newer one, each for at most HANDSHAKE_TIMEOUT
+        self.half_open: HalfOpenTable[Connection] = HalfOpenTable(
+            max(backlog, 1), ready=_established, release=_release_half_open)
         self.hubs: dict[int, Hub] = {}  # by id(verbs context): one CQ per device
         self.conns: dict[int, tuple[Connection, tuple[str, int]]] = {}  # by id(conn)
         self.partial: dict[int, list[ReceivedMessage]] = {}  # frames of unfinished runs
@@ -101,28 +118,47 @@ class Receiver:
         return hub
 
     def _accept(self, ev: CMEvent) -> None:
+        """Answer a sender's request (the REP goes out) and keep it half-open."""
         child = CMID(ev, listen_id=self.listener)
         hub = self._hub(child)
         conn = accept_request(child, ev, self.options.ack_timeout,
                               lambda cmid: Connection(hub, cmid, self.options))
         if conn is not None:
-            self.conns[id(conn)] = (conn, child.peer_addr)
+            self.half_open.admit(conn, child.peer_addr)
+        else:
+            child.close()
 
-    def progress(self) -> int:
-        """Accept senders, move every connection, collect complete runs; returns how many
-        things happened."""
+    def _cm_events(self) -> int:
+        """Take every CM event waiting: the senders' own first (an ESTABLISHED must be
+        seen before newer requests could evict its connection), then the requests, of
+        which only the newest ``backlog`` are answered (HalfOpenTable.triage)."""
+        requests: list[CMEvent] = []
         n = 0
         while self.channel.pending():
             ev = CMEvent(self.channel, 0)
             n += 1
             if ev.event_type == E.RDMA_CM_EVENT_CONNECT_REQUEST:
-                self._accept(ev)
-            else:
-                for hub in self.hubs.values():
-                    if hub.dispatch_cm(ev):
-                        break
+                requests.append(ev)
+                continue
+            for hub in self.hubs.values():
+                if hub.dispatch_cm(ev):
+                    break
+        self._admit_completed()
+        for ev in self.half_open.triage(requests, self.listener):
+            self._accept(ev)
+        return n
+
+    def _admit_completed(self) -> None:
+        for e in self.half_open.completed():
+            self.conns[id(e.conn)] = (e.conn, e.peer)
+
+    def progress(self) -> int:
+        """Accept senders, move every connection, collect complete runs; returns how many
+        things happened."""
+        n = self._cm_events()
         for hub in self.hubs.values():
             n += hub.progress()
+        self._admit_completed()
         # the limit is on complete runs waiting for the application: a run in progress
         # is never held back (its next frame may be what completes it)
         over = self._ready_bytes >= self.mem_limit
@@ -210,6 +246,7 @@ class Receiver:
                 pass
             conn.release()
         self.conns.clear()
+        self.half_open.close()
         for hub in self.hubs.values():
             hub.close()
         self.listener.close()
@@ -220,3 +257,11 @@ class Receiver:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _established(conn: Connection) -> bool:
+    return conn.established
+
+
+def _release_half_open(e: HalfOpen[Connection], reason: bytes) -> None:
+    reject_and_release(e.conn, reason)

@@ -68,7 +68,8 @@ class RSocket(SocketBase):
     def _make_conn(self, hub: Hub, cmid: CMID) -> RSConn:
         return RSConn(hub, cmid, self.options.copy())
 
-    def _accepted(self, conn: RSConn) -> bool:
+    @staticmethod
+    def _accepted(conn: RSConn) -> bool:
         # data may come before ESTABLISHED (the first write is the RTU's proxy)
         return conn.established or bool(conn.rmsg)
 

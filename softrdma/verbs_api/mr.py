@@ -288,6 +288,9 @@ class SoftMR:
 
     def destroy(self) -> None:
         self.device.keys.remove(self.entry)
+        # no way back to the closed MR: without the cycle MR -> SoftMR -> MR, the buffer
+        # is freed when the last reference to the MR goes, not at the next gc pass
+        self.owner = self.entry.owner = None
 
 
 class MWBind:
