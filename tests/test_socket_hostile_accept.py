@@ -234,7 +234,10 @@ def test_a_flood_of_forged_requests_leaves_a_receiver_bounded_and_open(dev):
             print(f"Receiver: +{peak / 2**20:.1f} MiB at most (bound {bound >> 20} MiB)")
             assert peak < bound, f"+{peak >> 20} MiB"
             assert len(rx.half_open) <= RECEIVER_BACKLOG
-            assert rx.half_open.evicted >= FLOOD - 2 * RECEIVER_BACKLOG
+            # every forged REQ was evicted from the table, or never reached it: rdma_cm
+            # forgot it while RECEIVER_BACKLOG requests waited (listen's backlog, as ucma)
+            dropped = rx.listener.id.cdev.service.counters["listen_overflow"].get("REQ", 0)
+            assert rx.half_open.evicted + dropped >= FLOOD - 2 * RECEIVER_BACKLOG
     finally:
         tracemalloc.stop()
         forger.close()
