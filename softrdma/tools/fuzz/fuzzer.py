@@ -45,9 +45,12 @@ from .frames import FrameMaker, SendSocket
 from .live import KINDS, QP_DEPTH, RECV_TARGET, SLOT, UD_QKEY, End, Pair, Side, connect
 from .stats import Stats
 
-__all__ = ["FuzzConfig", "Check", "Fuzzer", "SELF_TESTS"]
+__all__ = ["FuzzConfig", "Check", "Fuzzer", "SELF_TESTS", "TARGETS"]
 
 SELF_TESTS = ("sentinel", "guard", "unregistered", "leak", "fd", "thread")
+#: what ``--target`` fires at: RoCE frames at live QPs (data), CM MADs at QP1 (cm), the
+#: socket layer's hello and records over a real connection (records)
+TARGETS = ("data", "cm", "records")
 
 
 @dataclass
@@ -63,6 +66,7 @@ class FuzzConfig:
     crash_pcap: str | None = None
     self_test: str | None = None
     verbose: bool = False
+    target: str = "data"
 
 
 @dataclass

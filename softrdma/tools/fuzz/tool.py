@@ -41,7 +41,9 @@ from typing import Any
 
 from ..common import ToolError
 from .checks import check_flat, check_memory, check_pairs, exercise, measure
-from .fuzzer import SELF_TESTS, Fuzzer, FuzzConfig
+from .fuzzer import SELF_TESTS, TARGETS, Fuzzer, FuzzConfig
+from .cmtarget import run_cm
+from .rectarget import run_records
 from .report import print_report
 from .seeds import default_pcap_dir, load_seeds
 
@@ -52,6 +54,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("fuzz", help="fire mutated frames from pcaps/ at live devices, then "
                                     "check they still work and nothing leaked or changed",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", choices=TARGETS, default="data",
+                   help="data: RoCE frames at live QPs (default); cm: CM MADs at QP1 of "
+                        "devices with a listener and an established connection; records: "
+                        "the socket layer's hello and records at a Receiver")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument("--seconds", type=float, default=None,
                    help="fuzz for this long (default 10 unless --count is given)")
@@ -80,7 +86,8 @@ def add_parser(sub: Any) -> None:
 def run(a: argparse.Namespace) -> int:
     cfg = FuzzConfig(seed=a.seed, seconds=a.seconds, count=a.count, addrs=tuple(a.addrs),
                      stranger=a.stranger, pcaps=a.pcaps, icrc=a.icrc, warmup=a.warmup,
-                     crash_pcap=a.crash_pcap, self_test=a.self_test, verbose=a.verbose)
+                     crash_pcap=a.crash_pcap, self_test=a.self_test, verbose=a.verbose,
+                     target=a.target)
     return run_fuzz(cfg)
 
 
@@ -102,6 +109,15 @@ def run_fuzz(cfg: FuzzConfig, out: Any = None) -> int:
             raise ToolError(f"{ip!r} is not an IPv4 loopback address (127.x.y.z)") from None
     if cfg.addrs[0] == cfg.addrs[1]:
         raise ToolError("--addrs must be two different addresses")
+    if cfg.target not in TARGETS:
+        raise ToolError(f"--target must be one of {', '.join(TARGETS)}, not {cfg.target!r}")
+    if cfg.target != "data" and cfg.self_test not in (None, "leak"):
+        raise ToolError(f"--target {cfg.target} has only --self-test leak (and its planted "
+                        f"bugs in the tests)")
+    if cfg.target == "cm":
+        return run_cm(cfg, out)
+    if cfg.target == "records":
+        return run_records(cfg, out)
     root = cfg.pcaps or default_pcap_dir()
     seeds, nfiles = load_seeds(root)
     if not seeds:
