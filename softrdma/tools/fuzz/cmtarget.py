@@ -33,7 +33,7 @@ from ..common import ToolError
 from . import mutators as M
 from .checks import check_flat, measure
 from .cm import LiveCm, LiveId, MadMaker, cm_service_ids, load_cm_seeds
-from .fuzzer import Check, FuzzConfig, _next_ip, _ip_int, _raw_allowed
+from .fuzzer import Check, FuzzConfig, next_ip, ip_int, raw_allowed
 from .rdmacm_live import CONNECT_TIMEOUT, CmSides, ExceptHook, RcConn, close_devices, open_devices, send_socket
 from .report import print_summary
 from .seeds import default_pcap_dir
@@ -53,7 +53,9 @@ CM_IDS_SLACK = 8
 #: the device's work: each must be unchanged by a run
 COUNTERS = ("gsi_handler_errors", "progress_errors", "qp_fatal")
 FROM_PEER = 0.75
-SETTLE = 5.0  # seconds to let TIMEWAIT (2.1 s) and retransmissions play out at the end
+#: seconds to let TIMEWAIT play out before counting CM ids: it lasts conv(av timeout),
+#: 2,048 ms for the ACK timeout 19 of rxe paths (softrdma.cm.state), plus a margin
+SETTLE = 2.5
 
 
 class CmFuzz:
@@ -77,13 +79,13 @@ class CmFuzz:
     # -- setup ------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        if cfg.icrc == "raw" and not _raw_allowed():
+        if cfg.icrc == "raw" and not raw_allowed():
             raise ToolError("--icrc raw needs a raw socket (root or CAP_NET_RAW)")
-        self.raw = cfg.icrc == "raw" or (cfg.icrc == "auto" and _raw_allowed())
+        self.raw = cfg.icrc == "raw" or (cfg.icrc == "auto" and raw_allowed())
         self._hook = ExceptHook(self.thread_errors)
         self.devs = open_devices(cfg.addrs, self.rng.randrange(1 << 30), self.raw)
         self.sides = CmSides(self.devs, CM_PORT, b"fuzz-legit" + self.rng.randbytes(6))
-        stranger = cfg.stranger or _next_ip(max(cfg.addrs, key=_ip_int))
+        stranger = cfg.stranger or next_ip(max(cfg.addrs, key=ip_int))
         for i, ip in enumerate(cfg.addrs):  # from device i's address to the other device
             self.socks.append((send_socket(ip), socket.inet_aton(ip), True, 1 - i))
         for ip in (stranger, "127.0.0.1"):
@@ -116,10 +118,15 @@ class CmFuzz:
         assert sides is not None
         sides.pump()
         conn = self.conn
-        if conn is not None and (conn.ended or i % LEGIT_EVERY == 0):
+        if conn is None:  # the last attempt was broken by forged MADs: again
+            self.conn, cerr = sides.connect()
+            if cerr:
+                self.stats.wc_errors[cerr] = self.stats.wc_errors.get(cerr, 0) + 1
+        elif conn.ended or i % LEGIT_EVERY == 0:
             err = conn.ended or conn.exchange(self.rng.randbytes(64))
             if err:  # ended by a forged MAD (or its data path broken): a new one
-                self.broken[err.split(":")[0]] = self.broken.get(err.split(":")[0], 0) + 1
+                k = err.split(":")[0]
+                self.broken[k] = self.broken.get(k, 0) + 1
                 sides.drop(conn)
                 self.conn, cerr = sides.connect()
                 if cerr:
@@ -249,9 +256,10 @@ def _run(fz: CmFuzz, seeds: list[Any], nfiles: int, out: Any) -> int:
     # the established connection: still moving data, or ended by a forged MAD (what an
     # off-path forger who knows its comm IDs may do) and replaced by one that does
     conn = fz.conn
-    if conn is not None and conn.ended:
-        fz.broken[conn.ended] = fz.broken.get(conn.ended, 0) + 1
-        sides.drop(conn)
+    if conn is None or conn.ended:
+        if conn is not None:
+            fz.broken[conn.ended] = fz.broken.get(conn.ended, 0) + 1
+            sides.drop(conn)
         conn, _err = sides.connect()
         fz.conn = conn
     err = "no connection" if conn is None else conn.exchange(b"after" * 20)

@@ -64,11 +64,11 @@ def print_summary(fz: Any, total_t: float, out: Any, unit: str = "frames") -> in
     """The summary of the ``cm`` and ``records`` targets, in the data path's format:
     what was sent, the mutations, what the devices did, the checks."""
     st = fz.stats
+    framing = (f"{st.from_peer} from the peer's address, {st.to_live_qp} aimed at live "
+               f"state, {st.good_icrc} with a correct ICRC, {st.byte_mutated} byte-mutated; "
+               f"{st.send_errors} send errors; ") if unit != "records" else ""
     print(f"sent: {st.sent} {unit} in {total_t:.1f} s ({st.sent / max(total_t, 1e-9):.0f} "
-          f"{unit}/s); {st.from_peer} from the peer's address, {st.to_live_qp} aimed at live "
-          f"state, {st.good_icrc} with a correct ICRC, {st.byte_mutated} byte-mutated; "
-          f"{st.send_errors} send errors; {st.legit_ops} legitimate operations alongside",
-          file=out)
+          f"{unit}/s); {framing}{st.legit_ops} legitimate operations alongside", file=out)
     print("mutations: " + ", ".join(f"{k} {v}" for k, v in sorted(st.mutations.items())),
           file=out)
     print("connections made and torn down alongside: " + (", ".join(
