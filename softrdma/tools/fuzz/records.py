@@ -132,7 +132,7 @@ def _field_value(r: Rng, k: str, rec: dict[str, int], due: Due) -> int:
             v = (due.rkey ^ r.choice((1, 0x100, 0x80000000))) & 0xFFFFFFFF
         elif k == "flags":
             v = r.choice((MORE, 0x02, 0xFE))
-    return v
+    return v & ((1 << bits) - 1)  # (length + 1 of a length already at 2^32 - 1 wraps)
 
 
 def rec_field(r: Rng, rec: dict[str, int], due: Due) -> None:
