@@ -46,7 +46,7 @@ from ...verbs_api.enums import ibv_qp_type, ibv_send_flags, ibv_wr_opcode
 from ..common import ToolError
 from .checks import check_flat, measure
 from .fuzzer import Check, FuzzConfig, raw_allowed
-from .rdmacm_live import CONNECT_TIMEOUT, ExceptHook, close_devices, open_devices
+from .rdmacm_live import CONNECT_TIMEOUT, ExceptHook, close_devices, open_devices, poll_cq
 from .records import Due, RecordMaker, hello_bytes
 from .report import print_summary
 from .stats import Stats
@@ -134,14 +134,7 @@ class Forger:
                                         send_flags=ibv_send_flags.IBV_SEND_SIGNALED))
         except PyverbsRDMAError as e:
             return f"post_send: {e}"
-        wc = None
-        deadline = time.monotonic() + STEP_TIMEOUT
-        while wc is None and time.monotonic() < deadline:
-            got, wcs = self.cmid.qp.send_cq.poll(1)  # (polled: a live device completes it)
-            if got:
-                wc = wcs[0]
-            else:
-                time.sleep(0.0002)
+        wc = poll_cq(self.cmid.qp.send_cq, STEP_TIMEOUT)
         self._reap()
         if wc is None:
             return "no send completion"
