@@ -171,7 +171,8 @@ def test_fuzz_cm_short_run_survives():
 def test_fuzz_records_short_run_survives():
     """Forged hellos and records at a Receiver: it keeps serving the legitimate sender
     (every message, in order), every forged connection it drops ends with a clear error,
-    none stays, recv raises nothing unexpected, and a fresh sender is heard."""
+    it serves none of them after, recv raises nothing unexpected, and a fresh sender is
+    heard; a client given a damaged hello in the REP connects or is refused cleanly."""
     r = _fuzz("--target", "records", "--seconds", "4", "--seed", "7", "--addrs",
               "127.0.16.5", "127.0.16.6")
     out = r.stdout
@@ -183,6 +184,7 @@ def test_fuzz_records_short_run_survives():
                  "descriptors bounded", "RSS flat", "no exception caught by a device",
                  "Receiver.recv raised only TimeoutError",
                  "broken connections end with a clear error",
+                 "a client refuses a bad REP hello clearly",
                  "the legitimate sender is heard", "a fresh sender is heard"):
         assert checks.get(name) is True, (name, out)
     assert re.search(r"Receiver connections bounded \(1 served and \d+ held", out), out

@@ -9,6 +9,9 @@ short run. Device B runs:
 
 * a legitimate sender (``create_connection``) that sends a numbered message every
   :data:`LEGIT_EVERY` records;
+* every :data:`REP_HELLO_EVERY` forgers, a socket-layer client (``create_connection``)
+  of a forged server on device B whose REP carries a hello from
+  :data:`~.records.HELLO`: it must connect, or fail with a ConnectionError, in time;
 * *forgers*, one after another: each an RC connection made with rdma_cm whose REQ
   carries a hello from :data:`~.records.HELLO` (a correct one 70 % of the time), then up
   to :data:`FORGER_RECORDS` SENDs made by :class:`~.records.RecordMaker` (a correct next
@@ -37,7 +40,7 @@ import traceback
 from typing import Any
 
 from ...errors import PyverbsRDMAError
-from ...rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam
+from ...rdmacm import RAI_PASSIVE, AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam
 from ...rdmacm import enums as ce
 from ...socket import Options, Receiver, create_connection
 from ...socket.record import RECORD, RECORD_SIZE, RecordType
@@ -62,6 +65,7 @@ RX_OPTIONS = Options(slots=16, inline_max=1024, max_message=1 << 20, mem_limit=4
 RX_MEM_LIMIT = 4 << 20
 FORGER_RECORDS = 32  # records a forger sends before it closes (if it lasts that long)
 LEGIT_EVERY = 16  # records between two messages of the legitimate sender
+REP_HELLO_EVERY = 8  # forgers between two clients that meet a forged server's REP hello
 #: a SEND on loopback completes in milliseconds; one the Receiver does not take (RNR
 #: retried for ever, or a connection it stopped serving) is given up after this
 STEP_TIMEOUT = 2.0
@@ -174,6 +178,72 @@ class Forger:
         self.ch.close()
 
 
+class ForgedServer(threading.Thread):
+    """An rdma_cm listener on device B that accepts every request with a REP carrying
+    the hello it is given (damaged or not), then says nothing: what a client of the socket
+    layer does with the REP's hello is tested."""
+
+    def __init__(self, ip: str, port: int) -> None:
+        super().__init__(name="fuzz-forged-server", daemon=True)
+        self.ch = CMEventChannel()
+        self.lid = CMID(self.ch)
+        self.lid.bind_addr(AddrInfo(src=ip, src_service=str(port), flags=RAI_PASSIVE))
+        self.lid.listen(16)
+        self.hello = b""
+        self.stop = threading.Event()
+        self.children: list[CMID] = []
+        self.mrs: list[Any] = []
+        self.lock = threading.Lock()  # children and mrs: this thread adds, the run drops
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.ch.wait(0.05)
+            while self.ch.pending():
+                ev = CMEvent(self.ch, 0)
+                if ev.event_type != E.RDMA_CM_EVENT_CONNECT_REQUEST:
+                    continue
+                child = CMID(ev, listen_id=self.lid)
+                try:
+                    child.create_qp(QPInitAttr(qp_type=ibv_qp_type.IBV_QPT_RC,
+                                               cap=QPCap(max_send_wr=4, max_recv_wr=4,
+                                                         max_send_sge=1, max_recv_sge=1)))
+                    # receives for the client's first records (its CLOSE), so it is not
+                    # held by RNR when it leaves
+                    mr = child.reg_msgs(4 * 8192)
+                    with self.lock:
+                        self.mrs.append(mr)
+                    for k in range(4):
+                        child.qp.post_recv(RecvWR(k, 1, [SGE(mr.buf + k * 8192, 8192,
+                                                             mr.lkey)]))
+                    cp = ConnParam(resources=4, depth=4, retry=6, rnr_retry=7,
+                                   data_len=len(self.hello))
+                    cp.set_private_data(self.hello)
+                    child.accept(cp)
+                except PyverbsRDMAError:
+                    pass
+                except Exception:
+                    self.errors.append(traceback.format_exc().strip())
+                with self.lock:
+                    self.children.append(child)
+        self.drop_children()
+        self.lid.close()
+        self.ch.close()
+
+    def drop_children(self) -> None:
+        with self.lock:
+            children, self.children = self.children, []
+            mrs, self.mrs = self.mrs, []
+        for c in children:
+            try:
+                c.disconnect()
+            except PyverbsRDMAError:
+                pass
+            c.close()
+        for mr in mrs:
+            mr.close()
+
+
 class Server(threading.Thread):
     """The Receiver's application: ``recv`` in a loop, as a server runs it."""
 
@@ -232,6 +302,9 @@ class RecordFuzz:
         self.legit_error = ""
         self.forgers_made = 0
         self.hello_refused = 0
+        self.forged_server: ForgedServer | None = None
+        self.rep_hellos: collections.Counter[str] = collections.Counter()  # client outcomes
+        self.rep_unclear: list[str] = []  # outcomes that are not a ConnectionError
         self.raw = False
         self._hook: ExceptHook | None = None
 
@@ -249,6 +322,29 @@ class RecordFuzz:
         except OSError as e:
             raise ToolError(f"the Receiver does not take a sender before any fuzzing: {e}")
         self.legit_send()
+        self.forged_server = ForgedServer(cfg.addrs[1], RX_PORT + 1)
+        self.forged_server.start()
+
+    def rep_hello(self) -> None:
+        """A socket-layer client connects to the forged server, whose REP carries a hello
+        from HELLO: it connects (a correct hello) or fails with a ConnectionError, within
+        its timeout."""
+        fs = self.forged_server
+        assert fs is not None
+        fs.hello = hello_bytes(self.rng, self.stats)
+        self.stats.sent += 1
+        t0 = time.monotonic()
+        try:
+            s = create_connection((self.cfg.addrs[1], RX_PORT + 1), timeout=CONNECT_TIMEOUT)
+            s.close()
+            self.rep_hellos["connected"] += 1
+        except ConnectionError as e:
+            self.rep_hellos[type(e).__name__] += 1
+        except Exception as e:  # TimeoutError included: the forged server did answer
+            self.rep_hellos[type(e).__name__] += 1
+            self.rep_unclear.append(f"{type(e).__name__}: {e} after "
+                                    f"{time.monotonic() - t0:.1f} s")
+        fs.drop_children()
 
     def legit_send(self) -> None:
         """The legitimate sender's next message (after its connection broke: nothing; the
@@ -275,6 +371,9 @@ class RecordFuzz:
         sent_on_f = 0
         while i < limit and (end is None or time.monotonic() < end):
             if f is None:
+                if self.forgers_made % REP_HELLO_EVERY == REP_HELLO_EVERY - 1:
+                    self.rep_hello()
+                    i += 1
                 hello = hello_bytes(self.rng, self.stats)
                 self.forgers_made += 1
                 f = Forger(self.devs[1].ip, self.devs[0].ip, RX_PORT, hello)
@@ -324,9 +423,10 @@ class RecordFuzz:
                 for k in ("gsi_handler_errors", "progress_errors", "qp_fatal")}
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.stop.set()
-            self.server.join(5)
+        for t in (self.server, self.forged_server):
+            if t is not None:
+                t.stop.set()
+                t.join(5)
         if self.legit is not None:
             self.legit.close()
         if self.rx is not None:
@@ -406,6 +506,10 @@ def _run(fz: RecordFuzz, out: Any) -> int:
     c.append(Check("broken connections end with a clear error", not srv.unclear,
                    (f"{srv.unclear[0]}; " if srv.unclear else "") + f"ended: {ends}; "
                    f"{fz.hello_refused} of {fz.forgers_made} hellos refused"))
+    outcomes = ", ".join(f"{k} {v}" for k, v in fz.rep_hellos.most_common()) or "none"
+    c.append(Check("a client refuses a bad REP hello clearly", not fz.rep_unclear,
+                   (f"{fz.rep_unclear[0]}; " if fz.rep_unclear else "")
+                   + f"clients of a forged server: {outcomes}"))
     # what the Receiver serves, and what its hubs (one CQ per device) still hold: a
     # connection it refused must be gone from both
     left, held = len(rx.conns), sum(len(h.conns) for h in rx.hubs.values())
