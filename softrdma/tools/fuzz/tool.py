@@ -30,6 +30,18 @@ SEND). Exit status 0 if every check passed, 1 otherwise with one line naming the
 With ``--icrc auto`` (the default) devices receive through a raw socket when the process
 may open one (root or CAP_NET_RAW), which is the only way an IPv4 device sees the IP ID and
 can verify ICRCs; otherwise ICRCs go unchecked (``icrc_unchecked``) and the summary says so.
+
+``--target cm`` fires mutated CM MADs (REQ, MRA, REP, RTU, REJ, DREQ, DREP, SIDR_REQ/REP,
+from the captures and built; aimed at live comm IDs, fields at their edges, timeouts 0/31,
+retries 15, broken cma headers and hellos, wrong attribute IDs, MADs not 256 bytes) at QP1
+of two devices, one listening with rdma_cm and both holding an established connection;
+it checks that no exception was caught by a device, the CM ids are back near their
+baseline, every rdma_cm event was read, the connection (or its replacement) moves data
+and a fresh one is made in time. ``--target records`` sends forged socket-layer hellos and
+records over real connections to a ``softrdma.socket.Receiver`` while a legitimate sender
+uses it (and gives clients damaged hellos in a forged server's REP); it checks that the
+sender is heard, dropped connections end with a ConnectionError, none is kept, and
+``recv`` raises nothing unexpected. Both also check threads, memory and descriptors.
 """
 
 from __future__ import annotations
