@@ -147,14 +147,14 @@ def test_fuzz_cm_short_run_survives():
     connection: the devices catch no exception, the progress threads live, no rdma_cm
     event is left unread, the established connection (or its replacement) moves data and
     a fresh connection is made in bounded time."""
-    r = _fuzz("--target", "cm", "--seconds", "4", "--seed", "7", "--addrs", "127.0.16.1",
-              "127.0.16.2")
+    r = _fuzz("--target", "cm", "--seconds", "4", "--seed", "7", "--addrs", "127.0.41.1",
+              "127.0.41.2")
     out = r.stdout
     checks = _checks(out)
     m = re.search(r"sent: (\d+) CM MADs", out)
     # (about 1,500 a second on 2 shared cores; the bounds allow for a loaded machine)
     assert m and int(m.group(1)) > 400, out + r.stderr
-    for dev in ("127.0.16.1", "127.0.16.2"):
+    for dev in ("127.0.41.1", "127.0.41.2"):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"softrdma-fuzz-{dev}:"))
         # the MADs reached the CM, and QP1's and the MAD layer's checks
         assert int(re.search(r"MADs received (\d+)", line).group(1)) > 100, line
@@ -176,7 +176,7 @@ def test_fuzz_records_short_run_survives():
     it serves none of them after, recv raises nothing unexpected, and a fresh sender is
     heard; a client given a damaged hello in the REP connects or is refused cleanly."""
     r = _fuzz("--target", "records", "--seconds", "4", "--seed", "7", "--addrs",
-              "127.0.16.5", "127.0.16.6")
+              "127.0.41.5", "127.0.41.6")
     out = r.stdout
     checks = _checks(out)
     m = re.search(r"sent: (\d+) records", out)
@@ -200,7 +200,7 @@ def test_fuzz_cm_catches_a_planted_bug(monkeypatch):
         raise RuntimeError("planted")
     monkeypatch.setattr(CmAgent, "_on_dreq", broken)
     out = io.StringIO()
-    rc = run_cm(FuzzConfig(seed=2, count=1500, addrs=("127.0.16.9", "127.0.16.10"),
+    rc = run_cm(FuzzConfig(seed=2, count=1500, addrs=("127.0.41.9", "127.0.41.10"),
                            target="cm"), out)
     assert rc == 1
     checks = _checks(out.getvalue())
@@ -220,7 +220,7 @@ def test_fuzz_records_catches_a_planted_bug(monkeypatch):
         return orig(cls, buf, offset)
     monkeypatch.setattr(socket_record.Record, "unpack", classmethod(unpack))
     out = io.StringIO()
-    rc = run_records(FuzzConfig(seed=2, count=600, addrs=("127.0.16.13", "127.0.16.14"),
+    rc = run_records(FuzzConfig(seed=2, count=600, addrs=("127.0.41.13", "127.0.41.14"),
                                 target="records"), out)
     assert rc == 1
     checks = _checks(out.getvalue())
