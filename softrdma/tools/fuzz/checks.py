@@ -21,7 +21,14 @@ from ...verbs_api import SendWR
 from .fuzzer import Check, Fuzzer
 from .live import KINDS, RECV_TARGET, SLOT, UD_QKEY, Pair
 
-__all__ = ["measure", "check_flat", "check_memory", "exercise", "check_pairs"]
+__all__ = ["measure", "check_flat", "check_memory", "exercise", "check_pairs",
+           "BLOCKS_PER_NEW_QP"]
+
+#: memory blocks a QP with a new number may leave behind, by design: the device's pooled
+#: source-port socket for it (softrdma.soft.udp, up to TX_POOL sockets) and its entry.
+#: Measured 3.5 to 4.6 per QP over 400 and 800 legitimate rdma_cm connections made and
+#: torn down (no fuzzing); 6 leaves a margin. A leaked CM id costs ~36 blocks.
+BLOCKS_PER_NEW_QP = 6
 
 
 def _fds() -> int:
@@ -79,7 +86,7 @@ def check_flat(fz: Fuzzer, base: dict[str, int], now: dict[str, int],
     # QP_DEPTH per QP, a handful of objects each) move it by about a thousand (+600 to
     # +900 measured over 5 s runs); a leak of one object per frame grows it by the
     # number of frames, 3,000 to 4,500 a second.
-    tol_blocks = 2000 + base["blocks"] // 100
+    tol_blocks = 2000 + base["blocks"] // 100 + BLOCKS_PER_NEW_QP * new_qps
     c.append(Check("allocated memory blocks flat",
                    now["blocks"] - base["blocks"] <= tol_blocks,
                    f"{base['blocks']} -> {now['blocks']} ({now['blocks'] - base['blocks']:+d},"

@@ -177,6 +177,7 @@ class CmSides:
             lid.listen(16)
             self.listeners[id(lid.id)] = lid
         self.events: dict[int, list[int]] = {}  # by id(RdmaCmId): event types seen
+        self.dialing: set[int] = set()  # ids of our clients still resolving
         self.conns: dict[int, RcConn] = {}  # by id(RdmaCmId) of either side
         self.forged_requests = 0
         self.qps_made = 0  # QPs created (each a new QPN, so maybe a source-port socket)
@@ -197,7 +198,8 @@ class CmSides:
     def _on_event(self, ev: CMEvent) -> None:
         t = ev.event_type
         key = id(ev.id)
-        self.events.setdefault(key, []).append(t)
+        if key in self.conns or key in self.dialing:  # (not the forged requests' ids)
+            self.events.setdefault(key, []).append(t)
         if t == E.RDMA_CM_EVENT_CONNECT_REQUEST:
             lid = self.listeners.get(id(ev.listen_id))
             if lid is None:
@@ -258,6 +260,7 @@ class CmSides:
         deadline = time.monotonic() + CONNECT_TIMEOUT
         c = CMID(self.ch_b)
         conn = RcConn(c)
+        self.dialing.add(id(c.id))
         try:
             c.resolve_addr(AddrInfo(src=self.b.ip, dst=self.a.ip, dst_service=str(self.port)))
             err = self.wait(c, E.RDMA_CM_EVENT_ADDR_RESOLVED, deadline)
@@ -274,6 +277,7 @@ class CmSides:
                 err = self.wait(c, E.RDMA_CM_EVENT_ESTABLISHED, deadline)
         except PyverbsRDMAError as e:
             err = str(e)
+        self.dialing.discard(id(c.id))
         if err is None and conn.server is None:
             err = "established without the server's side"
         if err is not None:
