@@ -45,9 +45,13 @@ from .frames import FrameMaker, SendSocket
 from .live import KINDS, QP_DEPTH, RECV_TARGET, SLOT, UD_QKEY, End, Pair, Side, connect
 from .stats import Stats
 
-__all__ = ["FuzzConfig", "Check", "Fuzzer", "SELF_TESTS"]
+__all__ = ["FuzzConfig", "Check", "Fuzzer", "SELF_TESTS", "TARGETS", "raw_allowed", "ip_int",
+           "next_ip"]
 
 SELF_TESTS = ("sentinel", "guard", "unregistered", "leak", "fd", "thread")
+#: what ``--target`` fires at: RoCE frames at live QPs (data), CM MADs at QP1 (cm), the
+#: socket layer's hello and records over a real connection (records)
+TARGETS = ("data", "cm", "records")
 
 
 @dataclass
@@ -63,6 +67,7 @@ class FuzzConfig:
     crash_pcap: str | None = None
     self_test: str | None = None
     verbose: bool = False
+    target: str = "data"
 
 
 @dataclass
@@ -72,7 +77,7 @@ class Check:
     detail: str = ""
 
 
-def _raw_allowed() -> bool:
+def raw_allowed() -> bool:
     try:
         s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
     except OSError:
@@ -107,9 +112,9 @@ class Fuzzer:
 
     def setup(self) -> None:
         cfg = self.cfg
-        if cfg.icrc == "raw" and not _raw_allowed():
+        if cfg.icrc == "raw" and not raw_allowed():
             raise ToolError("--icrc raw needs a raw socket (root or CAP_NET_RAW)")
-        self.raw = cfg.icrc == "raw" or (cfg.icrc == "auto" and _raw_allowed())
+        self.raw = cfg.icrc == "raw" or (cfg.icrc == "auto" and raw_allowed())
         for ip in cfg.addrs:
             name = f"softrdma-fuzz-{ip}"
             if find_device(name) is not None:
@@ -130,7 +135,7 @@ class Fuzzer:
         # sending sockets: two bound to each device's address (the peer of the other), one
         # to the stranger address and one to 127.0.0.1; all with DF and so IP ID 0, which
         # is what the ICRC we compute assumes
-        stranger = cfg.stranger or _next_ip(max(cfg.addrs, key=_ip_int))
+        stranger = cfg.stranger or next_ip(max(cfg.addrs, key=ip_int))
         for i, ip in enumerate(cfg.addrs):
             for _ in range(2):
                 self.socks.append((self._sock(ip), socket.inet_aton(ip), True, 1 - i))
@@ -451,9 +456,9 @@ def _wc_status_name(status: int) -> str:
         return str(status)
 
 
-def _ip_int(ip: str) -> int:
+def ip_int(ip: str) -> int:
     return struct.unpack("!I", socket.inet_aton(ip))[0]
 
 
-def _next_ip(ip: str) -> str:
-    return socket.inet_ntoa(struct.pack("!I", _ip_int(ip) + 1))
+def next_ip(ip: str) -> str:
+    return socket.inet_ntoa(struct.pack("!I", ip_int(ip) + 1))

@@ -48,7 +48,8 @@ from ...wire.opcodes import OPCODE_LIST
 
 __all__ = ["Mutator", "Table", "keep", "INTERESTING8", "INTERESTING32",
            "OPCODE", "QPN", "PSN", "RETH", "RKEY", "RANGE", "ATOMIC", "AETH", "BTH", "SIZE",
-           "PAD", "BYTES", "ICRC", "POST_ICRC", "TABLES", "REQUEST_OPS", "ALL_OPS"]
+           "PAD", "BYTES", "ICRC", "POST_ICRC", "TABLES", "REQUEST_OPS", "ALL_OPS",
+           "boundary_values"]
 
 INTERESTING8 = (0x00, 0x01, 0x7F, 0x80, 0xFF)
 INTERESTING32 = (0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0xFFFF, 0x10000)
@@ -114,6 +115,16 @@ class Table:
         weight."""
         k = r.randrange(int(self.thresholds[-1]))
         return next(m for m, t in zip(self.entries, self.thresholds) if k < t)
+
+
+def boundary_values(r: Rng, bits: int) -> int | bytes:
+    """One boundary value of a ``bits``-wide field: 0, 1, the largest, the largest - 1,
+    the top bit alone, random; a byte string (GIDs, ARI) all zero, all ones or random."""
+    if bits > 64:
+        n = bits // 8
+        return r.choice((bytes(n), b"\xff" * n, r.randbytes(n)))
+    top = (1 << bits) - 1
+    return r.choice((0, 1, top, max(top - 1, 0), 1 << (bits - 1), r.getrandbits(bits)))
 
 
 # -- the opcode -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from ...wire.frames import FrameError, decode_frame
 from ...wire.packet import DecodeError, parse
 from ...wire.pcap import PcapError, read_pcap
 
-__all__ = ["default_pcap_dir", "load_seeds"]
+__all__ = ["default_pcap_dir", "load_seeds", "capture_paths"]
 
 
 def default_pcap_dir() -> str:
@@ -18,11 +18,16 @@ def default_pcap_dir() -> str:
     return os.path.normpath(os.path.join(here, "..", "..", "..", "pcaps"))
 
 
+def capture_paths(root: str) -> list[str]:
+    """Every capture file (``*.pcap``, ``*.pcapng``) under ``root``, sorted."""
+    return sorted(p for pat in ("*.pcap", "*.pcapng")
+                  for p in glob.glob(os.path.join(root, "**", pat), recursive=True))
+
+
 def load_seeds(root: str) -> tuple[list[bytes], int]:
     """Every RoCE packet (BTH .. ICRC) that decodes, from every capture under ``root``;
     and how many capture files were read."""
-    paths = sorted(p for pat in ("*.pcap", "*.pcapng")
-                   for p in glob.glob(os.path.join(root, "**", pat), recursive=True))
+    paths = capture_paths(root)
     seeds: list[bytes] = []
     for path in paths:
         try:

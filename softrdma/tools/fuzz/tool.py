@@ -30,6 +30,18 @@ SEND). Exit status 0 if every check passed, 1 otherwise with one line naming the
 With ``--icrc auto`` (the default) devices receive through a raw socket when the process
 may open one (root or CAP_NET_RAW), which is the only way an IPv4 device sees the IP ID and
 can verify ICRCs; otherwise ICRCs go unchecked (``icrc_unchecked``) and the summary says so.
+
+``--target cm`` fires mutated CM MADs (REQ, MRA, REP, RTU, REJ, DREQ, DREP, SIDR_REQ/REP,
+from the captures and built; aimed at live comm IDs, fields at their edges, timeouts 0/31,
+retries 15, broken cma headers and hellos, wrong attribute IDs, MADs not 256 bytes) at QP1
+of two devices, one listening with rdma_cm and both holding an established connection;
+it checks that no exception was caught by a device, the CM ids are back near their
+baseline, every rdma_cm event was read, the connection (or its replacement) moves data
+and a fresh one is made in time. ``--target records`` sends forged socket-layer hellos and
+records over real connections to a ``softrdma.socket.Receiver`` while a legitimate sender
+uses it (and gives clients damaged hellos in a forged server's REP); it checks that the
+sender is heard, dropped connections end with a ConnectionError, none is kept, and
+``recv`` raises nothing unexpected. Both also check threads, memory and descriptors.
 """
 
 from __future__ import annotations
@@ -41,7 +53,9 @@ from typing import Any
 
 from ..common import ToolError
 from .checks import check_flat, check_memory, check_pairs, exercise, measure
-from .fuzzer import SELF_TESTS, Fuzzer, FuzzConfig
+from .fuzzer import SELF_TESTS, TARGETS, Fuzzer, FuzzConfig
+from .cmtarget import run_cm
+from .rectarget import run_records
 from .report import print_report
 from .seeds import default_pcap_dir, load_seeds
 
@@ -52,6 +66,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("fuzz", help="fire mutated frames from pcaps/ at live devices, then "
                                     "check they still work and nothing leaked or changed",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", choices=TARGETS, default="data",
+                   help="data: RoCE frames at live QPs (default); cm: CM MADs at QP1 of "
+                        "devices with a listener and an established connection; records: "
+                        "the socket layer's hello and records at a Receiver")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument("--seconds", type=float, default=None,
                    help="fuzz for this long (default 10 unless --count is given)")
@@ -80,7 +98,8 @@ def add_parser(sub: Any) -> None:
 def run(a: argparse.Namespace) -> int:
     cfg = FuzzConfig(seed=a.seed, seconds=a.seconds, count=a.count, addrs=tuple(a.addrs),
                      stranger=a.stranger, pcaps=a.pcaps, icrc=a.icrc, warmup=a.warmup,
-                     crash_pcap=a.crash_pcap, self_test=a.self_test, verbose=a.verbose)
+                     crash_pcap=a.crash_pcap, self_test=a.self_test, verbose=a.verbose,
+                     target=a.target)
     return run_fuzz(cfg)
 
 
@@ -102,6 +121,15 @@ def run_fuzz(cfg: FuzzConfig, out: Any = None) -> int:
             raise ToolError(f"{ip!r} is not an IPv4 loopback address (127.x.y.z)") from None
     if cfg.addrs[0] == cfg.addrs[1]:
         raise ToolError("--addrs must be two different addresses")
+    if cfg.target not in TARGETS:
+        raise ToolError(f"--target must be one of {', '.join(TARGETS)}, not {cfg.target!r}")
+    if cfg.target != "data" and cfg.self_test not in (None, "leak"):
+        raise ToolError(f"--target {cfg.target} has only --self-test leak (and its planted "
+                        f"bugs in the tests)")
+    if cfg.target == "cm":
+        return run_cm(cfg, out)
+    if cfg.target == "records":
+        return run_records(cfg, out)
     root = cfg.pcaps or default_pcap_dir()
     seeds, nfiles = load_seeds(root)
     if not seeds:
