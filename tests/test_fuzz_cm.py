@@ -5,13 +5,8 @@ guard what they fuzz; a planted bug (a CM handler that raises, a record parser t
 raises something other than ProtocolError) must make the run fail and say which check,
 so the checks are known to be able to fail.
 
-Two checks are not required to pass here, only to be reported: both fail today because
-of leaks the fuzzers found in code other helpers own (issue 26): every REQ rdma_cm
-refuses leaves an IDLE CM id (``softrdma/rdmacm/cm_id.py`` ``_refuse``), and every hello
-the socket layer refuses leaves its rdma_cm id, QP and slot buffers
-(``softrdma/socket/base.py`` ``accept_request``); they are ``CM ids bounded``,
-``Receiver connections bounded`` and ``allocated memory blocks flat``. Once those are
-fixed, ``LEAK_CHECKS`` goes and every check is required."""
+Every check is required: the leaks the fuzzers found (a REQ rdma_cm refused left
+its CM id, a hello the socket layer refused left its QP and slots; issue 26) are fixed."""
 
 from __future__ import annotations
 
@@ -35,8 +30,6 @@ from softrdma.tools.fuzz.rectarget import run_records
 from softrdma.tools.fuzz.stats import Stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: checks that fail today because of leaks outside the fuzzer (see the module docstring)
-LEAK_CHECKS = {"CM ids bounded", "Receiver connections bounded", "allocated memory blocks flat"}
 
 
 def _fuzz(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
@@ -166,8 +159,7 @@ def test_fuzz_cm_short_run_survives():
                  "a fresh connection works"):
         assert checks.get(name) is True, (name, out)
     assert "CM ids bounded" in checks, out
-    assert set(n for n, ok in checks.items() if not ok) <= LEAK_CHECKS | {
-        "rdma_cm calls fail only with PyverbsRDMAError"}, out
+    assert all(checks.values()), out
 
 
 def test_fuzz_records_short_run_survives():
@@ -190,7 +182,7 @@ def test_fuzz_records_short_run_survives():
                  "the legitimate sender is heard", "a fresh sender is heard"):
         assert checks.get(name) is True, (name, out)
     assert re.search(r"Receiver connections bounded \(1 served and \d+ held", out), out
-    assert set(n for n, ok in checks.items() if not ok) <= LEAK_CHECKS, out
+    assert all(checks.values()), out
 
 
 def test_fuzz_cm_catches_a_planted_bug(monkeypatch):

@@ -629,3 +629,43 @@ def test_channel_wait_blocks_until_an_event_or_the_timeout(devices):
         expect(p.sch, E.RDMA_CM_EVENT_CONNECT_REQUEST)  # wait took none
     finally:
         p.close()
+
+
+def test_sync_style_completion_wait_ends_at_its_timeout(devices):
+    """``get_recv_comp(timeout)`` with nothing coming returns None at the timeout (issue
+    26, found by ``softrdma fuzz --target records``): it used to wait for a CQ event
+    with no limit once its first look found none, so a 0.3 s wait was still blocked 5 s
+    later."""
+    import threading
+    lid = CMID(AddrInfo(src=S_IP, src_service="7479", flags=RAI_PASSIVE), rc_attr())
+    lid.listen()
+    box = {}
+
+    def serve() -> None:
+        box["c"] = lid.get_request(timeout=10)
+        box["c"].accept()
+    t = threading.Thread(target=serve)
+    t.start()
+    c = CMID(AddrInfo(src=C_IP, dst=S_IP, dst_service="7479"), rc_attr())
+    try:
+        mr = c.reg_msgs(32)
+        c.post_recv(mr)
+        c.connect()
+        t.join(10)
+        done = {}
+
+        def wait() -> None:
+            t0 = time.monotonic()
+            done["wc"] = c.get_recv_comp(timeout=0.3)
+            done["took"] = time.monotonic() - t0
+        w = threading.Thread(target=wait, daemon=True)
+        w.start()
+        w.join(5)
+        assert not w.is_alive(), "get_recv_comp(timeout=0.3) still blocked after 5 s"
+        assert done["wc"] is None and done["took"] < 3, done
+    finally:
+        c.close()
+        t.join(10)
+        if "c" in box:
+            box["c"].close()
+        lid.close()

@@ -269,3 +269,28 @@ def test_requests_nobody_took_go_with_their_listener(server):
         bystander.close()
     finally:
         ch.close()
+
+
+def test_reject_after_the_peer_rejected_is_einval(server):
+    """``rdma_reject`` on a request the peer already rejected (its REJ came in right
+    after its REQ) fails as ib_send_cm_rej does, with EINVAL in a PyverbsRDMAError; it
+    used to raise the CM's internal CmStateError (found by ``softrdma fuzz --target
+    cm``)."""
+    from softrdma.cm.messages import REJ, MsgResponse, RejectReason
+    ch = CMEventChannel()
+    try:
+        lid = listening(ch, 8)
+        deliver(server, forged_req(1))
+        ev = CMEvent(ch, 0)
+        assert ev.event_type == E.RDMA_CM_EVENT_CONNECT_REQUEST
+        child = CMID(ev, listen_id=lid)
+        ours = child.id.cm.local_id  # (a forger learns it from the MRA or REP)
+        deliver(server, build_cm(REJ, tid=0x999, local_comm_id=0x10001, remote_comm_id=ours,
+                                 message_rejected=MsgResponse.OTHER,
+                                 reason=RejectReason.CONSUMER_DEFINED))
+        with pytest.raises(PyverbsRDMAError) as e:
+            child.reject(b"no")
+        assert e.value.error_code == errno.EINVAL
+        assert "no longer pending" in str(e.value)
+    finally:
+        ch.close()

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 from ..cm.cma import CmaError, CmaHeader, gid_from_ip, service_id
 from ..cm.messages import RejectReason, SidrStatus
-from ..cm.state import MRA_FLAG_DELAY, CmEvent, CmEventType, IbCmId, CmState
+from ..cm.state import MRA_FLAG_DELAY, CmEvent, CmEventType, CmStateError, IbCmId, CmState
 from ..errors import PyverbsRDMAError
 from ..verbs_api.attr import GID, AHAttr, GlobalRoute, QPAttr
 from ..verbs_api.enums import (
@@ -763,14 +763,19 @@ class RdmaCmId:
         if self.listen_id is None and not (self.cm and self.cm.state in (
                 CmState.REP_RCVD, CmState.MRA_REP_SENT)):
             raise _err(f"{what}: not a connection request", errno.EINVAL)
+        data = _check_private(private_data, SIDR_REP_PRIVATE_DATA if self.is_ud
+                              else REJ_PRIVATE_DATA, what)
         with self._lock():
-            if self.is_ud:
-                data = _check_private(private_data, SIDR_REP_PRIVATE_DATA, what)
-                self.cdev.service.sidr_reply(self.cm, status=int(SidrStatus.REJECT),
-                                             private_data=data)
-            else:
-                data = _check_private(private_data, REJ_PRIVATE_DATA, what)
-                self.cdev.service.reject(self.cm, RejectReason.CONSUMER_DEFINED, data)
+            try:
+                if self.is_ud:
+                    self.cdev.service.sidr_reply(self.cm, status=int(SidrStatus.REJECT),
+                                                 private_data=data)
+                else:
+                    self.cdev.service.reject(self.cm, RejectReason.CONSUMER_DEFINED, data)
+            except CmStateError:
+                # the peer's REJ (or a timeout) ended the request first: ib_send_cm_rej's
+                # -EINVAL, not an exception from the CM's insides
+                raise _err(f"{what}: the request is no longer pending", errno.EINVAL) from None
 
     def disconnect(self) -> None:
         """``rdma_disconnect``: the QP to ERROR, then a DREQ (or, if the peer's DREQ came

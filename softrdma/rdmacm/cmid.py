@@ -776,11 +776,13 @@ class CMID(CMIDBase):
                     n, wcs = cq.poll(1)
                     if n:
                         return wcs[0]
-                    readable([ch.fd], 0.05)
-                    try:
-                        ch.get_cq_event(cq)
-                        cq.ack_events(1)
-                    except Exception:
-                        pass
+                    left = 0.05 if deadline is None else \
+                        max(0.0, min(0.05, deadline - time.monotonic()))
+                    if readable([ch.fd], left):  # else get_cq_event would block: no event
+                        try:
+                            ch.get_cq_event(cq, timeout=0)
+                            cq.ack_events(1)
+                        except Exception:
+                            pass
                 else:
                     time.sleep(0.0005)
