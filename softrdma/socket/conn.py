@@ -42,7 +42,7 @@ E = ce.rdma_cm_event_type
 #: freed: a duplicated READ request the network delivers late then still finds its MR
 #: (rxe would otherwise answer it with a remote access error and break the connection)
 RETIRE_HOLD = 0.5
-_RECV, _SEND, _READ = 1, 2, 3
+_RECV, _SEND, _READ, _PROBE = 1, 2, 3, 4
 _KIND_SHIFT = 56
 
 
@@ -134,6 +134,8 @@ class Hub:
             for ev in events:
                 n += 1
                 self._on_cm(ev)
+            # every connection's duties, keepalive included, on every pass: whoever waits
+            # (send for credits, close for ACKs, recv, a Receiver) notices a dead peer
             for conn in list(self.conns.values()):
                 conn.pump()
         return n
@@ -255,6 +257,7 @@ class Connection:
         self.error: BaseException | None = None
         self._acks_due: deque[int] = deque()  # messages read whose ACK awaits a credit
         self.last_heard = time.monotonic()
+        self.probing = False  # a zero-length WRITE probe is in flight
         self.released = False
         self.paused = False  # set by a message queue over its memory limit
         self.on_message: Callable[[Connection], None] | None = None
@@ -379,6 +382,7 @@ class Connection:
                     self.unacked[rec.seq] = mr
                 self._send_record(rec, payload)
             self._return_credits()
+            self.tick()
         except PyverbsRDMAError as e:
             self.fail(e)
 
@@ -447,6 +451,8 @@ class Connection:
                     errno.ECONNRESET, f"work completion {WS(wc.status).name}"))
             if kind == _SEND:
                 self.free_send.append(idx)
+            elif kind == _PROBE:
+                self.probing = False
             return
         self.last_heard = time.monotonic()
         try:
@@ -456,6 +462,8 @@ class Connection:
                 self.free_send.append(idx)
             elif kind == _READ:
                 self._on_read_done(idx)
+            elif kind == _PROBE:
+                self.probing = False
         except ProtocolError as e:
             self.fail(e)
 
@@ -539,14 +547,28 @@ class Connection:
             self.error = exc
 
     def tick(self) -> None:
-        """Periodic duties: ACKs waiting for credit, and a probe after silence (RC's own
-        retransmission then notices a peer that vanished)."""
+        """Periodic duties (run by every :meth:`pump`, so by every wait on the hub): ACKs
+        waiting for credit, and a probe after ``keepalive`` seconds of silence, which
+        RC's own retransmission turns into a failed completion if the peer vanished."""
         if self.error is not None or not self.established or self.released:
             return
         self._flush_acks()
-        if time.monotonic() - self.last_heard > self.opts.keepalive and \
-                not self.local_closed and self.send_control(Record(RT.CREDIT)):
-            self.last_heard = time.monotonic()
+        if self.probing or time.monotonic() - self.last_heard <= self.opts.keepalive:
+            return
+        self.last_heard = time.monotonic()
+        if not self.local_closed and self.send_control(Record(RT.CREDIT)):
+            return
+        self._probe()
+
+    def _probe(self) -> None:
+        """A zero-length RDMA WRITE: the peer's responder ACKs it without a receive, a
+        credit or a memory key (rsocket's keepalive), so a peer can be probed even when
+        no control credit is left or after our CLOSE."""
+        wr = SendWR(_PROBE << _KIND_SHIFT, O.IBV_WR_RDMA_WRITE, 0, sg=[],
+                    send_flags=F.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(0, 0)
+        self.qp.post_send(wr)
+        self.probing = True
 
     def idle_tx(self) -> bool:
         """Nothing of ours is still owed: all sent, all lent buffers acknowledged."""

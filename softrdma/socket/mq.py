@@ -141,8 +141,6 @@ class Receiver:
                 over = self._ready_bytes >= self.mem_limit
             if conn.error is not None or conn.at_eof():
                 self._drop(key, conn)
-            else:
-                conn.tick()
         return n
 
     def _drop(self, key: int, conn: Connection) -> None:

@@ -126,7 +126,6 @@ class socket(SocketBase):
             conn.check_usable(sending=False)
             if conn.at_eof():
                 raise EOFError("the peer closed the connection")
-            conn.tick()
             self._expired(deadline, "recv")
             self._hub.wait(deadline)
 
