@@ -104,3 +104,301 @@ def test_a_sender_blocked_on_credits_notices_its_receiver_killed(dev):
     finally:
         p.kill()
         p.wait(10)
+
+
+def _endless(src: str, port: int, frame: int, count: int, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "programs" / "mq_endless.py"),
+                             src, "127.0.46.11", str(port), str(frame), str(count), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV, cwd=ROOT)
+
+
+def _drive(rx: Receiver, p: subprocess.Popen, limit: float = 90) -> tuple[str, int]:
+    """Run the receiver until the sender process prints its outcome; returns it and the
+    peak of Python memory traced meanwhile (above what was traced at the start)."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(l.strip() for l in p.stdout),
+                              daemon=True)
+    reader.start()
+    base = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    end = time.monotonic() + limit
+    while len(lines) < 2 and p.poll() is None and time.monotonic() < end:
+        try:
+            rx.recv(timeout=0.2)
+        except TimeoutError:
+            pass
+    assert lines[:1] == ["CONNECTED"], (lines, p.stderr.read() if p.poll() else "")
+    outcome = lines[1:]
+    assert outcome, "the sender printed nothing"
+    for _ in range(20):  # the sender's departure, and the errors, reach the receiver
+        if not rx.conns:
+            break
+        try:
+            rx.recv(timeout=0.2)
+        except TimeoutError:
+            pass
+    return outcome[0], tracemalloc.get_traced_memory()[1] - base
+
+
+@pytest.fixture
+def traced():
+    tracemalloc.start()
+    yield
+    tracemalloc.stop()
+
+
+def test_an_endless_run_is_refused_by_the_sender_before_it_is_sent(dev, traced):
+    """Guards issue 26 point 5: a run in progress was exempt from ``mem_limit`` and had
+    no length limit, so ``Receiver(mem_limit=8 MiB)`` held a sender's 1 MiB frames for
+    ever (600 MiB) and the sender never blocked. Now the hello tells the sender the
+    receiver's largest run, and ``send`` refuses the frame that would exceed it with
+    OSError(EMSGSIZE) naming the limit; the receiver holds at most the limit."""
+    dev("127.0.46.11", "lim-mq")
+    limit = 8 * MiB
+    with Receiver(("127.0.46.11", 9461), mem_limit=limit) as rx:
+        p = _endless("127.0.46.12", 9461, MiB, 40)
+        try:
+            outcome, peak = _drive(rx, p)
+        finally:
+            p.kill()
+            p.wait(10)
+        assert outcome.startswith("ERR OSError [Errno 90]"), outcome
+        assert f"max_run of {limit} bytes" in outcome and outcome.endswith("after 8"), outcome
+        # what the receiver allocated: the 8 frames, and a frame's copy in transit
+        assert peak < limit + 4 * MiB, peak
+        assert rx.in_memory == 0 and not rx.conns  # the unfinished run went with it
+
+
+def test_a_sender_that_ignores_the_limit_is_told_why_it_was_dropped(dev, traced):
+    """Guards issue 26 point 5, for a sender that does not check (one predating the
+    hello's limits): the receiver refuses the frame whose run passes ``max_run`` with a
+    ProtocolError naming the field and the limit, before allocating anything for it,
+    and tells the sender in an ABORT record: its ``send`` raises ConnectionResetError
+    with the reason. The receiver's memory stays within twice the limit."""
+    dev("127.0.46.11", "lim-mq")
+    limit = 8 * MiB
+    with Receiver(("127.0.46.11", 9462), mem_limit=limit) as rx:
+        p = _endless("127.0.46.13", 9462, MiB, 40, "--blind")
+        try:
+            outcome, peak = _drive(rx, p)
+        finally:
+            p.kill()
+            p.wait(10)
+        assert outcome.startswith("ERR ConnectionResetError"), outcome
+        assert f"max_run of {limit} bytes" in outcome, outcome
+        assert peak < 2 * limit + 4 * MiB, peak
+        (sender, error), = rx.errors
+        assert sender[0] == "127.0.46.13"
+        assert isinstance(error, rsock.ProtocolError) and "max_run" in str(error), error
+        assert rx.in_memory == 0 and not rx.conns
+
+
+def test_announced_giant_messages_allocate_nothing(dev, traced):
+    """Guards issue 26 point 6: three 32-byte NORMAL records announcing 1 GiB each made
+    the receiver allocate (and zero) 3 GiB, stalling ``recv`` for seconds, because the
+    first incomplete message of every connection was read whatever the limit. Now an
+    announcement over the receiver's ``max_message`` (here its ``mem_limit``) is a
+    ProtocolError before any allocation, and each forger is told why."""
+    dev("127.0.46.21", "lim-rx")
+    dev("127.0.46.22", "lim-forger")
+    limit = 8 * MiB
+    with Receiver(("127.0.46.21", 9463), mem_limit=limit) as rx:
+        socks: list = []
+
+        def connect() -> None:
+            for _ in range(3):
+                s = rsock.socket()
+                s.settimeout(30)
+                s.bind(("127.0.46.22", 0))
+                s.connect(("127.0.46.21", 9463))
+                socks.append(s)
+        t = threading.Thread(target=connect)
+        t.start()
+        while t.is_alive():
+            try:
+                rx.recv(timeout=0.1)
+            except TimeoutError:
+                pass
+        assert len(socks) == 3 and len(rx.conns) == 3
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        for s in socks:  # forged: a message nobody registered, announced as 1 GiB
+            assert s._conn.send_control(Record(RecordType.NORMAL, seq=0, length=1 << 30,
+                                               rkey=1, addr=0))
+        slowest, end = 0.0, time.monotonic() + 30
+        while rx.conns and time.monotonic() < end:
+            began = time.monotonic()
+            try:
+                rx.recv(timeout=0.2)
+            except TimeoutError:
+                pass
+            slowest = max(slowest, time.monotonic() - began)
+        peak = tracemalloc.get_traced_memory()[1] - base
+        assert peak < 4 * MiB, peak
+        assert slowest < 3, slowest  # (the bug: ~6.7 s zeroing 3 GiB)
+        assert len(rx.errors) == 3
+        for _, error in rx.errors:
+            assert isinstance(error, rsock.ProtocolError)
+            assert f"max_message of {limit} bytes" in str(error), error
+        for s in socks:
+            with pytest.raises(ConnectionResetError, match=f"max_message of {limit} bytes"):
+                s.recv()
+            s.close()
+
+
+def test_a_dropped_senders_read_buffer_is_freed_without_the_collector(dev, traced):
+    """Guards issue 26 point 6's tail: after the senders left, their READ buffers stayed
+    resident until gc.collect(), held by a reference cycle (MR -> its implementation ->
+    owner -> MR). With the collector off, the buffer of a dropped sender must be freed
+    as soon as it is dropped, and the connection itself must not survive."""
+    dev("127.0.46.31", "lim-rx2")
+    dev("127.0.46.32", "lim-tx2")
+    with Receiver(("127.0.46.31", 9464), mem_limit=64 * MiB) as rx:
+        s = rsock.socket()
+        s.settimeout(30)
+        s.bind(("127.0.46.32", 0))
+        t = threading.Thread(target=s.connect, args=(("127.0.46.31", 9464),))
+        t.start()
+        while t.is_alive():
+            try:
+                rx.recv(timeout=0.1)
+            except TimeoutError:
+                pass
+        (conn, _), = rx.conns.values()
+        ref = weakref.ref(conn)
+        del conn
+        gc.collect()
+        gc.disable()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            # a 32 MiB message announced with a key that is not there: the receiver
+            # allocates the buffer, the READ fails, the sender is dropped
+            assert s._conn.send_control(Record(RecordType.NORMAL, seq=0, length=32 * MiB,
+                                               rkey=1, addr=0))
+            end = time.monotonic() + 30
+            while rx.conns and time.monotonic() < end:
+                try:
+                    rx.recv(timeout=0.2)
+                except TimeoutError:
+                    pass
+            assert not rx.conns
+            peak = tracemalloc.get_traced_memory()[1] - base
+            left = tracemalloc.get_traced_memory()[0] - base
+            assert peak >= 32 * MiB  # the buffer was allocated ...
+            assert left < 4 * MiB, left  # ... and freed without gc.collect()
+            assert ref() is None, gc.get_referrers(ref())
+        finally:
+            gc.enable()
+        s.close()
+
+
+def test_senders_in_the_middle_of_runs_share_the_limit_without_deadlock(dev):
+    """Guards issue 26 point 5's design: runs in progress count against ``mem_limit``
+    (on main each connection's first incomplete message, and every run in progress, was
+    exempt, so four senders each in a 2 MiB run made a 2 MiB receiver hold all of them)
+    -- yet the queue never deadlocks with every sender in the middle of a run: the
+    oldest run may always grow to its end. Every run arrives whole and in order, and
+    what the receiver holds stays within twice the limit."""
+    dev("127.0.46.41", "lim-rx3")
+    dev("127.0.46.42", "lim-tx3")
+    limit, frame, frames, runs, senders = 2 * MiB, 512 << 10, 4, 4, 4
+    with Receiver(("127.0.46.41", 9465), mem_limit=limit) as rx:
+        socks: list = []
+
+        def connect() -> None:
+            for _ in range(senders):
+                s = rsock.socket()
+                s.settimeout(60)
+                s.bind(("127.0.46.42", 0))
+                s.connect(("127.0.46.41", 9465))
+                socks.append(s)
+        t = threading.Thread(target=connect)
+        t.start()
+        while t.is_alive():
+            try:
+                rx.recv(timeout=0.1)
+            except TimeoutError:
+                pass
+        failures: list = []
+
+        def send_runs(k: int, s) -> None:
+            try:
+                for r in range(runs):
+                    for f in range(frames):
+                        s.send(bytes([k, r, f]) * (frame // 3), more=f < frames - 1)
+            except BaseException as e:
+                failures.append(e)
+        threads = [threading.Thread(target=send_runs, args=(k, s), daemon=True)
+                   for k, s in enumerate(socks)]
+        for th in threads:
+            th.start()
+        got: dict[tuple, list[int]] = {}
+        peak, current = 0, None
+        for _ in range(senders * runs * frames):
+            m = rx.recv(timeout=60)  # a deadlock would be a TimeoutError here
+            held = rx.held + sum(c.held for c, _ in rx.conns.values())
+            peak = max(peak, held + len(m.data))
+            k, r, f = m.data[:3]
+            assert current in (None, (k, r)), "frames of two runs interleaved"
+            current = (k, r) if m.more else None
+            got.setdefault((k, r), []).append(f)
+        assert not failures, failures
+        assert all(got[(k, r)] == list(range(frames)) for k in range(senders)
+                   for r in range(runs))
+        assert peak <= 2 * limit + frame, peak
+        for th in threads:
+            th.join(10)
+        for s in socks:
+            s.close()
+
+
+def test_an_application_that_does_not_read_holds_twice_the_limit_at_most(dev):
+    """Guards issue 26 point 5's bound when the application stops reading: runs past
+    the limit are allowed one at a time, and only once the application took every
+    complete run (else each sender's run in turn would go past the limit and the
+    queue would hold them all: on main, all 8 MiB with a 2 MiB limit)."""
+    dev("127.0.46.51", "lim-rx4")
+    dev("127.0.46.52", "lim-tx4")
+    limit, frame, frames, senders = 2 * MiB, 512 << 10, 4, 4
+    with Receiver(("127.0.46.51", 9466), mem_limit=limit) as rx:
+        socks: list = []
+
+        def connect() -> None:
+            for _ in range(senders):
+                s = rsock.socket()
+                s.settimeout(60)
+                s.bind(("127.0.46.52", 0))
+                s.connect(("127.0.46.51", 9466))
+                socks.append(s)
+        t = threading.Thread(target=connect)
+        t.start()
+        while t.is_alive():
+            try:
+                rx.recv(timeout=0.1)
+            except TimeoutError:
+                pass
+
+        def send_run(k: int, s) -> None:
+            for f in range(frames):
+                s.send(bytes([k, f]) * (frame // 2), more=f < frames - 1)
+        threads = [threading.Thread(target=send_run, args=(k, s), daemon=True)
+                   for k, s in enumerate(socks)]
+        for th in threads:
+            th.start()
+        peak, end = 0, time.monotonic() + 6
+        while time.monotonic() < end:  # the receiver runs; the application reads nothing
+            rx.progress()
+            peak = max(peak, rx.held + sum(c.held for c, _ in rx.conns.values()))
+            time.sleep(0.01)
+        assert peak <= 2 * limit, peak
+        assert rx.held >= limit  # (it did take what it could)
+        got = [rx.recv(timeout=60) for _ in range(senders * frames)]  # then it reads
+        runs = [(m.data[0], m.data[1]) for m in got]
+        for i in range(0, len(runs), frames):  # each run whole, frames in order
+            assert runs[i:i + frames] == [(runs[i][0], f) for f in range(frames)], runs
+        for th in threads:
+            th.join(10)
+        for s in socks:
+            s.close()

@@ -72,9 +72,12 @@ class socket(SocketBase):
 
     def send(self, data: bytes | bytearray | memoryview, more: bool = False) -> int:
         """Send ``data`` as one message (``more``: a frame, another follows); returns its
-        length. Blocks while the peer has no room (its credits), up to the timeout."""
+        length. Blocks while the peer has no room (its credits), up to the timeout.
+        OSError(EMSGSIZE) at once if the peer said (in its hello) it would refuse it: a
+        message over its ``max_message``, or a frame making a run over its ``max_run``."""
         conn = self._connected()
         data = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else data
+        conn.check_size(len(data))
         deadline = self._deadline()
         while True:
             conn.check_usable(sending=True)
@@ -191,6 +194,9 @@ class socket(SocketBase):
             self._free()
 
     def _goodbye(self, conn: Connection, hub: Hub) -> None:
+        while conn.abort_pending:  # the ABORT telling the peer why must leave first
+            hub.progress()
+            hub.wait(conn.abort_until)
         if conn.error is not None or conn.disconnected or not conn.established:
             return
         deadline = time.monotonic() + CLOSE_TIMEOUT
