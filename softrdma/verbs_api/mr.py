@@ -288,6 +288,10 @@ class SoftMR:
 
     def destroy(self) -> None:
         self.device.keys.remove(self.entry)
+        # MR -> impl -> owner -> MR is a cycle: left, it keeps the buffer until the
+        # collector runs (a gigabyte READ buffer, issue 26). Nothing reads the owner
+        # once the MR is deregistered; its keys stay readable through the entry.
+        self.owner = self.entry.owner = None
 
 
 class MWBind:
