@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -402,3 +403,120 @@ def test_an_application_that_does_not_read_holds_twice_the_limit_at_most(dev):
             th.join(10)
         for s in socks:
             s.close()
+
+
+def test_the_hello_limits_interoperate_with_peers_that_predate_them(dev):
+    """Guards the wire change (docs/socket.md, "Hello"): the limits ride behind the 12
+    bytes of the version-1 hello under a feature flag, so a peer that predates them
+    reads its 12 bytes as before, and a hello without the flag (zero-padded by rdma_cm
+    to 56 bytes) means "limits unknown". Such an old sender still talks to a Receiver;
+    when it sends past the limit it cannot have known, the receiver refuses it all the
+    same (a ProtocolError, no ABORT it would not understand: it sees a reset)."""
+    from softrdma.socket.conn import Connection
+    from softrdma.socket.record import FEATURE_INLINE, FEATURE_LIMITS, HELLO_SIZE, Hello
+
+    new = Hello(64, 4096, FEATURE_INLINE | FEATURE_LIMITS, max_message=MiB, max_run=2 * MiB)
+    wire = new.pack() + bytes(56 - len(new.pack()))
+    assert Hello.unpack(wire) == new
+    # what a version-1 parser reads: its five fields, the unknown flag bit aside
+    assert struct.unpack_from("!4sBBHI", wire) == (b"SRS1", 1, 3, 64, 4096)
+    v1 = Hello(64, 4096).pack()
+    assert len(v1) == HELLO_SIZE and Hello.unpack(v1 + bytes(44)).max_message is None
+    with pytest.raises(rsock.ProtocolError, match="FEATURE_LIMITS"):
+        Hello.unpack(new.pack()[:HELLO_SIZE])  # the flag without the fields
+
+    class OldConnection(Connection):
+        def hello(self) -> Hello:
+            return Hello(self.opts.slots, self.opts.inline_max)  # version 1, no limits
+
+        def check_size(self, n: int) -> None:
+            pass  # (an old sender knows no limits)
+
+    class OldSocket(rsock.socket):
+        def _make_conn(self, hub, cmid):
+            return OldConnection(hub, cmid, self.options)
+
+    dev("127.0.46.61", "lim-rx5")
+    dev("127.0.46.62", "lim-old")
+    with Receiver(("127.0.46.61", 9467), mem_limit=MiB) as rx:
+        s = OldSocket()
+        s.settimeout(30)
+        s.bind(("127.0.46.62", 0))
+        t = threading.Thread(target=s.connect, args=(("127.0.46.61", 9467),))
+        t.start()
+        while t.is_alive():
+            try:
+                rx.recv(timeout=0.1)
+            except TimeoutError:
+                pass
+        assert s._conn.peer.max_message == MiB  # it got the limits (and ignores them)
+        s.send(b"old but welcome")
+        s.send(b"z" * 100_000)
+        assert rx.recv(timeout=30).data == b"old but welcome"
+        assert rx.recv(timeout=30).data == b"z" * 100_000
+        s.send(b"y" * (2 * MiB))  # past the limit it could not know
+        end = time.monotonic() + 30
+        while rx.conns and time.monotonic() < end:
+            try:
+                rx.recv(timeout=0.2)
+            except TimeoutError:
+                pass
+        (_, error), = rx.errors
+        assert isinstance(error, rsock.ProtocolError) and f"max_message of {MiB}" in str(error)
+        with pytest.raises(ConnectionResetError):
+            for _ in range(100):
+                s.send(b"x")
+                time.sleep(0.05)
+        s.close()
+
+
+def test_an_rsocket_sender_with_keepalive_notices_its_receiver_killed(dev):
+    """Guards issue 26 point 4 for rsocket: its keepalive (SO_KEEPALIVE, a 0-byte RDMA
+    WRITE) did go out from a blocked ``send``, but rsocket's REQ asks for retry_cnt 7,
+    which rxe takes as "retransmit for ever", so it never failed and the sender stayed
+    blocked. Now a keepalive unacknowledged for KEEPALIVE_GIVE_UP retransmission
+    periods (8 x 268 ms) breaks the connection."""
+    from softrdma.socket import rsconn
+
+    give_up = getattr(rsconn, "KEEPALIVE_GIVE_UP", 8)  # (so main fails on the wait)
+
+    code = ("import time; from softrdma import socket as r; "
+            "from softrdma.verbs_api import add_device; add_device('127.0.46.71'); "
+            "srv = r.create_server(('127.0.46.71', 9468), protocol='rsocket'); "
+            "print('READY', flush=True); c, _ = srv.accept(); print('ACCEPTED', flush=True); "
+            "time.sleep(600)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         env=ENV, cwd=ROOT)
+    try:
+        assert p.stdout.readline().strip() == "READY"
+        dev("127.0.46.72", "lim-rs")
+        opts = rsconn.RSOptions(keepalive=1.0)
+        s = rsock.socket(protocol="rsocket", options=opts)
+        s.settimeout(60)
+        s.bind(("127.0.46.72", 0))
+        s.connect(("127.0.46.71", 9468))
+        assert p.stdout.readline().strip() == "ACCEPTED"
+        outcome: dict = {}
+
+        def sender() -> None:
+            try:
+                while True:
+                    s.sendall(b"x" * 65536)
+            except BaseException as e:
+                outcome["error"], outcome["at"] = e, time.monotonic()
+        t = threading.Thread(target=sender, daemon=True)
+        t.start()
+        time.sleep(3)  # the receiver never reads: its buffer fills, the sender waits
+        assert t.is_alive() and not outcome
+        killed = time.monotonic()
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+        bound = opts.keepalive + give_up * 4.096e-6 * (1 << opts.ack_timeout)
+        t.join(2 * bound + 5)
+        assert not t.is_alive(), "rsocket send() still blocked after the receiver died"
+        assert isinstance(outcome["error"], ConnectionResetError), outcome
+        assert outcome["at"] - killed < 2 * bound + 1, (outcome["at"] - killed)
+        s.close()
+    finally:
+        p.kill()
+        p.wait(10)
