@@ -250,33 +250,31 @@ def test_announced_giant_messages_allocate_nothing(dev, traced):
 
 def test_a_dropped_senders_read_buffer_is_freed_without_the_collector(dev, traced):
     """Guards issue 26 point 6's tail: after the senders left, their READ buffers stayed
-    resident until gc.collect(), held by a reference cycle (MR -> its implementation ->
-    owner -> MR). With the collector off, the buffer of a dropped sender must be freed
-    as soon as it is dropped, and the connection itself must not survive."""
+    resident until gc.collect(), held by reference cycles (MR -> its implementation ->
+    owner -> MR; a connection's error -> its traceback -> a frame -> the connection).
+    With the collector off, a dropped sender's buffer must be freed as soon as it is
+    dropped, and its connection must not survive: whether its READ failed, or it broke
+    the protocol (an announcement over the limit, a ProtocolError kept in rx.errors)."""
     dev("127.0.46.31", "lim-rx2")
     dev("127.0.46.32", "lim-tx2")
     with Receiver(("127.0.46.31", 9464), mem_limit=64 * MiB) as rx:
-        s = rsock.socket()
-        s.settimeout(30)
-        s.bind(("127.0.46.32", 0))
-        t = threading.Thread(target=s.connect, args=(("127.0.46.31", 9464),))
-        t.start()
-        while t.is_alive():
-            try:
-                rx.recv(timeout=0.1)
-            except TimeoutError:
-                pass
-        (conn, _), = rx.conns.values()
-        ref = weakref.ref(conn)
-        del conn
-        gc.collect()
-        gc.disable()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            # a 32 MiB message announced with a key that is not there: the receiver
-            # allocates the buffer, the READ fails, the sender is dropped
-            assert s._conn.send_control(Record(RecordType.NORMAL, seq=0, length=32 * MiB,
+        def connect():
+            s = rsock.socket()
+            s.settimeout(30)
+            s.bind(("127.0.46.32", 0))
+            t = threading.Thread(target=s.connect, args=(("127.0.46.31", 9464),))
+            t.start()
+            while t.is_alive():
+                try:
+                    rx.recv(timeout=0.1)
+                except TimeoutError:
+                    pass
+            (conn, _), = rx.conns.values()
+            return s, weakref.ref(conn)
+
+        def announce(s, length: int) -> None:
+            # a message announced with a key that is not there
+            assert s._conn.send_control(Record(RecordType.NORMAL, seq=0, length=length,
                                                rkey=1, addr=0))
             end = time.monotonic() + 30
             while rx.conns and time.monotonic() < end:
@@ -285,14 +283,27 @@ def test_a_dropped_senders_read_buffer_is_freed_without_the_collector(dev, trace
                 except TimeoutError:
                     pass
             assert not rx.conns
+
+        first, ref = connect()
+        gc.collect()
+        gc.disable()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            announce(first, 32 * MiB)  # allocated, then the READ fails: dropped
             peak = tracemalloc.get_traced_memory()[1] - base
             left = tracemalloc.get_traced_memory()[0] - base
             assert peak >= 32 * MiB  # the buffer was allocated ...
             assert left < 4 * MiB, left  # ... and freed without gc.collect()
             assert ref() is None, gc.get_referrers(ref())
+            second, ref = connect()
+            announce(second, 128 * MiB)  # over the limit: refused, dropped
+            assert isinstance(rx.errors[-1][1], rsock.ProtocolError)
+            assert ref() is None, gc.get_referrers(ref())
         finally:
             gc.enable()
-        s.close()
+        first.close()
+        second.close()
 
 
 def test_senders_in_the_middle_of_runs_share_the_limit_without_deadlock(dev):

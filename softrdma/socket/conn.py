@@ -655,7 +655,9 @@ class Connection:
         here is told to a peer that understands ABORT, if a slot and a credit allow."""
         if self.error is not None:
             return
-        self.error = exc
+        # kept without its traceback: its frames hold this connection (a cycle that kept
+        # a dropped sender's buffers until gc), and the reason is in the message
+        self.error = exc.with_traceback(None)
         if isinstance(exc, ProtocolError) and self.peer is not None and \
                 self.peer.features & FEATURE_LIMITS and not self.released and \
                 self.free_send and (self.credits >= 1 or self.ctrl_credits >= 1):
