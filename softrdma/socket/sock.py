@@ -13,7 +13,9 @@ Errors are Python's: ``ConnectionRefusedError`` (nobody listens), ``TimeoutError
 socket's timeout passed), ``BlockingIOError`` (non-blocking and nothing to do),
 ``EOFError`` from ``recv`` once the peer closed and every message it sent was taken,
 ``BrokenPipeError`` from ``send`` after a close, ``ConnectionResetError`` when the
-connection broke (the peer vanished: noticed within ~3 s, see docs/socket.md).
+connection broke (the peer vanished: noticed within ~3 s, see docs/socket.md; or it
+refused what we sent, and said why), ``OSError(EMSGSIZE)`` from ``send`` for a message
+or run over the limits the peer's hello announced.
 """
 
 from __future__ import annotations
