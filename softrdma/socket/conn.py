@@ -31,18 +31,18 @@ from ..verbs_api.enums import (
 )
 from .base import wait_slice
 from .record import (
-    CTRL_SLOTS, FEATURE_INLINE, MORE, RECORD_SIZE, Hello, ProtocolError, Record,
-    RecordType as RT,
+    CTRL_SLOTS, FEATURE_INLINE, FEATURE_LIMITS, MORE, RECORD_SIZE, AbortReason, Hello,
+    ProtocolError, Record, RecordType as RT, describe_abort,
 )
 
-__all__ = ["Hub", "Connection", "Options", "Message"]
+__all__ = ["Hub", "Connection", "Options", "Message", "Budget"]
 
 E = ce.rdma_cm_event_type
 #: a buffer the peer has read stays registered this long (device seconds) before it is
 #: freed: a duplicated READ request the network delivers late then still finds its MR
 #: (rxe would otherwise answer it with a remote access error and break the connection)
 RETIRE_HOLD = 0.5
-_RECV, _SEND, _READ = 1, 2, 3
+_RECV, _SEND, _READ, _PROBE = 1, 2, 3, 4
 _KIND_SHIFT = 56
 
 
@@ -53,7 +53,10 @@ class Options:
     slots: int = 64  # receive slots posted for the peer's records: its credits
     inline_max: int = 4096  # messages up to this size travel inside the record's SEND
     mem_limit: int = 64 << 20  # bytes received and not yet read before credits stop
-    max_message: int = 1 << 30  # the largest NORMAL message this side will READ
+    max_message: int = 1 << 30  # the largest message this side takes (told in the hello)
+    # the largest run of frames (more=True ... the frame closing it) this side takes; 0:
+    # no limit (a socket hands frames out one by one; a Receiver holds a run whole)
+    max_run: int = 0
     # a vanished peer is noticed after (retry + 1) ACK timeouts: 7 x 268 ms here. Not
     # 7 retries: rxe (and softrdma with it) treats a retry count of 7 as "for ever"
     ack_timeout: int = 16  # QP ACK timeout: 4.096 us x 2^16 = 268 ms
@@ -68,19 +71,53 @@ class Message:
     data: bytes | bytearray
     more: bool = False
     seq: int = 0
-    conn: "Connection | None" = None
+    # (no reference to its connection: a message the application keeps must not keep
+    # the connection's buffers alive)
 
 
 class _Rx:
-    """A received record on its way to the application, in arrival order."""
+    """A received record on its way to the application, in arrival order; ``run`` is
+    the ticket of the run of frames it belongs to (:meth:`Budget.ticket`)."""
 
-    __slots__ = ("rec", "data", "mr", "reading")
+    __slots__ = ("rec", "data", "mr", "reading", "run")
 
-    def __init__(self, rec: Record, data: bytes | bytearray | None) -> None:
+    def __init__(self, rec: Record, data: bytes | bytearray | None, run: int) -> None:
         self.rec = rec
         self.data = data
         self.mr: Any = None
         self.reading = False
+        self.run = run
+
+
+class Budget:
+    """The memory the connections sharing it hold for the application -- messages
+    received inline, READ buffers allocated, and (for a message queue) what was taken
+    and not yet handed out -- against ``limit``. Connections ask it before they allocate
+    a READ buffer (:meth:`may_read`) and before they return credits (:meth:`may_credit`),
+    so over the limit their peers stop. This one is a socket's: one connection, which
+    reads the message at the head of its queue whatever the limit, when the application
+    has taken everything before it (else the application could never get it), so it
+    holds at most ``limit + max_message`` and what the peer sent inline on the credits
+    it had. The message queue's (softrdma.socket.mq) is shared by all its senders."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0  # bytes counted, from every connection sharing it
+        self._tickets = 0
+
+    def ticket(self) -> int:
+        """A number for a run of frames that begins: later runs get larger numbers."""
+        self._tickets += 1
+        return self._tickets
+
+    def may_read(self, conn: "Connection", run: int, n: int, first: bool) -> bool:
+        """May ``conn`` allocate ``n`` bytes to READ a message of run ``run`` (``first``:
+        the message is at the head of the connection's queue, nothing before it)?"""
+        return first or self.held + n <= self.limit
+
+    def may_credit(self, conn: "Connection") -> bool:
+        """May ``conn`` give its peer credits (let it send more)?"""
+        return self.held <= self.limit
 
 
 class Hub:
@@ -89,8 +126,11 @@ class Hub:
     until something may be."""
 
     def __init__(self, ctx: Any, channel: CMEventChannel | None,
-                 cq_depth: int = 16384) -> None:
+                 cq_depth: int = 16384, budget: Budget | None = None) -> None:
         self.ctx = ctx
+        # the memory budget its connections share (a message queue's), or None: each
+        # connection has its own (a socket's)
+        self.budget = budget
         self.channel = channel
         self.pd = PD(ctx)
         self.comp = CompChannel(ctx)
@@ -134,6 +174,8 @@ class Hub:
             for ev in events:
                 n += 1
                 self._on_cm(ev)
+            # every connection's duties, keepalive included, on every pass: whoever waits
+            # (send for credits, close for ACKs, recv, a Receiver) notices a dead peer
             for conn in list(self.conns.values()):
                 conn.pump()
         return n
@@ -242,11 +284,19 @@ class Connection:
         self.received = 0  # records other than CREDIT received from the peer, in total
         self.tx_seq = 0
         self.rx_seq = 0
+        # the largest message we take: a record's length field is 32 bits
+        self.max_message = min(opts.max_message, 0xFFFFFFFF)
+        self.tx_run = 0  # bytes of our run in progress (frames queued with more=True)
+        self.rx_run = 0  # bytes of the peer's run in progress, as announced
+        self.abort_until: float | None = None  # an ABORT is in flight until then
+        self._abort_slot = -1
         self.txq: deque[tuple[Record, bytes | None, Any]] = deque()
         self.unacked: dict[int, Any] = {}  # seq -> MR lent to the peer for its READ
         self.retired: deque[tuple[float, Any]] = deque()  # (when, MR) read and ACKed
         self.rxq: deque[_Rx] = deque()
         self.held = 0  # bytes received (or being read) and not yet taken
+        self.budget = hub.budget or Budget(opts.mem_limit)
+        self._run = 0  # the ticket of the peer's run in progress (0: between runs)
         self.reads = 0
         self.established = False
         self.peer_closed = False  # CLOSE received
@@ -255,14 +305,15 @@ class Connection:
         self.error: BaseException | None = None
         self._acks_due: deque[int] = deque()  # messages read whose ACK awaits a credit
         self.last_heard = time.monotonic()
+        self.probing = False  # a zero-length WRITE probe is in flight
         self.released = False
-        self.paused = False  # set by a message queue over its memory limit
         self.on_message: Callable[[Connection], None] | None = None
 
     # ---- setup ----------------------------------------------------------------------
 
     def hello(self) -> Hello:
-        return Hello(self.opts.slots, self.opts.inline_max)
+        return Hello(self.opts.slots, self.opts.inline_max, FEATURE_INLINE | FEATURE_LIMITS,
+                     max_message=self.max_message, max_run=self.opts.max_run or None)
 
     def conn_param(self, req: Any = None) -> ConnParam:
         """The REQ's parameters, or the REP's (``req``, the REQ's, are not echoed: each
@@ -288,7 +339,7 @@ class Connection:
     def _send_record(self, rec: Record, payload: bytes | None = None) -> None:
         i = self.free_send.popleft()
         # over the memory limit, data credits stay here (back-pressure) whatever goes out
-        withhold = self.paused or self.held > self.opts.mem_limit
+        withhold = not self.budget.may_credit(self)
         give = 0 if withhold else min(self.unreturned, 0xFFFF)
         rec.credit = give
         self.unreturned -= give
@@ -326,8 +377,10 @@ class Connection:
             raise BrokenPipeError(errno.EPIPE, "the connection is closed")
 
     def queue_message(self, data: bytes | bytearray | memoryview, more: bool) -> None:
-        """Queue one message (a frame when ``more``); it leaves as credits allow."""
+        """Queue one message (a frame when ``more``); it leaves as credits allow.
+        OSError(EMSGSIZE), nothing queued, if the peer's hello says it would refuse it."""
         n = len(data)
+        self.check_size(n)
         if n <= (self.peer.inline_max if self.peer and self.peer.features & FEATURE_INLINE
                  else -1):
             rec = Record(RT.INLINE, MORE if more else 0, 0, 0, n)
@@ -339,19 +392,49 @@ class Connection:
                     buffer=bytearray(data))
             rec = Record(RT.NORMAL, MORE if more else 0, 0, 0, n, mr.rkey, mr.buf)
             self.txq.append((rec, None, mr))
+        self.tx_run = self.tx_run + n if more else 0
         self.pump()
+
+    def check_size(self, n: int) -> None:
+        """Refuse locally what the peer told us (its hello) it would refuse."""
+        peer = self.peer
+        if peer is None or peer.max_message is None:
+            return  # a peer without FEATURE_LIMITS: it checks on its side
+        if n > peer.max_message:
+            raise OSError(errno.EMSGSIZE, f"send: a {n}-byte message exceeds the "
+                          f"receiver's max_message of {peer.max_message} bytes")
+        if peer.max_run is not None and self.tx_run + n > peer.max_run:
+            raise OSError(errno.EMSGSIZE, f"send: this frame makes a run of "
+                          f"{self.tx_run + n} bytes (frames sent with more=True and it), "
+                          f"over the receiver's max_run of {peer.max_run} bytes")
 
     def tx_backlog(self) -> int:
         return len(self.txq)
 
-    def take(self) -> Message | None:
-        """The next message if it is complete, else None."""
+    def take(self, keep: bool = False) -> Message | None:
+        """The next message if it is complete, else None. ``keep``: its bytes stay
+        counted in the budget (a message queue holds them on) and nothing is pumped."""
         if self.rxq and self.rxq[0].data is not None:
             rx = self.rxq.popleft()
             self.held -= len(rx.data)
-            self.pump()  # memory freed: reads and credits may go on
-            return Message(rx.data, bool(rx.rec.flags & MORE), rx.rec.seq, self)
+            msg = Message(rx.data, bool(rx.rec.flags & MORE), rx.rec.seq)
+            if not keep:
+                self.budget.held -= len(rx.data)
+                self.pump()  # memory freed: reads and credits may go on
+            return msg
         return None
+
+    def _hold(self, n: int) -> None:
+        self.held += n
+        self.budget.held += n
+
+    def oldest_open_run(self) -> int | None:
+        """The ticket of this connection's oldest run not wholly in memory yet (a frame
+        announced and not read, or its last frame not arrived), or None."""
+        for rx in self.rxq:
+            if rx.data is None:
+                return rx.run
+        return self._run or None
 
     def has_message(self) -> bool:
         return bool(self.rxq) and self.rxq[0].data is not None
@@ -379,6 +462,7 @@ class Connection:
                     self.unacked[rec.seq] = mr
                 self._send_record(rec, payload)
             self._return_credits()
+            self.tick()
         except PyverbsRDMAError as e:
             self.fail(e)
 
@@ -397,20 +481,20 @@ class Connection:
             self.retired.popleft()[1].close()
 
     def _start_reads(self) -> None:
-        blocked = False  # an earlier message is still incomplete
+        first = True  # nothing before it in the queue: the application took it all
         for rx in self.rxq:
             if rx.data is not None or rx.reading:
-                blocked = blocked or rx.reading
+                first = False
                 continue
             n = rx.rec.length
-            # back-pressure: read later (credits wait too) -- but never the first
-            # incomplete message, which everything behind it waits for
-            if blocked and (self.paused or self.held + n > self.opts.mem_limit):
+            # back-pressure: the buffer is allocated only when the budget allows (the
+            # message, and everything behind it, waits; credits wait too)
+            if not self.budget.may_read(self, rx.run, n, first):
                 return
-            blocked = True
+            first = False
             mr = MR(self.hub.pd, n, A.IBV_ACCESS_LOCAL_WRITE)
             rx.mr, rx.reading = mr, True
-            self.held += n
+            self._hold(n)
             self.reads += 1
             wr = SendWR((_READ << _KIND_SHIFT) | (rx.rec.seq & 0xFFFFFFFF), O.IBV_WR_RDMA_READ,
                         1, sg=[SGE(mr.buf, n, mr.lkey)], send_flags=F.IBV_SEND_SIGNALED)
@@ -423,7 +507,7 @@ class Connection:
         answer to a lone CREDIT, so CREDITs cannot bounce back and forth."""
         if self.local_closed and self.peer_closed or not self._can_send(True):
             return
-        if self.unreturned > 0 and not (self.paused or self.held > self.opts.mem_limit):
+        if self.unreturned > 0 and self.budget.may_credit(self):
             # (withheld while over the memory limit: the peer stops until we read)
             if self.granted - self.received <= self.opts.slots // 2:
                 self._send_record(Record(RT.CREDIT))
@@ -446,23 +530,35 @@ class Connection:
                 self.fail(ConnectionResetError(
                     errno.ECONNRESET, f"work completion {WS(wc.status).name}"))
             if kind == _SEND:
-                self.free_send.append(idx)
+                self._sent(idx)
+            elif kind == _PROBE:
+                self.probing = False
             return
         self.last_heard = time.monotonic()
         try:
             if kind == _RECV:
                 self._on_record(idx, wc.byte_len)
             elif kind == _SEND:
-                self.free_send.append(idx)
+                self._sent(idx)
             elif kind == _READ:
                 self._on_read_done(idx)
+            elif kind == _PROBE:
+                self.probing = False
         except ProtocolError as e:
             self.fail(e)
+
+    def _sent(self, i: int) -> None:
+        self.free_send.append(i)
+        if i == self._abort_slot:
+            self.abort_until = None  # the ABORT arrived (or never will)
 
     def _on_record(self, i: int, nbytes: int) -> None:
         off = i * self.slot
         raw = self.recv_mr.read(nbytes, off)
         rec = Record.unpack(raw)
+        if rec.type == RT.ABORT:
+            self.fail(ConnectionResetError(errno.ECONNRESET, describe_abort(rec)))
+            return
         self.credits += rec.credit
         self.ctrl_credits += rec.ctrl_credit
         if rec.type != RT.CREDIT:
@@ -472,20 +568,21 @@ class Connection:
             if self.peer_closed:
                 raise ProtocolError("a message after CLOSE")
             if rec.seq != self.rx_seq:
-                raise ProtocolError(f"message {rec.seq} where {self.rx_seq} was due")
+                raise ProtocolError(f"message {rec.seq} where {self.rx_seq} was due",
+                                    seq=rec.seq)
+            self._check_announced(rec)
             self.rx_seq = (self.rx_seq + 1) & 0xFFFFFFFF
+            run = self._run or self.budget.ticket()
+            self._run = run if rec.flags & MORE else 0
             if t == RT.INLINE:
                 if rec.length > self.opts.inline_max or rec.length != nbytes - RECORD_SIZE:
                     raise ProtocolError(f"INLINE of {rec.length} bytes in a "
                                         f"{nbytes}-byte SEND")
                 data = raw[RECORD_SIZE:]
-                self.rxq.append(_Rx(rec, data))
-                self.held += len(data)
+                self.rxq.append(_Rx(rec, data, run))
+                self._hold(len(data))
             else:
-                if rec.length > self.opts.max_message:
-                    raise ProtocolError(f"a {rec.length}-byte message exceeds the "
-                                        f"{self.opts.max_message}-byte limit")
-                self.rxq.append(_Rx(rec, None))
+                self.rxq.append(_Rx(rec, None, run))
         elif t == RT.ACK:
             mr = self.unacked.pop(rec.seq, None)
             if mr is None:
@@ -500,6 +597,25 @@ class Connection:
             self.unreturned += 1
         if self.on_message is not None and self.has_message():
             self.on_message(self)
+
+    def _check_announced(self, rec: Record) -> None:
+        """A message (INLINE or NORMAL) within the limits our hello told the peer; the
+        check comes before anything is allocated for it."""
+        n = rec.length
+        if n > self.max_message:
+            raise ProtocolError(
+                f"message {rec.seq}: the record's length field announces {n} bytes, over "
+                f"this side's max_message of {self.max_message} bytes",
+                reason=AbortReason.MESSAGE_SIZE, seq=rec.seq, value=n,
+                limit=self.max_message)
+        run = self.rx_run + n
+        if self.opts.max_run and run > self.opts.max_run:
+            raise ProtocolError(
+                f"message {rec.seq}: its run of frames (MORE flag) reaches {run} bytes, "
+                f"over this side's max_run of {self.opts.max_run} bytes",
+                reason=AbortReason.RUN_SIZE, seq=rec.seq, value=run,
+                limit=self.opts.max_run)
+        self.rx_run = run if rec.flags & MORE else 0
 
     def _on_read_done(self, seq: int) -> None:
         rx = next((r for r in self.rxq if r.reading and r.rec.seq == seq), None)
@@ -535,18 +651,53 @@ class Connection:
                                              f"(status {ev.status})"))
 
     def fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
+        """The connection is broken (the first reason is kept). A protocol error found
+        here is told to a peer that understands ABORT, if a slot and a credit allow."""
+        if self.error is not None:
+            return
+        # kept without its traceback: its frames hold this connection (a cycle that kept
+        # a dropped sender's buffers until gc), and the reason is in the message
+        self.error = exc.with_traceback(None)
+        if isinstance(exc, ProtocolError) and self.peer is not None and \
+                self.peer.features & FEATURE_LIMITS and not self.released and \
+                self.free_send and (self.credits >= 1 or self.ctrl_credits >= 1):
+            self._abort_slot = self.free_send[0]
+            try:
+                self._send_record(exc.abort_record())
+            except PyverbsRDMAError:
+                return
+            # RC delivers it or gives up within (retry + 1) ACK timeouts: wait no longer
+            self.abort_until = time.monotonic() + (self.opts.retry + 1) * \
+                4.096e-6 * (1 << self.opts.ack_timeout)
+
+    @property
+    def abort_pending(self) -> bool:
+        """An ABORT we sent may still be on its way: disconnecting now would flush it."""
+        return self.abort_until is not None and time.monotonic() < self.abort_until
 
     def tick(self) -> None:
-        """Periodic duties: ACKs waiting for credit, and a probe after silence (RC's own
-        retransmission then notices a peer that vanished)."""
+        """Periodic duties (run by every :meth:`pump`, so by every wait on the hub): ACKs
+        waiting for credit, and a probe after ``keepalive`` seconds of silence, which
+        RC's own retransmission turns into a failed completion if the peer vanished."""
         if self.error is not None or not self.established or self.released:
             return
         self._flush_acks()
-        if time.monotonic() - self.last_heard > self.opts.keepalive and \
-                not self.local_closed and self.send_control(Record(RT.CREDIT)):
-            self.last_heard = time.monotonic()
+        if self.probing or time.monotonic() - self.last_heard <= self.opts.keepalive:
+            return
+        self.last_heard = time.monotonic()
+        if not self.local_closed and self.send_control(Record(RT.CREDIT)):
+            return
+        self._probe()
+
+    def _probe(self) -> None:
+        """A zero-length RDMA WRITE: the peer's responder ACKs it without a receive, a
+        credit or a memory key (rsocket's keepalive), so a peer can be probed even when
+        no control credit is left or after our CLOSE."""
+        wr = SendWR(_PROBE << _KIND_SHIFT, O.IBV_WR_RDMA_WRITE, 0, sg=[],
+                    send_flags=F.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(0, 0)
+        self.qp.post_send(wr)
+        self.probing = True
 
     def idle_tx(self) -> bool:
         """Nothing of ours is still owed: all sent, all lent buffers acknowledged."""
@@ -569,6 +720,8 @@ class Connection:
                 pass
         self.unacked.clear()
         self.rxq.clear()
+        self.budget.held -= self.held  # what was received and never taken
+        self.held = 0
         try:
             self.cmid.close()
         except Exception:

@@ -15,11 +15,17 @@ What it promises (docs/socket.md, "The message queue"):
 * **per-sender order**: messages from one sender come out in the order it sent them;
 * **contiguity**: a run of frames sent with ``more=True`` and closed by a frame without
   it comes out as one run, never interleaved with another sender's frames;
-* **bounded memory**: at most ``mem_limit`` bytes of complete runs waiting to be taken,
-  plus, per sender, the run it is in the middle of and what it may already have in
-  flight inline (``slots * inline_max``); above the limit the receiver stops reading
-  announced messages and stops returning credits, so senders block -- back-pressure,
-  never drops;
+* **bounded memory**: everything held for the application (complete runs, runs in
+  progress, messages received inline, READ buffers) stays under ``mem_limit``, except
+  that, once the application took every complete run, the oldest run not yet wholly in
+  memory may grow to its end, so the queue never deadlocks with every sender in the
+  middle of a run: at most ``2 * mem_limit``,
+  plus what each sender may already have in flight inline (``slots * inline_max``).
+  Above the limit the receiver allocates no READ buffer and returns no credits, so
+  senders block -- back-pressure, never drops. A run (or message) larger than
+  ``mem_limit`` could never be held: the hello tells senders the limit, their ``send``
+  refuses it (OSError EMSGSIZE), and a sender that announces one anyway is dropped with
+  a ProtocolError, told why in an ABORT record (:attr:`Receiver.errors`);
 * **no thread per connection**: every connection's QP completes into one CQ per
   device; ``recv`` (on the caller's thread) drives them all, accepts new senders and
   notices departed ones.
@@ -27,6 +33,7 @@ What it promises (docs/socket.md, "The message queue"):
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import time
 from collections import deque
@@ -38,7 +45,7 @@ from ..readiness import readable
 from ..rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID, RAI_PASSIVE
 from ..rdmacm import enums as ce
 from .base import accept_request, wait_slice
-from .conn import Connection, Hub, Options
+from .conn import Budget, Connection, Hub, Options
 from .handshake import HalfOpen, HalfOpenTable, reject_and_release
 
 __all__ = ["Receiver", "ReceivedMessage", "RECEIVER_BACKLOG"]
@@ -52,6 +59,8 @@ E = ce.rdma_cm_event_type
 #: one round trip, while setting up a connection costs the receiver milliseconds of its
 #: own. (It was 1024 and not enforced: 2,000 forged REQs held 1.2 GiB.)
 RECEIVER_BACKLOG = 32
+#: how many of the latest dropped senders' errors :attr:`Receiver.errors` keeps
+ERRORS_KEPT = 64
 
 
 @dataclass
@@ -61,17 +70,54 @@ class ReceivedMessage:
     more: bool = False  # another frame of the same message follows
 
 
+class _QueueBudget(Budget):
+    """The message queue's memory: one budget for every sender. Over the limit, no
+    connection allocates READ buffers or returns credits -- except, when the application
+    has nothing left to take (``ready`` is 0: all the memory is in runs in progress),
+    the connection holding the oldest run not yet wholly in memory (``favoured``, chosen
+    by the Receiver on every pass): that run may grow to its end, at most ``max_run``
+    (the limit), so the queue completes it, hands it out and moves on instead of
+    deadlocking. Only one run is ever past the limit (the next is favoured only once the
+    application took this one), hence the worst case: twice the limit, plus what
+    senders may have in flight inline on the credits they hold."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.ready = 0  # bytes of complete runs waiting for the application
+        self.favoured = 0  # the ticket of the run that may exceed the limit (0: none)
+        self.favoured_conn = 0  # id() of its connection (no reference: no cycle)
+
+    def may_read(self, conn: Connection, run: int, n: int, first: bool) -> bool:
+        return self.held + n <= self.limit or (run == self.favoured and not self.ready)
+
+    def may_credit(self, conn: Connection) -> bool:
+        return self.held < self.limit or (id(conn) == self.favoured_conn and
+                                          not self.ready)
+
+
 class Receiver:
     """The receiving end of a many-senders message queue, bound to ``address``.
 
     A sender's request is answered at once and waits in :attr:`half_open` (at most
     ``backlog``, the oldest evicted for a newer one, each for at most HANDSHAKE_TIMEOUT)
-    until it is ESTABLISHED; then it is one of the senders ``recv`` drives."""
+    until it is ESTABLISHED; then it is one of the senders ``recv`` drives.
+
+    ``mem_limit`` bounds what it holds (the module's docstring); it is also the largest
+    run of frames -- and message -- it takes (``Options.max_run`` / ``max_message``,
+    if smaller, lower them), which its hello tells every sender."""
 
     def __init__(self, address: tuple[str, int], *, mem_limit: int = 64 << 20,
                  options: Options | None = None, backlog: int = RECEIVER_BACKLOG) -> None:
-        self.options = options or Options()
+        opts = options or Options()
+        # a run is held whole before it is handed out: none may exceed what can be held
+        run_cap = min(opts.max_run or mem_limit, mem_limit)
+        self.options = dataclasses.replace(
+            opts, max_message=min(opts.max_message, run_cap), max_run=run_cap)
         self.mem_limit = mem_limit
+        self._budget = _QueueBudget(mem_limit)
+        #: (sender, exception) for the latest senders dropped because their connection
+        #: broke (a protocol error, a peer that vanished), newest last
+        self.errors: deque[tuple[tuple[str, int], BaseException]] = deque(maxlen=ERRORS_KEPT)
         self.channel = CMEventChannel()
         self.listener = CMID(self.channel)
         try:
@@ -90,7 +136,6 @@ class Receiver:
         self.partial: dict[int, list[ReceivedMessage]] = {}  # frames of unfinished runs
         self.ready: deque[ReceivedMessage] = deque()  # complete runs, frame by frame
         self.held = 0  # bytes in self.ready and self.partial
-        self._ready_bytes = 0  # bytes in self.ready
         self.closed = False
         self._timeout: float | None = None
 
@@ -99,6 +144,12 @@ class Receiver:
     @property
     def address(self) -> tuple[str, int]:
         return self.listener.local_addr
+
+    @property
+    def in_memory(self) -> int:
+        """Bytes held for the application in all: complete runs, runs in progress,
+        messages received inline and READ buffers (what ``mem_limit`` bounds)."""
+        return self._budget.held
 
     @property
     def senders(self) -> list[tuple[str, int]]:
@@ -114,7 +165,8 @@ class Receiver:
         key = id(cmid.context)
         hub = self.hubs.get(key)
         if hub is None:
-            hub = self.hubs[key] = Hub(cmid.context, None, cq_depth=32767)
+            hub = self.hubs[key] = Hub(cmid.context, None, cq_depth=32767,
+                                       budget=self._budget)
         return hub
 
     def _accept(self, ev: CMEvent) -> None:
@@ -159,36 +211,54 @@ class Receiver:
         for hub in self.hubs.values():
             n += hub.progress()
         self._admit_completed()
-        # the limit is on complete runs waiting for the application: a run in progress
-        # is never held back (its next frame may be what completes it)
-        over = self._ready_bytes >= self.mem_limit
+        # every complete message is taken: it is in memory already, and the budget
+        # counts it the same in the connection or here (the limit acts on what is
+        # allocated next: READ buffers, and credits for more records)
         for key, (conn, peer) in list(self.conns.items()):
-            conn.paused = over and key not in self.partial
-            while (not over or key in self.partial) and conn.has_message():
-                msg = conn.take()
+            while conn.has_message():
+                msg = conn.take(keep=True)
                 frame = ReceivedMessage(bytes(msg.data), peer, msg.more)
                 run = self.partial.setdefault(key, [])
                 run.append(frame)
                 self.held += len(frame.data)
                 if not frame.more:  # the run is complete: out in one piece
                     self.ready.extend(run)
-                    self._ready_bytes += sum(len(f.data) for f in run)
+                    self._budget.ready += sum(len(f.data) for f in run)
                     del self.partial[key]
-                over = self._ready_bytes >= self.mem_limit
             if conn.error is not None or conn.at_eof():
-                self._drop(key, conn)
-            else:
-                conn.tick()
+                self._drop(key, conn, peer)
+        self._favour()
         return n
 
-    def _drop(self, key: int, conn: Connection) -> None:
+    def _favour(self) -> None:
+        """Let the oldest run not wholly in memory past the limit (_QueueBudget)."""
+        best, owner = 0, None
+        for conn, _ in self.conns.values():
+            run = conn.oldest_open_run()
+            if run is not None and (owner is None or run < best):
+                best, owner = run, conn
+        budget = self._budget
+        if best != budget.favoured:
+            budget.favoured, budget.favoured_conn = best, id(owner) if owner else 0
+            if owner is not None:
+                owner.pump()  # it may have waited for memory: its reads and credits go
+
+    def _drop(self, key: int, conn: Connection, peer: tuple[str, int]) -> None:
         """A sender left: its unfinished run is discarded (it never completed), its
-        resources freed."""
+        resources freed; why, if its connection broke, goes to :attr:`errors`."""
         if conn.has_message():
             return  # let its last messages out first
+        if conn.abort_pending:
+            return  # the ABORT telling it why leaves first
         run = self.partial.pop(key, [])
-        self.held -= sum(len(f.data) for f in run)
+        lost = sum(len(f.data) for f in run)
+        self.held -= lost
+        self._budget.held -= lost
         del self.conns[key]
+        if conn.error is not None:
+            self.errors.append((peer, conn.error))
+        if self._budget.favoured_conn == id(conn):
+            self._budget.favoured, self._budget.favoured_conn = 0, 0
         try:
             conn.cmid.disconnect()
         except Exception:
@@ -219,8 +289,9 @@ class Receiver:
             if self.ready:
                 msg = self.ready.popleft()
                 self.held -= len(msg.data)
-                self._ready_bytes -= len(msg.data)
-                if self._ready_bytes < self.mem_limit:
+                self._budget.held -= len(msg.data)
+                self._budget.ready -= len(msg.data)
+                if self._budget.held < self.mem_limit or not self.ready:
                     self.progress()  # below the limit again: let readers and credits go
                 return msg
             self.progress()

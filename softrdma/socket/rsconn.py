@@ -51,6 +51,10 @@ CLOSE_TIMEOUT = 60.0
 #: rxe's first retransmission, and the second came 4.6 s after the DISCONNECT, after a
 #: 3.2 s quiet spell had ended). It costs nothing when the peer's DREQ comes.
 TIME_WAIT_PERIODS = 3.5
+#: a keepalive unacknowledged after this many of our QP's retransmission periods means
+#: the peer is gone: RC's own retry count would say so after retry_cnt + 1 of them, but
+#: rsocket's REQ asks for retry_cnt 7, which rxe (and softrdma) take as "for ever"
+KEEPALIVE_GIVE_UP = 8
 
 
 class RSOptions:
@@ -148,6 +152,7 @@ class RSConn:
         self.iomap_queue: deque[IoMap] = deque()
         self.local_maps: list[IoMap] = []
         self.last_keepalive = time.monotonic()
+        self.keepalive_out: float | None = None  # when the unacknowledged keepalive left
         for _ in range(self.rq_size):
             self._post_recv()
         hub.add(self)
@@ -347,6 +352,8 @@ class RSConn:
             self.ctrl_max_seqno += 1
             if (data & 0x1FFFFFFF) == RS_CTRL_DISCONNECT:
                 self.state = RS_DISCONNECTED
+            elif (data & 0x1FFFFFFF) == RS_CTRL_KEEPALIVE:
+                self.keepalive_out = None
         elif op == RS_OP_IOMAP_SGL:
             self.sqe_avail += 1
             self.sbuf_bytes_avail += IOMAP_LE.size
@@ -374,14 +381,35 @@ class RSConn:
 
     def pump(self) -> None:
         self.update_credits()
-        if (self.opts.keepalive and self.state & RS_CONNECTED and
-                time.monotonic() - self.last_keepalive > self.opts.keepalive):
+        if not (self.opts.keepalive and self.state & RS_CONNECTED):
+            return
+        now = time.monotonic()
+        if self.keepalive_out is not None:
+            if now - self.keepalive_out > KEEPALIVE_GIVE_UP * self._own_ack_period():
+                self.state = RS_ERROR
+                self.fail(ConnectionResetError(
+                    errno.ECONNRESET, f"the peer did not acknowledge a keepalive in "
+                    f"{now - self.keepalive_out:.1f} s: it is gone"))
+        elif now - self.last_keepalive > self.opts.keepalive:
             self.send_keepalive()
 
     def send_keepalive(self) -> None:
-        """tcp_svc_send_keepalive: a 0-byte RDMA WRITE (no immediate)."""
+        """tcp_svc_send_keepalive: a 0-byte RDMA WRITE (no immediate). Its completion is
+        awaited (pump): with rsocket's retry count, RC alone would retransmit it for
+        ever to a peer that vanished, and a blocked send would never learn."""
         self.last_keepalive = time.monotonic()
+        posted = self.ctrl_seqno
         self._send_ctrl(RS_CTRL_KEEPALIVE, O.IBV_WR_RDMA_WRITE)
+        if self.ctrl_seqno != posted:
+            self.keepalive_out = self.last_keepalive
+
+    def _own_ack_period(self) -> float:
+        """Our QP's retransmission period, 4.096 us x 2^timeout (2.1 s if unknown)."""
+        try:
+            own = self.qp.query(ibv_qp_attr_mask.IBV_QP_TIMEOUT)[0].timeout
+        except Exception:
+            own = 0
+        return 4.096e-6 * (1 << own) if own else 2.2
 
     def send_ctrl(self, ctrl: int) -> None:
         """A DISCONNECT or SHUTDOWN message (rshutdown), if a control slot is free."""

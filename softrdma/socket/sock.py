@@ -13,7 +13,9 @@ Errors are Python's: ``ConnectionRefusedError`` (nobody listens), ``TimeoutError
 socket's timeout passed), ``BlockingIOError`` (non-blocking and nothing to do),
 ``EOFError`` from ``recv`` once the peer closed and every message it sent was taken,
 ``BrokenPipeError`` from ``send`` after a close, ``ConnectionResetError`` when the
-connection broke (the peer vanished: noticed within ~3 s, see docs/socket.md).
+connection broke (the peer vanished: noticed within ~3 s, see docs/socket.md; or it
+refused what we sent, and said why), ``OSError(EMSGSIZE)`` from ``send`` for a message
+or run over the limits the peer's hello announced.
 """
 
 from __future__ import annotations
@@ -72,9 +74,12 @@ class socket(SocketBase):
 
     def send(self, data: bytes | bytearray | memoryview, more: bool = False) -> int:
         """Send ``data`` as one message (``more``: a frame, another follows); returns its
-        length. Blocks while the peer has no room (its credits), up to the timeout."""
+        length. Blocks while the peer has no room (its credits), up to the timeout.
+        OSError(EMSGSIZE) at once if the peer said (in its hello) it would refuse it: a
+        message over its ``max_message``, or a frame making a run over its ``max_run``."""
         conn = self._connected()
         data = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else data
+        conn.check_size(len(data))
         deadline = self._deadline()
         while True:
             conn.check_usable(sending=True)
@@ -126,7 +131,6 @@ class socket(SocketBase):
             conn.check_usable(sending=False)
             if conn.at_eof():
                 raise EOFError("the peer closed the connection")
-            conn.tick()
             self._expired(deadline, "recv")
             self._hub.wait(deadline)
 
@@ -192,6 +196,9 @@ class socket(SocketBase):
             self._free()
 
     def _goodbye(self, conn: Connection, hub: Hub) -> None:
+        while conn.abort_pending:  # the ABORT telling the peer why must leave first
+            hub.progress()
+            hub.wait(conn.abort_until)
         if conn.error is not None or conn.disconnected or not conn.established:
             return
         deadline = time.monotonic() + CLOSE_TIMEOUT

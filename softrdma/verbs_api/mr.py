@@ -288,8 +288,9 @@ class SoftMR:
 
     def destroy(self) -> None:
         self.device.keys.remove(self.entry)
-        # no way back to the closed MR: without the cycle MR -> SoftMR -> MR, the buffer
-        # is freed when the last reference to the MR goes, not at the next gc pass
+        # MR -> impl -> owner -> MR is a cycle: left, it keeps the buffer until the
+        # collector runs (a gigabyte READ buffer, issue 26). Nothing reads the owner
+        # once the MR is deregistered; its keys stay readable through the entry.
         self.owner = self.entry.owner = None
 
 
