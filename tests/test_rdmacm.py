@@ -669,3 +669,31 @@ def test_sync_style_completion_wait_ends_at_its_timeout(devices):
         if "c" in box:
             box["c"].close()
         lid.close()
+
+
+def test_migrate_takes_the_ids_waiting_events_along(devices):
+    """rdma_migrate_id moves the events already queued for the id (ucma_migrate_id moves
+    them to the new file): an ESTABLISHED waiting on the listener's channel when the
+    server id migrates is read on the new channel, not left behind on the old one (the
+    socket layer used to route such strays by hand)."""
+    p = Pair(7497)
+    own = CMEventChannel()
+    try:
+        p.client.create_qp(rc_attr())
+        p.client.connect(ConnParam())
+        req = expect(p.sch, E.RDMA_CM_EVENT_CONNECT_REQUEST)
+        p.server = CMID(req, listen_id=p.listener)
+        p.server.create_qp(rc_attr())
+        p.server.accept(ConnParam())
+        expect(p.cch, E.RDMA_CM_EVENT_ESTABLISHED)
+        deadline = time.monotonic() + 5
+        while not p.sch.pending() and time.monotonic() < deadline:
+            p.sch.wait(0.05)  # the server's ESTABLISHED arrives on the listener's channel
+        assert p.sch.pending()
+        p.server.migrate(own)
+        assert not p.sch.pending()
+        ev = expect(own, E.RDMA_CM_EVENT_ESTABLISHED, timeout=0)
+        assert ev.id is p.server.id
+    finally:
+        p.close()
+        own.close()

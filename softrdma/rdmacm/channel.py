@@ -128,9 +128,17 @@ class EventChannel:
             self._queue.close()
 
     def adopt(self, cid: "RdmaCmId") -> None:
-        """``rdma_migrate_id``: ``cid``'s events come here from now on."""
+        """``rdma_migrate_id``: ``cid``'s events come here from now on, and those it has
+        waiting on its old channel move with it, in order (``ucma_migrate_id``). Its own
+        events are the ones about it, and for a listener the connection requests it
+        received; a child's CONNECT_REQUEST stays: it is its listener's event."""
         old = cid.channel
         old.ids.discard(cid)
         self._watched |= old._watched
         cid.channel = self
         self.ids.add(cid)
+        if old is not self:
+            for ev in old._queue.take_where(lambda ev: (
+                    ev.listen_id is cid if ev.event == E.RDMA_CM_EVENT_CONNECT_REQUEST
+                    else ev.id is cid)):
+                self.put(ev)

@@ -434,7 +434,9 @@ class RSConn:
 
     def fail(self, exc: BaseException) -> None:
         if self.error is None:
-            self.error = exc
+            # without its traceback: its frames hold this connection, a cycle that kept
+            # the connection's buffers until the next gc pass (as Connection.fail)
+            self.error = exc.with_traceback(None)
 
     def ack_period(self) -> float:
         """The peer's retransmission period, as far as we can know it (4.096 us x

@@ -66,6 +66,21 @@ class EventQueue:
                     pass
             return item
 
+    def take_where(self, pred: Any) -> list[Any]:
+        """Remove and return, oldest first, the queued items ``pred`` accepts (the others
+        stay in order); the fd stays readable exactly while items remain."""
+        with self._lock:
+            taken = [it for it in self._items if pred(it)]
+            if taken:
+                self._items = deque(it for it in self._items if not pred(it))
+                if not self._items:
+                    try:
+                        while os.read(self._r, 4096):
+                            pass
+                    except OSError:  # drained (EAGAIN)
+                        pass
+            return taken
+
     def wake(self) -> None:
         """Make the fd readable with no event: a waiter wakes and looks at the world again
         (the device failed)."""
