@@ -10,8 +10,8 @@ summary counts):
 table          draws
 =============  ===========================================================================
 HELLO          the hello as a correct sender makes it (kept), or one field at an edge, or
-               a wrong magic, or cut short
-REC_TYPE       the record type: a correct one, or 0, 6, 255
+               its LIMITS extension cut short or at an edge, or a wrong magic, or cut short
+REC_TYPE       the record type: a correct one, or 0, the first unknown, 255, or ABORT
 REC_FIELDS     one to three of flags, credit, seq, length, rkey, addr, control credit,
                the reserved words, each at an edge (0, 1, largest, top bit, random) or
                near what is due (seq +-1, length of the SEND +-1, the inline limit +1,
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...socket.record import (
-    FEATURE_INLINE, HELLO_SIZE, MAGIC, MORE, RECORD, RECORD_SIZE, RecordType,
+    FEATURE_INLINE, FEATURE_LIMITS, HELLO_LIMITS_SIZE, HELLO_SIZE, MAGIC, MORE, RECORD,
+    RECORD_SIZE, RecordType,
 )
 from .mutators import Mutator, Table, boundary_values, keep
 from .stats import Stats
@@ -43,6 +44,7 @@ __all__ = ["hello_bytes", "HELLO", "REC_TYPE", "REC_FIELDS", "REC_SEND", "RECORD
 
 Rng = random.Random
 _HELLO = struct.Struct("!4sBBHI")
+_LIMITS = struct.Struct("!IQ")  # the hello's LIMITS extension: max_message, max_run
 
 
 # -- [HELLO] --------------------------------------------------------------------------------
@@ -65,6 +67,16 @@ def hello_field(r: Rng) -> bytes:
     return _hello(inline_max=r.choice((0, 1, 0xFFFFFFFF)))
 
 
+def hello_limits(r: Rng) -> bytes:
+    """The hello's LIMITS extension (feature 0x02, 12 more bytes: max_message, max_run):
+    cut short (13 to 23 bytes), or a limit at an edge (0, 1, largest)."""
+    base = _hello(features=FEATURE_INLINE | FEATURE_LIMITS)
+    if r.randrange(3) == 0:
+        return (base + r.randbytes(12))[:r.randrange(HELLO_SIZE + 1, HELLO_LIMITS_SIZE)]
+    return base + _LIMITS.pack(r.choice((0, 1, 0xFFFFFFFF)),
+                               r.choice((0, 1, 0xFFFFFFFFFFFFFFFF)))
+
+
 def hello_magic(r: Rng) -> bytes:
     """The hello's magic: another protocol's private data (rsocket's, zeros, random)."""
     return _hello(magic=r.choice((b"\0\0\0\0", b"SRS0", b"SRS2", r.randbytes(4))))
@@ -76,7 +88,8 @@ def hello_short(r: Rng) -> bytes:
 
 
 HELLO = Table("HELLO", keep("hello_ok", 0.7),
-              Mutator("hello_field", 0.18, hello_field),
+              Mutator("hello_field", 0.12, hello_field),
+              Mutator("hello_limits", 0.06, hello_limits),
               Mutator("hello_magic", 0.06, hello_magic),
               Mutator("hello_short", 0.06, hello_short))
 
@@ -107,8 +120,9 @@ class Due:
 
 
 def rec_type(r: Rng, rec: dict[str, int], due: Due) -> None:
-    """The record type dispatch: 0, the first unknown (6), 255."""
-    rec["type"] = r.choice((0, 6, 255))
+    """The record type dispatch: 0, the first unknown, 255, or an ABORT (a sender telling
+    the receiver why it gives up, with whatever reason and values the other fields hold)."""
+    rec["type"] = r.choice((0, max(RecordType) + 1, 255, int(RecordType.ABORT)))
 
 
 REC_TYPE = Table("REC_TYPE", Mutator("rec_type", 0.05, rec_type))
