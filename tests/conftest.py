@@ -44,6 +44,27 @@ def wait_until(cond: Callable[[], Any], timeout: float = 10.0) -> bool:
 
 
 @pytest.fixture
+def live_device():
+    """A factory of live soft devices on loopback: ``live_device(ip, name)`` registers
+    one (its progress thread on); each is removed after the test, retried while the
+    test's ids and sockets close."""
+    from softrdma.verbs_api.device import add_device, remove_device
+    made: list[str] = []
+
+    def make(ip: str, name: str) -> Any:
+        made.append(name)
+        return add_device(ip, name=name)
+    yield make
+    for name in made:
+        for _ in range(100):
+            try:
+                remove_device(name)
+                break
+            except Exception:
+                time.sleep(0.05)
+
+
+@pytest.fixture
 def udp_devices():
     """A factory of live soft devices on UDP: ``udp_devices(ip, name, **attach_udp_kw)``;
     each is detached and unregistered after the test."""

@@ -18,7 +18,6 @@ import pytest
 
 from softrdma import socket as rsock
 from softrdma.socket import Options, Receiver
-from softrdma.verbs_api import add_device, remove_device
 
 from .conftest import ROOT
 
@@ -41,21 +40,9 @@ def wait_ready(p: subprocess.Popen) -> None:
 
 
 @pytest.fixture
-def dev():
-    """A device for this process's end, removed after the test."""
-    made = []
-
-    def make(ip: str, name: str):
-        made.append(name)
-        return add_device(ip, name=name)
-    yield make
-    for name in made:
-        for _ in range(100):
-            try:
-                remove_device(name)
-                break
-            except Exception:
-                time.sleep(0.05)
+def dev(live_device):
+    """Live devices on loopback for this test, removed after it (conftest)."""
+    return live_device
 
 
 def in_use(d) -> dict:

@@ -40,7 +40,6 @@ from softrdma.socket.handshake import (
 from softrdma.socket.mq import RECEIVER_BACKLOG
 from softrdma.socket.record import CTRL_SLOTS, RECORD_SIZE, Hello
 from softrdma.socket.rswire import ConnData
-from softrdma.verbs_api import add_device, remove_device
 from softrdma.wire.icrc import set_icrc_ipv4
 from softrdma.wire.packet import parse
 
@@ -100,21 +99,9 @@ class Forger:
 
 
 @pytest.fixture
-def dev():
-    """Live devices on loopback for this test, removed after it."""
-    made: list[str] = []
-
-    def make(ip: str, name: str) -> Any:
-        made.append(name)
-        return add_device(ip, name=name)
-    yield make
-    for name in made:
-        for _ in range(100):
-            try:
-                remove_device(name)
-                break
-            except Exception:
-                time.sleep(0.05)
+def dev(live_device):
+    """Live devices on loopback for this test, removed after it (conftest)."""
+    return live_device
 
 
 def connect_retrying(address: tuple[str, int], deadline: float) -> Any:

@@ -30,7 +30,6 @@ import pytest
 from softrdma import socket as rsock
 from softrdma.socket import Options, Receiver
 from softrdma.socket.record import Record, RecordType
-from softrdma.verbs_api import add_device, remove_device
 
 from .conftest import ROOT
 
@@ -43,21 +42,32 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def dev():
-    """Devices for this process's ends, removed after the test."""
-    made = []
+def dev(live_device):
+    """Live devices on loopback for this test, removed after it (conftest)."""
+    return live_device
 
-    def make(ip: str, name: str):
-        made.append(name)
-        return add_device(ip, name=name)
-    yield make
-    for name in made:
-        for _ in range(100):
-            try:
-                remove_device(name)
-                break
-            except Exception:
-                time.sleep(0.05)
+
+def connect_senders(rx: Receiver, n: int, src: str, address: tuple[str, int],
+                    timeout: float) -> list:
+    """``n`` sockets from ``src`` connected to ``rx`` at ``address``: a Receiver answers
+    requests only while its application calls in, so it is drained meanwhile."""
+    socks: list = []
+
+    def connect() -> None:
+        for _ in range(n):
+            s = rsock.socket()
+            s.settimeout(timeout)
+            s.bind((src, 0))
+            s.connect(address)
+            socks.append(s)
+    t = threading.Thread(target=connect)
+    t.start()
+    while t.is_alive():
+        try:
+            rx.recv(timeout=0.1)
+        except TimeoutError:
+            pass
+    return socks
 
 
 def test_a_sender_blocked_on_credits_notices_its_receiver_killed(dev):
@@ -205,22 +215,7 @@ def test_announced_giant_messages_allocate_nothing(dev, traced):
     dev("127.0.46.22", "lim-forger")
     limit = 8 * MiB
     with Receiver(("127.0.46.21", 9463), mem_limit=limit) as rx:
-        socks: list = []
-
-        def connect() -> None:
-            for _ in range(3):
-                s = rsock.socket()
-                s.settimeout(30)
-                s.bind(("127.0.46.22", 0))
-                s.connect(("127.0.46.21", 9463))
-                socks.append(s)
-        t = threading.Thread(target=connect)
-        t.start()
-        while t.is_alive():
-            try:
-                rx.recv(timeout=0.1)
-            except TimeoutError:
-                pass
+        socks = connect_senders(rx, 3, "127.0.46.22", ("127.0.46.21", 9463), timeout=30)
         assert len(socks) == 3 and len(rx.conns) == 3
         base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
@@ -317,22 +312,7 @@ def test_senders_in_the_middle_of_runs_share_the_limit_without_deadlock(dev):
     dev("127.0.46.42", "lim-tx3")
     limit, frame, frames, runs, senders = 2 * MiB, 512 << 10, 4, 4, 4
     with Receiver(("127.0.46.41", 9465), mem_limit=limit) as rx:
-        socks: list = []
-
-        def connect() -> None:
-            for _ in range(senders):
-                s = rsock.socket()
-                s.settimeout(60)
-                s.bind(("127.0.46.42", 0))
-                s.connect(("127.0.46.41", 9465))
-                socks.append(s)
-        t = threading.Thread(target=connect)
-        t.start()
-        while t.is_alive():
-            try:
-                rx.recv(timeout=0.1)
-            except TimeoutError:
-                pass
+        socks = connect_senders(rx, senders, "127.0.46.42", ("127.0.46.41", 9465), timeout=60)
         failures: list = []
 
         def send_runs(k: int, s) -> None:
@@ -375,22 +355,7 @@ def test_an_application_that_does_not_read_holds_twice_the_limit_at_most(dev):
     dev("127.0.46.52", "lim-tx4")
     limit, frame, frames, senders = 2 * MiB, 512 << 10, 4, 4
     with Receiver(("127.0.46.51", 9466), mem_limit=limit) as rx:
-        socks: list = []
-
-        def connect() -> None:
-            for _ in range(senders):
-                s = rsock.socket()
-                s.settimeout(60)
-                s.bind(("127.0.46.52", 0))
-                s.connect(("127.0.46.51", 9466))
-                socks.append(s)
-        t = threading.Thread(target=connect)
-        t.start()
-        while t.is_alive():
-            try:
-                rx.recv(timeout=0.1)
-            except TimeoutError:
-                pass
+        socks = connect_senders(rx, senders, "127.0.46.52", ("127.0.46.51", 9466), timeout=60)
 
         def send_run(k: int, s) -> None:
             for f in range(frames):
