@@ -48,6 +48,9 @@ from softrdma.wire.packet import parse
 #: plus an inline message (conn.py)
 _O = Options()
 CONN_BYTES = (_O.slots + CTRL_SLOTS + max(_O.slots, 16) + 8) * (RECORD_SIZE + _O.inline_max)
+#: what a half-open one registers: only the receive slots (the send slots wait for the
+#: first record it sends, which a forged request never gets to)
+HALF_OPEN_BYTES = (_O.slots + CTRL_SLOTS) * (RECORD_SIZE + _O.inline_max)
 #: a flood's size, as in the issue's reproduction
 FLOOD = 2000
 #: how long a legitimate client may take to get in, retrying a refusal (the forged
@@ -371,15 +374,14 @@ def test_evicted_connections_die_without_the_cycle_collector(dev):
                     assert time.monotonic() < end, "the forged REQ never arrived"
                     time.sleep(0.01)
                 for e in rx.half_open:
-                    refs += [weakref.ref(e.conn), weakref.ref(e.conn.recv_mr),
-                             weakref.ref(e.conn.send_mr)]
+                    assert e.conn.send_mr is None  # (registered at its first record)
+                    refs += [weakref.ref(e.conn), weakref.ref(e.conn.recv_mr)]
             assert rx.half_open.evicted == 4 and len(rx.half_open) == 2
-            live = {id(o) for e in rx.half_open for o in (e.conn, e.conn.recv_mr,
-                                                           e.conn.send_mr)}
+            live = {id(o) for e in rx.half_open for o in (e.conn, e.conn.recv_mr)}
             dead = [r for r in refs if r() is None]
             alive = [r() for r in refs if r() is not None and id(r()) not in live]
             assert not alive, f"released but alive without gc: {alive[:3]}"
-            assert len(dead) >= 4 * 3
+            assert len(dead) >= 4 * 2
     finally:
         gc.enable()
         forger.close()
@@ -563,3 +565,30 @@ def test_a_large_backlog_still_keeps_at_most_half_open_max(dev):
         assert srv.listen_queue() == (HALF_OPEN_MAX, 0)
         assert len(os.listdir("/proc/self/fd")) - fds <= 4 * HALF_OPEN_MAX + 8
     forger.close()
+
+
+def test_a_half_open_connection_registers_only_its_receive_slots(dev):
+    """A forged REQ makes the listener register the receive slots the peer may fill at
+    once (68 x 4,128 bytes, 274 KiB), not the send slots too (another 290 KiB, until the
+    connection sends its first record): 32 half-open connections at a Receiver hold
+    about half of what they did (17.6 MiB)."""
+    dev("127.0.72.61", "hostile-half")
+    forger = Forger("127.0.72.69", "127.0.72.61")
+    tracemalloc.start()
+    try:
+        with Receiver(("127.0.72.61", 9760)) as rx:
+            base = live()
+            forger.send(9760, 0, RECEIVER_BACKLOG)
+            deadline = time.monotonic() + 20
+            while len(rx.half_open) < RECEIVER_BACKLOG and time.monotonic() < deadline:
+                rx.progress()
+                time.sleep(0.01)
+            assert len(rx.half_open) == RECEIVER_BACKLOG
+            grown = live() - base
+            per = grown / RECEIVER_BACKLOG
+            print(f"{per / 1024:.0f} KiB per half-open connection")
+            # receive slots plus 48 KiB for the QP, its queues and the rdma_cm id
+            assert per < HALF_OPEN_BYTES + (48 << 10), f"{per / 1024:.0f} KiB each"
+    finally:
+        tracemalloc.stop()
+        forger.close()

@@ -9,7 +9,8 @@ only completed connections, as a TCP ``accept()`` does, and never be held by a r
 that will not complete (one forged REQ, whose REP goes to an address nobody listens on).
 
 A half-open connection costs what the protocol makes before the REP: the QP and its
-registered receive and send slots, 564 KiB with the default ``Options``. An off-path
+registered receive slots, 274 KiB with the default ``Options`` (about 318 KiB in all;
+the send slots wait for the first record it sends). An off-path
 sender pays one 256-byte packet for that, so the table is bounded twice:
 
 * in number, ``limit`` (a socket's backlog, at most :data:`HALF_OPEN_MAX`; a
@@ -56,10 +57,10 @@ HANDSHAKE_REP_SENDS = 3
 HANDSHAKE_TIMEOUT = HANDSHAKE_REP_SENDS * REP_TIMEOUT
 
 #: the most half-open connections a listening socket keeps, whatever its backlog (as
-#: Linux's tcp_max_syn_backlog caps the SYN queue): each costs ~570 KiB (the slots of
-#: 564 KiB, a CQ, a PD) and 4 descriptors (its completion and CM channels), so
-#: create_server's default backlog of 128 would let a flood take 71 MiB and 512
-#: descriptors, half a default 1024-descriptor limit; 32 is 18 MiB and 128 descriptors,
+#: Linux's tcp_max_syn_backlog caps the SYN queue): each costs ~330 KiB (the receive
+#: slots of 274 KiB, the QP, a CQ, a PD) and 4 descriptors (its completion and CM
+#: channels), so create_server's default backlog of 128 would let a flood take 41 MiB
+#: and 512 descriptors, half a default 1024-descriptor limit; 32 is 10 MiB and 128,
 #: and still 32 handshakes in flight at once, each needing one round trip
 HALF_OPEN_MAX = 32
 

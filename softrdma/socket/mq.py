@@ -52,10 +52,11 @@ __all__ = ["Receiver", "ReceivedMessage", "RECEIVER_BACKLOG"]
 
 E = ce.rdma_cm_event_type
 #: how many senders may be half-open at once (REP sent, RTU awaited), by default. Each
-#: holds its QP and registered record slots before it says a word: with the default
-#: Options, 64 + 4 receive and 72 send slots of 32 + 4,096 bytes, 564 KiB, all paid
-#: for by one 256-byte forged REQ. 32 of them are at most 17.6 MiB, about a quarter of
-#: the default mem_limit, and still 32 handshakes in flight at once: a handshake takes
+#: holds its QP and registered receive slots before it says a word: with the default
+#: Options, 64 + 4 slots of 32 + 4,096 bytes, 274 KiB (318 KiB measured with the QP and
+#: the rdma_cm id; the send slots wait for its first record), all paid for by one
+#: 256-byte forged REQ. 32 of them are about 10 MiB, a sixth of the default mem_limit,
+#: and still 32 handshakes in flight at once: a handshake takes
 #: one round trip, while setting up a connection costs the receiver milliseconds of its
 #: own. (It was 1024 and not enforced: 2,000 forged REQs held 1.2 GiB.)
 RECEIVER_BACKLOG = 32
