@@ -118,3 +118,23 @@ def test_bench_scale_runs_every_goal_and_prints_each_beside_its_baseline():
         assert row in out, row
     assert out.count("round 1:") == 1 and out.count("round 2:") == 1  # the stream rounds
     assert "errors 0" in out
+
+
+def test_bench_verbs_runs_ib_write_bw_again_when_it_reports_no_bandwidth(monkeypatch):
+    """perftest in a VM sometimes reports 0.00 MB/s (its cycle-to-time conversion): the
+    bench runs it again instead of dividing by it (the lab's CI run died on a
+    ZeroDivisionError), and after PERFTEST_ATTEMPTS zero reports says so as an error."""
+    from softrdma.bench import verbs
+    reports = iter([0.0, 0.0, 5.25])
+    calls = []
+
+    def once(dev, gid, size, iters, port, timeout):
+        calls.append(size)
+        mbps = next(reports)
+        return {"size": size, "iters": iters, "MBps": mbps, "msg_per_s": mbps * 1e6 / size}
+    monkeypatch.setattr(verbs, "_ib_write_bw_once", once)
+    assert verbs._ib_write_bw("rxe0", 1, 64, 10, 18515, 5)["MBps"] == 5.25
+    assert calls == [64, 64, 64]
+    reports = iter([0.0] * verbs.PERFTEST_ATTEMPTS)
+    r = verbs._ib_write_bw("rxe0", 1, 64, 10, 18515, 5)
+    assert "error" in r and "0.0 MB/s" in r["error"], r
