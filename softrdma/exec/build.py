@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -100,11 +101,14 @@ def build_library(target: Path) -> Path:
     tmp = target.parent / f"build-{os.getpid()}"
     tmp.mkdir(exist_ok=True)
     try:
-        out = ffi.compile(tmpdir=str(tmp), target=str(target.with_suffix(".tmp.so")),
-                          verbose=False)
+        out = ffi.compile(tmpdir=str(tmp), target=str(tmp / target.name), verbose=False)
     except Exception as e:  # cffi's VerificationError carries gcc's complaint
+        shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(5, f"softrdma exec: building the preload library failed: {e}") from None
-    os.replace(out, target)  # atomic: a concurrent launcher sees all or nothing
+    try:
+        os.replace(out, target)  # atomic: a concurrent launcher sees all or nothing
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
