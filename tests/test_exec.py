@@ -73,3 +73,40 @@ def test_no_program_is_a_one_line_error():
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].endswith(
         "no program given (softrdma exec -- PROGRAM [ARGS])"), r.stderr
+
+
+def _fields(text: str) -> dict[str, str]:
+    """``key: value`` lines of a devinfo listing, values normalized (hex and decimal
+    numbers as ints, the rest as written)."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition(":")
+        value = value.strip()
+        if not sep or not value:
+            continue
+        word = value.split()[0]
+        try:
+            value = str(int(word, 16 if word.startswith("0x") else 10))
+        except ValueError:
+            pass
+        out[key.strip()] = value
+    return out
+
+
+def test_ibv_devinfo_says_what_softrdma_devinfo_says():
+    """Debian's /usr/bin/ibv_devinfo -v, unchanged: ibv_open_device, ibv_query_device
+    (reached through ibv_query_device_ex's fallback), ibv_query_port (through verbs.h's
+    inline ___ibv_query_port), ibv_query_gid and ibv_query_gid_type answered by softrdma.
+    Every attribute both listings show has the same value, the GIDs included."""
+    r = _run(sys.executable, "-m", "softrdma", "exec", "--addr", IP, "--", "ibv_devinfo", "-v")
+    assert r.returncode == 0, r.stderr
+    ours = _run(sys.executable, "-m", "softrdma", "devinfo", "-v", env={"SOFTRDMA_IP": IP})
+    c, py = _fields(r.stdout), _fields(ours.stdout)
+    common = set(c) & set(py)
+    for key in ("hca_id", "node_guid", "sys_image_guid", "vendor_id", "phys_port_cnt",
+                "max_mr_size", "max_qp", "max_qp_wr", "max_cqe", "max_mr", "max_srq",
+                "max_pkeys", "state", "active_mtu", "link_layer", "gid_tbl_len",
+                "GID[  1]"):
+        assert key in common, (key, r.stdout)
+    assert {k: c[k] for k in common} == {k: py[k] for k in common}
+    assert c["GID[  1]"].startswith("::ffff:127.0.0.78")

@@ -13,7 +13,10 @@ program, which finds softrdma through ``SOFTRDMA_EXEC_PATH`` (the launcher's sys
 * :mod:`.build`: the library's description (cdef), its build and its cache.
 * :mod:`.shim`: the functions, answered by :mod:`softrdma.verbs_api` on soft devices.
 
-State: the device list (``ibv_get_device_list``, ``ibv_free_device_list``,
-``ibv_get_device_name``, ``ibv_get_device_guid``) -- enough for ``ibv_devices``. Contexts,
-the ops table the static-inline verbs call through, and librdmacm are the next steps.
+State: devices and contexts -- the device list, ``ibv_open_device``/``ibv_close_device``,
+``ibv_query_device``, ``ibv_query_port``, ``ibv_query_gid`` (enough for ``ibv_devices`` and
+``ibv_devinfo -v``). A context is a plain ``struct ibv_context`` (``abi_compat`` NULL), so
+verbs.h's inline helpers take their fallbacks into these exported functions. Next: PD, MR,
+CQ, QP with the ``ops`` table the static-inline data path calls through (C function
+pointers to ``extern "Python"`` callbacks), channels with real descriptors, librdmacm.
 """

@@ -36,6 +36,16 @@ EXPORTS = """
     void ibv_free_device_list(struct ibv_device **list);
     const char *ibv_get_device_name(struct ibv_device *device);
     unsigned long long ibv_get_device_guid(struct ibv_device *device);
+    struct ibv_context *ibv_open_device(struct ibv_device *device);
+    int ibv_close_device(struct ibv_context *context);
+    int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *device_attr);
+    int ibv_query_port(struct ibv_context *context, uint8_t port_num,
+                       struct _compat_ibv_port_attr *port_attr);
+    int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index,
+                      union ibv_gid *gid);
+    int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num,
+                           unsigned int index, int *type);
+    int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
 """
 
 TYPES = """
@@ -50,10 +60,31 @@ TYPES = """
         char ibdev_path[...];
         ...;
     };
+    struct ibv_context { struct ibv_device *device; int cmd_fd; int async_fd;
+                         int num_comp_vectors; void *abi_compat; ...; };
+    struct ibv_device_attr { char fw_ver[...]; unsigned long long node_guid;
+        unsigned long long sys_image_guid; uint64_t max_mr_size; uint64_t page_size_cap;
+        uint32_t vendor_id; uint32_t vendor_part_id; uint32_t hw_ver; int max_qp;
+        int max_qp_wr; unsigned int device_cap_flags; int max_sge; int max_sge_rd;
+        int max_cq; int max_cqe; int max_mr; int max_pd; int max_qp_rd_atom;
+        int max_ee_rd_atom; int max_res_rd_atom; int max_qp_init_rd_atom;
+        int max_ee_init_rd_atom; int atomic_cap; int max_ee; int max_rdd; int max_mw;
+        int max_raw_ipv6_qp; int max_raw_ethy_qp; int max_mcast_grp;
+        int max_mcast_qp_attach; int max_total_mcast_qp_attach; int max_ah; int max_fmr;
+        int max_map_per_fmr; int max_srq; int max_srq_wr; int max_srq_sge;
+        uint16_t max_pkeys; uint8_t local_ca_ack_delay; uint8_t phys_port_cnt; ...; };
+    struct ibv_port_attr { int state; int max_mtu; int active_mtu; int gid_tbl_len;
+        uint32_t port_cap_flags; uint32_t max_msg_sz; uint32_t bad_pkey_cntr;
+        uint32_t qkey_viol_cntr; uint16_t pkey_tbl_len; uint16_t lid; uint16_t sm_lid;
+        uint8_t lmc; uint8_t max_vl_num; uint8_t sm_sl; uint8_t subnet_timeout;
+        uint8_t init_type_reply; uint8_t active_width; uint8_t active_speed;
+        uint8_t phys_state; uint8_t link_layer; ...; };
+    struct _compat_ibv_port_attr;
+    union ibv_gid { uint8_t raw[16]; ...; };
 """
 
 #: names verbs.h defines as macros over inline wrappers: undefined before cffi's code
-MACROS = ("ibv_get_device_list",)
+MACROS = ("ibv_get_device_list", "ibv_query_port")
 
 SOURCE = "#include <infiniband/verbs.h>\n" + "".join(f"#undef {m}\n" for m in MACROS)
 

@@ -29,6 +29,9 @@ def _guard(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def guarded(*args: Any) -> Any:
             try:
                 return fn(*args)
+            except _Errno as e:
+                _ffi.errno = e.error_code
+                return fail
             except Exception as e:
                 if type(e) not in seen:
                     seen.add(type(e))
@@ -89,4 +92,105 @@ def install(ffi: Any, lib: Any) -> None:
     def get_device_guid(dev: Any) -> int:
         d = devices.get(int(ffi.cast("uintptr_t", dev)))
         # __be64: the GUID's bytes in network order, whatever the host's
-        return int.from_bytes(d.guid.to_bytes(8, "big"), "little") if d is not None else 0
+        return _be64(d.guid) if d is not None else 0
+
+    # ---- contexts -------------------------------------------------------------------
+    # A context is a plain struct ibv_context (abi_compat NULL: not a verbs_context), so
+    # verbs.h's inline helpers take their fallbacks into the exported functions below
+    # (ibv_query_port, ibv_query_device for ibv_query_device_ex). The data path's ops
+    # table comes with the objects that use it.
+    contexts: dict[int, Any] = {}  # address of a struct ibv_context -> (Context, struct)
+
+    def _context(ctx: Any) -> Any:
+        entry = contexts.get(int(ffi.cast("uintptr_t", ctx)))
+        if entry is None:
+            raise _Errno(22, "not a context of softrdma exec")  # EINVAL
+        return entry[0]
+
+    @ffi.def_extern(name="ibv_open_device")
+    @_guard(ffi.NULL)
+    def open_device(dev: Any) -> Any:
+        d = devices.get(int(ffi.cast("uintptr_t", dev)))
+        if d is None:
+            raise _Errno(19, "not a device of softrdma exec")  # ENODEV
+        from ..verbs_api import Context
+        c = Context(name=d.name.decode())
+        s = ffi.new("struct ibv_context *")
+        s.device = dev
+        s.abi_compat = ffi.NULL
+        s.num_comp_vectors = 1
+        r, w = os.pipe()  # cmd_fd / async_fd: real descriptors (poll on them works)
+        s.cmd_fd, s.async_fd = r, w
+        contexts[int(ffi.cast("uintptr_t", s))] = (c, s, (r, w))
+        return s
+
+    @ffi.def_extern(name="ibv_close_device")
+    @_guard(-1)
+    def close_device(ctx: Any) -> int:
+        entry = contexts.pop(int(ffi.cast("uintptr_t", ctx)), None)
+        if entry is None:
+            raise _Errno(22, "not a context of softrdma exec")
+        c, _, fds = entry
+        c.close()
+        for fd in fds:
+            os.close(fd)
+        return 0
+
+    @ffi.def_extern(name="ibv_query_device")
+    @_guard(5)
+    def query_device(ctx: Any, attr: Any) -> int:
+        a = _context(ctx).query_device()
+        for name, _ in ffi.typeof("struct ibv_device_attr").fields:
+            if name == "fw_ver":
+                attr.fw_ver = a.fw_ver.encode()[:63]
+            elif name in ("node_guid", "sys_image_guid"):
+                setattr(attr, name, _be64(getattr(a, name)))
+            elif name == "atomic_cap":
+                attr.atomic_cap = int(a.atomic_caps)
+            elif hasattr(a, name):
+                setattr(attr, name, int(getattr(a, name)))
+        return 0
+
+    @ffi.def_extern(name="ibv_query_port")
+    @_guard(5)
+    def query_port(ctx: Any, port: int, attr: Any) -> int:
+        p = _context(ctx).query_port(port)
+        out = ffi.cast("struct ibv_port_attr *", attr)
+        # the fields every release's ibv_port_attr has: a caller of the exported symbol
+        # may pass the older, shorter structure (_compat_ibv_port_attr)
+        for name, _ in ffi.typeof("struct ibv_port_attr").fields:
+            setattr(out, name, int(getattr(p, name)))
+        return 0
+
+    @ffi.def_extern(name="ibv_query_gid")
+    @_guard(-1)
+    def query_gid(ctx: Any, port: int, index: int, gid: Any) -> int:
+        g = _context(ctx).query_gid(port, index)
+        raw = bytes.fromhex(g.gid.replace(":", ""))
+        ffi.memmove(gid.raw, raw, 16)
+        return 0
+
+    @ffi.def_extern(name="ibv_query_gid_type")
+    @_guard(-1)
+    def query_gid_type(ctx: Any, port: int, index: int, typ: Any) -> int:
+        _context(ctx)
+        typ[0] = 1  # IBV_GID_TYPE_SYSFS_ROCE_V2: every softrdma GID is RoCE v2
+        return 0
+
+    @ffi.def_extern(name="ibv_read_sysfs_file")
+    @_guard(-1)
+    def read_sysfs_file(d: Any, f: Any, buf: Any, size: int) -> int:
+        return -1  # a soft device has no sysfs files: the caller's "not there"
+
+
+class _Errno(OSError):
+    """An error a verb reports with this errno (not logged: the caller's mistake)."""
+
+    def __init__(self, code: int, msg: str) -> None:
+        super().__init__(code, msg)
+        self.error_code = code
+
+
+def _be64(v: int) -> int:
+    """A __be64 field's value: ``v``'s bytes in network order, read as a host integer."""
+    return int.from_bytes(v.to_bytes(8, "big"), "little")

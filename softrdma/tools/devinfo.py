@@ -6,6 +6,7 @@ SOFTRDMA_IP), and one per ``--addr`` given."""
 from __future__ import annotations
 
 import argparse
+import socket
 from typing import Any
 
 from ..enums import ibv_port_state, mtu_to_bytes
@@ -98,7 +99,10 @@ def run_devinfo(a: argparse.Namespace) -> int:
                 print(f"\t\t\tgid_tbl_len:\t\t{pa.gid_tbl_len}")
                 print(f"\t\t\tpkey_tbl_len:\t\t{pa.pkey_tbl_len}")
                 for i, gid, _t in ctx.query_gid_table():
-                    print(f"\t\t\tGID[{i:3d}]:\t\t{gid.gid}, RoCE v2")
+                    # as ibv_devinfo prints it (inet_ntop): fe80::..., ::ffff:10.0.0.1
+                    shown = socket.inet_ntop(socket.AF_INET6,
+                                             bytes.fromhex(gid.gid.replace(":", "")))
+                    print(f"\t\t\tGID[{i:3d}]:\t\t{shown}, RoCE v2")
                 print(f"\t\t\taddress:\t\t{ctx.device.ip} (UDP {4791})")
                 for k, val in ctx.device.counters.as_dict().items():
                     print(f"\t\t\tcounter {k + ':':<24}{val}")
