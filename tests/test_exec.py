@@ -5,6 +5,7 @@ process of its own, against what softrdma's own tools say about the same device.
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from softrdma.exec.build import library_path
 IP = "127.0.0.78"  # the tests' own device address: no other test's default device
 
 
-def _run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _run(*argv: str, env: dict[str, str] | None = None,
+         cwd: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 def _softrdma_devices() -> str:
@@ -39,13 +41,16 @@ def test_ibv_devices_lists_the_soft_device_as_softrdma_devices_does():
     assert "softrdma0" not in bare.stdout
 
 
-def test_compiled_pyverbs_sees_the_device_by_its_name():
+def test_compiled_pyverbs_sees_the_device_by_its_name(tmp_path):
     """Debian's pyverbs (Cython, linked against libibverbs) reads the name from
     ``struct ibv_device`` itself, not through ibv_get_device_name: the structure handed
     out has the installed header's layout, so the name is where pyverbs looks."""
     code = "import pyverbs.device as d; print([x.name.decode() for x in d.get_device_list()])"
+    # from a directory of its own: pyverbs' get_device_list also calls
+    # ibv_get_device_index, which once fell through to the real libibverbs and crashed
+    # on softrdma's device structure (how much depended on the heap, so on the cwd)
     r = _run(sys.executable, "-m", "softrdma", "exec", "--addr", IP, "--", "/usr/bin/python3",
-             "-X", "faulthandler", "-c", code)
+             "-X", "faulthandler", "-c", code, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "['softrdma0']"
 
@@ -110,3 +115,36 @@ def test_ibv_devinfo_says_what_softrdma_devinfo_says():
         assert key in common, (key, r.stdout)
     assert {k: c[k] for k in common} == {k: py[k] for k in common}
     assert c["GID[  1]"].startswith("::ffff:127.0.0.78")
+
+
+def _exported_functions(path: str) -> set[str]:
+    out = subprocess.run(["objdump", "-T", path], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split()[-1] for line in out.splitlines()
+            if " DF .text" in line and "PRIVATE" not in line}
+
+
+def test_every_function_of_libibverbs_and_librdmacm_is_answered_by_softrdma():
+    """The preload library defines every function Debian's libibverbs.so.1 and
+    librdmacm.so.1 export (and the one private symbol ibv_devinfo imports): a call that
+    reached the real library would hand it a softrdma structure it cannot read."""
+    real = _exported_functions("/lib/x86_64-linux-gnu/libibverbs.so.1")
+    real |= _exported_functions("/lib/x86_64-linux-gnu/librdmacm.so.1")
+    assert len(real) > 140 and "ibv_get_device_index" in real and "rsocket" in real
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(library_path())],
+                        capture_output=True, text=True, check=True).stdout
+    ours = {line.split()[-1] for line in nm.splitlines() if line.split()[-2] == "T"}
+    assert real | {"ibv_query_gid_type"} <= ours, sorted(real - ours)
+
+
+def test_an_unsupported_verb_fails_with_eopnotsupp_and_says_so(tmp_path):
+    """A verb softrdma does not support (dma-buf memory) fails as a provider without it
+    fails: NULL, errno EOPNOTSUPP, and one line naming the verb on stderr."""
+    code = ("import ctypes, errno; lib = ctypes.CDLL(None, use_errno=True); "
+            "f = lib.ibv_reg_dmabuf_mr; f.restype = ctypes.c_void_p; "
+            "r = f(None, 0, 4096, 0, -1, 0); print(r, ctypes.get_errno())")
+    r = _run(sys.executable, "-m", "softrdma", "exec", "--addr", IP, "--", "/usr/bin/python3",
+             "-c", code, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["None", str(errno.EOPNOTSUPP)]
+    assert "ibv_reg_dmabuf_mr is not supported by softrdma" in r.stderr

@@ -1,0 +1,225 @@
+"""Devices and contexts: the device list, ``ibv_open_device`` and the queries.
+
+A device is a ``struct ibv_device`` with the installed header's layout (Debian's pyverbs
+reads ``name`` from it directly). A context is the ``struct ibv_context`` inside a
+``struct verbs_context``, as every provider of rdma-core hands it out: verbs.h's inline
+verbs find the extended operations there (``abi_compat`` is the marker, ``sz`` says how
+many of the growing-up slots exist) and the data path in ``context->ops``. A NULL slot
+makes the inline verb answer EOPNOTSUPP or take its fallback into an exported function,
+exactly as with a provider that lacks the operation.
+
+Other parts find a context's softrdma :class:`~softrdma.verbs_api.Context` with
+:func:`context_of` and fill the context's operation slots with :func:`set_op`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import shim
+from .shim import Errno, be64, guard, handles
+
+__all__ = ["IMPLEMENTS", "TYPES", "install", "context_of", "set_op", "verbs_context_of"]
+
+IMPLEMENTS = ("ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name",
+              "ibv_get_device_guid", "ibv_get_device_index", "ibv_open_device",
+              "ibv_close_device", "ibv_query_device", "ibv_query_port", "ibv_query_gid",
+              "ibv_query_gid_type", "ibv_read_sysfs_file")
+
+TYPES = """
+    enum ibv_transport_type { IBV_TRANSPORT_UNKNOWN, IBV_TRANSPORT_IB, ... };
+    struct ibv_device {
+        enum ibv_node_type node_type;
+        enum ibv_transport_type transport_type;
+        char name[...];
+        char dev_name[...];
+        char dev_path[...];
+        char ibdev_path[...];
+        ...;
+    };
+    struct ibv_context_ops { ...; };
+    struct ibv_context { struct ibv_device *device; struct ibv_context_ops ops;
+                         int cmd_fd; int async_fd;
+                         int num_comp_vectors; void *abi_compat; ...; };
+    struct verbs_context { size_t sz; struct ibv_context context; ...; };
+    struct ibv_device_attr { char fw_ver[...]; unsigned long long node_guid;
+        unsigned long long sys_image_guid; uint64_t max_mr_size; uint64_t page_size_cap;
+        uint32_t vendor_id; uint32_t vendor_part_id; uint32_t hw_ver; int max_qp;
+        int max_qp_wr; unsigned int device_cap_flags; int max_sge; int max_sge_rd;
+        int max_cq; int max_cqe; int max_mr; int max_pd; int max_qp_rd_atom;
+        int max_ee_rd_atom; int max_res_rd_atom; int max_qp_init_rd_atom;
+        int max_ee_init_rd_atom; int atomic_cap; int max_ee; int max_rdd; int max_mw;
+        int max_raw_ipv6_qp; int max_raw_ethy_qp; int max_mcast_grp;
+        int max_mcast_qp_attach; int max_total_mcast_qp_attach; int max_ah; int max_fmr;
+        int max_map_per_fmr; int max_srq; int max_srq_wr; int max_srq_sge;
+        uint16_t max_pkeys; uint8_t local_ca_ack_delay; uint8_t phys_port_cnt; ...; };
+    struct ibv_port_attr { int state; int max_mtu; int active_mtu; int gid_tbl_len;
+        uint32_t port_cap_flags; uint32_t max_msg_sz; uint32_t bad_pkey_cntr;
+        uint32_t qkey_viol_cntr; uint16_t pkey_tbl_len; uint16_t lid; uint16_t sm_lid;
+        uint8_t lmc; uint8_t max_vl_num; uint8_t sm_sl; uint8_t subnet_timeout;
+        uint8_t init_type_reply; uint8_t active_width; uint8_t active_speed;
+        uint8_t phys_state; uint8_t link_layer; ...; };
+    union ibv_gid { uint8_t raw[16]; ...; };
+"""
+
+#: verbs.h's marker of a verbs_context: abi_compat == (void *)UINTPTR_MAX
+_VERBS_CONTEXT_MARKER = (1 << 64) - 1
+
+_devices: dict[int, Any] = {}  # address of a struct ibv_device -> its softrdma Device
+
+
+def context_of(ctx: Any) -> Any:
+    """The softrdma Context behind a ``struct ibv_context *`` (Errno EINVAL if it is not
+    one softrdma handed out)."""
+    return handles.get("context", ctx)
+
+
+def verbs_context_of(ctx: Any) -> Any:
+    """The ``struct verbs_context *`` around a context softrdma handed out."""
+    handles.get("context", ctx)
+    return shim.ffi.cast("struct verbs_context *",
+                         shim.address(ctx) - shim.ffi.offsetof("struct verbs_context",
+                                                               "context"))
+
+
+def set_op(ctx: Any, slot: str, fn: Any) -> None:
+    """Fill an operation slot of a context: ``ops.<slot>`` for the data path
+    (``post_send``, ``poll_cq``, ...), else the verbs_context's slot of that name."""
+    ffi = shim.ffi
+    fields = dict(ffi.typeof("struct ibv_context_ops").fields)
+    if slot in fields:
+        setattr(ctx.ops, slot, ffi.cast(fields[slot].type, fn))
+    else:
+        vctx = verbs_context_of(ctx)
+        setattr(vctx, slot, ffi.cast(dict(ffi.typeof("struct verbs_context").fields)[slot].type,
+                                     fn))
+
+
+def install(ffi: Any, lib: Any) -> None:
+    """Define this part's functions."""
+    from ..verbs_api import device as vdev
+
+    @ffi.def_extern(name="ibv_get_device_list")
+    @guard(ffi.NULL)
+    def get_device_list(num: Any) -> Any:
+        found = vdev.get_device_list()
+        structs = []
+        for d in found:
+            s = ffi.new("struct ibv_device *")
+            s.node_type = ffi.cast("enum ibv_node_type", int(d.node_type))
+            s.transport_type = ffi.cast("enum ibv_transport_type", int(d.transport_type))
+            s.name = d.name
+            s.dev_name = b"uverbs" + str(d.index).encode()
+            handles.add("device", s, d)
+            _devices[shim.address(s)] = d
+            structs.append(s)
+        lst = ffi.new("struct ibv_device *[]", structs + [ffi.NULL])
+        handles.add("device list", lst, structs)
+        if num != ffi.NULL:
+            num[0] = len(structs)
+        return lst
+
+    @ffi.def_extern(name="ibv_free_device_list")
+    @guard(None)
+    def free_device_list(lst: Any) -> None:
+        # the devices stay valid after the list goes (libibverbs keeps them too: a
+        # program may use a device it picked after freeing the list)
+        handles.release("device list", lst)
+
+    @ffi.def_extern(name="ibv_get_device_name")
+    @guard(ffi.NULL)
+    def get_device_name(dev: Any) -> Any:
+        handles.get("device", dev, 19)
+        return dev.name
+
+    @ffi.def_extern(name="ibv_get_device_guid")
+    @guard(0)
+    def get_device_guid(dev: Any) -> int:
+        # __be64: the GUID's bytes in network order, whatever the host's
+        return be64(handles.get("device", dev, 19).guid)
+
+    @ffi.def_extern(name="ibv_get_device_index")
+    @guard(-1)
+    def get_device_index(dev: Any) -> int:
+        # the kernel's ib_device index; a soft device has its own, stable for its life
+        return int(handles.get("device", dev, 19).index)
+
+    # ---- contexts -------------------------------------------------------------------
+    @ffi.def_extern(name="ibv_open_device")
+    @guard(ffi.NULL)
+    def open_device(dev: Any) -> Any:
+        d = handles.get("device", dev, 19)  # ENODEV
+        from ..verbs_api import Context
+        c = Context(name=d.name.decode())
+        vctx = ffi.new("struct verbs_context *")
+        vctx.sz = ffi.sizeof("struct verbs_context")
+        s = vctx.context
+        s.device = dev
+        s.abi_compat = ffi.cast("void *", _VERBS_CONTEXT_MARKER)
+        s.num_comp_vectors = 1
+        r, w = os.pipe()  # cmd_fd / async_fd: real descriptors (poll on them works)
+        s.cmd_fd, s.async_fd = r, w
+        ptr = ffi.addressof(vctx, "context")
+        handles.add("context", ptr, c)
+        _contexts[shim.address(ptr)] = (vctx, (r, w))
+        return ptr
+
+    @ffi.def_extern(name="ibv_close_device")
+    @guard(-1)
+    def close_device(ctx: Any) -> int:
+        c = handles.release("context", ctx)
+        _, fds = _contexts.pop(shim.address(ctx))
+        c.close()
+        for fd in fds:
+            os.close(fd)
+        return 0
+
+    @ffi.def_extern(name="ibv_query_device")
+    @guard("errno")
+    def query_device(ctx: Any, attr: Any) -> int:
+        a = context_of(ctx).query_device()
+        for name, _ in ffi.typeof("struct ibv_device_attr").fields:
+            if name == "fw_ver":
+                attr.fw_ver = a.fw_ver.encode()[:63]
+            elif name in ("node_guid", "sys_image_guid"):
+                setattr(attr, name, be64(getattr(a, name)))
+            elif name == "atomic_cap":
+                attr.atomic_cap = int(a.atomic_caps)
+            elif hasattr(a, name):
+                setattr(attr, name, int(getattr(a, name)))
+        return 0
+
+    @ffi.def_extern(name="ibv_query_port")
+    @guard("errno")
+    def query_port(ctx: Any, port: int, attr: Any) -> int:
+        p = context_of(ctx).query_port(port)
+        out = ffi.cast("struct ibv_port_attr *", attr)
+        # the fields every release's ibv_port_attr has: a caller of the exported symbol
+        # may pass the older, shorter structure (_compat_ibv_port_attr)
+        for name, _ in ffi.typeof("struct ibv_port_attr").fields:
+            setattr(out, name, int(getattr(p, name)))
+        return 0
+
+    @ffi.def_extern(name="ibv_query_gid")
+    @guard(-1)
+    def query_gid(ctx: Any, port: int, index: int, gid: Any) -> int:
+        g = context_of(ctx).query_gid(port, index)
+        raw = bytes.fromhex(g.gid.replace(":", ""))
+        ffi.memmove(gid.raw, raw, 16)
+        return 0
+
+    @ffi.def_extern(name="ibv_query_gid_type")
+    @guard(-1)
+    def query_gid_type(ctx: Any, port: int, index: int, typ: Any) -> int:
+        context_of(ctx)
+        typ[0] = 1  # IBV_GID_TYPE_SYSFS_ROCE_V2: every softrdma GID is RoCE v2
+        return 0
+
+    @ffi.def_extern(name="ibv_read_sysfs_file")
+    @guard(-1)
+    def read_sysfs_file(d: Any, f: Any, buf: Any, size: int) -> int:
+        return -1  # a soft device has no sysfs files: the caller's "not there"
+
+
+_contexts: dict[int, Any] = {}  # context address -> (its verbs_context, its fds)
