@@ -20,7 +20,12 @@ from typing import Any
 from . import shim
 from .shim import Errno, be64, guard, handles
 
-__all__ = ["IMPLEMENTS", "TYPES", "install", "context_of", "set_op", "verbs_context_of"]
+__all__ = ["IMPLEMENTS", "TYPES", "install", "context_of", "set_op", "verbs_context_of",
+           "ON_OPEN"]
+
+#: functions called with each new ``struct ibv_context *`` by ibv_open_device: the parts
+#: fill their operation slots there (:func:`set_op`)
+ON_OPEN: list[Any] = []
 
 IMPLEMENTS = ("ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name",
               "ibv_get_device_guid", "ibv_get_device_index", "ibv_open_device",
@@ -42,7 +47,15 @@ TYPES = """
     struct ibv_context { struct ibv_device *device; struct ibv_context_ops ops;
                          int cmd_fd; int async_fd;
                          int num_comp_vectors; void *abi_compat; ...; };
-    struct verbs_context { size_t sz; struct ibv_context context; ...; };
+    struct ibv_cq_ex; struct ibv_cq_init_attr_ex; struct ibv_query_device_ex_input;
+    struct ibv_device_attr_ex;
+    struct verbs_context {
+        int (*query_port)(struct ibv_context *, uint8_t, struct ibv_port_attr *, size_t);
+        struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *, struct ibv_cq_init_attr_ex *);
+        int (*query_device_ex)(struct ibv_context *, const struct ibv_query_device_ex_input *,
+                               struct ibv_device_attr_ex *, size_t);
+        struct ibv_qp *(*create_qp_ex)(struct ibv_context *, struct ibv_qp_init_attr_ex *);
+        size_t sz; struct ibv_context context; ...; };
     struct ibv_device_attr { char fw_ver[...]; unsigned long long node_guid;
         unsigned long long sys_image_guid; uint64_t max_mr_size; uint64_t page_size_cap;
         uint32_t vendor_id; uint32_t vendor_part_id; uint32_t hw_ver; int max_qp;
@@ -163,6 +176,8 @@ def install(ffi: Any, lib: Any) -> None:
         ptr = ffi.addressof(vctx, "context")
         handles.add("context", ptr, c)
         _contexts[shim.address(ptr)] = (vctx, (r, w))
+        for hook in ON_OPEN:
+            hook(ptr)
         return ptr
 
     @ffi.def_extern(name="ibv_close_device")
