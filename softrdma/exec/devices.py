@@ -21,11 +21,13 @@ from . import shim
 from .shim import Errno, be64, guard, handles
 
 __all__ = ["IMPLEMENTS", "TYPES", "install", "context_of", "set_op", "verbs_context_of",
-           "ON_OPEN"]
+           "ON_OPEN", "ON_CLOSE"]
 
-#: functions called with each new ``struct ibv_context *`` by ibv_open_device: the parts
-#: fill their operation slots there (:func:`set_op`)
-ON_OPEN: list[Any] = []
+#: hooks of the other parts, each called as ``fn(ctx_ptr, context)`` when
+#: ibv_open_device has made a context (fill its ops slots, its async_fd) ...
+ON_OPEN: list = []
+#: ... and when ibv_close_device is about to close it
+ON_CLOSE: list = []
 
 IMPLEMENTS = ("ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name",
               "ibv_get_device_guid", "ibv_get_device_index", "ibv_open_device",
@@ -176,14 +178,17 @@ def install(ffi: Any, lib: Any) -> None:
         ptr = ffi.addressof(vctx, "context")
         handles.add("context", ptr, c)
         _contexts[shim.address(ptr)] = (vctx, (r, w))
-        for hook in ON_OPEN:
-            hook(ptr)
+        for fn in ON_OPEN:
+            fn(ptr, c)
         return ptr
 
     @ffi.def_extern(name="ibv_close_device")
     @guard(-1)
     def close_device(ctx: Any) -> int:
-        c = handles.release("context", ctx)
+        c = context_of(ctx)
+        for fn in ON_CLOSE:
+            fn(ctx, c)
+        handles.release("context", ctx)
         _, fds = _contexts.pop(shim.address(ctx))
         c.close()
         for fd in fds:

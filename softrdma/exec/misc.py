@@ -435,7 +435,7 @@ def install(ffi: Any, lib: Any) -> None:
             ffi.memmove(ffi.cast("char *", attr) + n, bytes(size - n), size - n)
         return 0
 
-    def on_open(ctx: Any) -> None:
+    def on_open(ctx: Any, c: Any) -> None:
         devices.set_op(ctx, "query_port", lib.softrdma_query_port)
         devices.set_op(ctx, "query_device_ex", lib.softrdma_query_device_ex)
 
