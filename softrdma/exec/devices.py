@@ -45,7 +45,13 @@ TYPES = """
         char ibdev_path[...];
         ...;
     };
-    struct ibv_context_ops { ...; };
+    struct ibv_context_ops {
+        int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *);
+        int (*req_notify_cq)(struct ibv_cq *, int);
+        int (*post_srq_recv)(struct ibv_srq *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+        int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
+        int (*post_recv)(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+        ...; };
     struct ibv_context { struct ibv_device *device; struct ibv_context_ops ops;
                          int cmd_fd; int async_fd;
                          int num_comp_vectors; void *abi_compat; ...; };
