@@ -31,7 +31,7 @@ IMPLEMENTS = (
     "ibv_wc_status_str", "ibv_event_type_str", "ibv_node_type_str", "ibv_port_state_str",
     "ibv_rate_to_mbps", "ibv_rate_to_mult", "mbps_to_ibv_rate", "mult_to_ibv_rate",
     "ibv_fork_init", "ibv_is_fork_initialized", "ibv_dofork_range", "ibv_dontfork_range",
-    "_ibv_query_gid_ex", "_ibv_query_gid_table", "ibv_query_pkey", "ibv_get_pkey_index",
+    "_ibv_query_gid_ex", "_ibv_query_gid_table", "ibv_get_pkey_index",
     "ibv_get_sysfs_path", "ibv_register_driver",
     "ibv_copy_path_rec_from_kern", "ibv_copy_path_rec_to_kern",
     "ibv_import_device", "ibv_import_pd", "ibv_import_mr", "ibv_import_dm",
@@ -295,12 +295,7 @@ def install(ffi: Any, lib: Any) -> None:
         except Exception as e:
             raise Errno(errno.ENOENT, f"no P_Key {index} on port {port}") from e
 
-    @ffi.def_extern(name="ibv_query_pkey")
-    @guard(-1)
-    def query_pkey(ctx: Any, port: int, index: int, pkey: Any) -> int:
-        pkey[0] = shim_be16(pkey_at(ctx, port, index))
-        return 0
-
+    # ibv_query_pkey itself: softrdma.exec.verbs
     @ffi.def_extern(name="ibv_get_pkey_index")
     @guard(-1)
     def get_pkey_index(ctx: Any, port: int, pkey: int) -> int:
