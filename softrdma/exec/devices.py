@@ -45,12 +45,16 @@ TYPES = """
         char ibdev_path[...];
         ...;
     };
+    enum ibv_mw_type { IBV_MW_TYPE_1 = 1, IBV_MW_TYPE_2 = 2 };
     struct ibv_context_ops {
         int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *);
         int (*req_notify_cq)(struct ibv_cq *, int);
         int (*post_srq_recv)(struct ibv_srq *, struct ibv_recv_wr *, struct ibv_recv_wr **);
         int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
         int (*post_recv)(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+        struct ibv_mw *(*alloc_mw)(struct ibv_pd *, enum ibv_mw_type);
+        int (*bind_mw)(struct ibv_qp *, struct ibv_mw *, struct ibv_mw_bind *);
+        int (*dealloc_mw)(struct ibv_mw *);
         ...; };
     struct ibv_context { struct ibv_device *device; struct ibv_context_ops ops;
                          int cmd_fd; int async_fd;

@@ -394,7 +394,15 @@ class SoftQP:
                                    errno.ENOMEM)
         sges, total = sge_list(w, self.cap.max_send_sge, what, f)
         inline = None
-        if send_flags & _INLINE and opcode in _INLINE_OK:
+        data = getattr(w, "inline_data", None)
+        if data is not None and send_flags & _INLINE and opcode in _INLINE_OK:
+            # bytes given with the WR (ibv_wr_set_inline_data), no SGE to read them from
+            inline, sges = bytes(data), []
+            total = len(inline)
+            if total > self.cap.max_inline_data:
+                raise PyverbsRDMAError(f"{what}: {total} bytes of inline data exceed "
+                                       f"max_inline_data {self.cap.max_inline_data}", errno.EINVAL)
+        elif send_flags & _INLINE and opcode in _INLINE_OK:
             if total > self.cap.max_inline_data:
                 raise PyverbsRDMAError(f"{what}: {total} bytes of inline data exceed "
                                        f"max_inline_data {self.cap.max_inline_data}", errno.EINVAL)
