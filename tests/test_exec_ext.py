@@ -88,3 +88,124 @@ def test_ibv_devinfo_reads_the_extended_device_and_port_attributes():
     assert int(fields["device_cap_flags_ex"], 16) == int(fields["device_cap_flags"], 16) != 0
     assert fields["state"] == "PORT_ACTIVE (4)"
     assert "::ffff:127.0.2.10, RoCE v2" in r.stdout
+
+
+# ---- the extended verbs ---------------------------------------------------------------
+
+def test_pyverbs_drives_the_extended_cq_qp_and_memory_windows():
+    """Debian's compiled pyverbs, whose CQEX/QPEx are verbs.h's inlines over the slots:
+    ibv_create_cq_ex (a timestamp CQ is EOPNOTSUPP, as rxe), ibv_create_qp_ex and the
+    ibv_wr_* builders (SEND with an SGE, SEND_WITH_IMM with inline data copied at the
+    call, one batch of RDMA WRITE_WITH_IMM, READ, FETCH_ADD and CMP_SWP), ibv_start_poll
+    / ibv_next_poll and the read_* slots (immediate data in network order), ENOSPC for
+    inline data past the limit, and both kinds of memory window (ibv_wr_bind_mw for type
+    2, ibv_bind_mw with its rkey moved for type 1) admitting a write inside and refusing
+    one outside."""
+    prog = str(Path(__file__).parent / "programs" / "exec_pyverbs_ext.py")
+    out = _probe_json(_exec("/usr/bin/python3", prog, addr="127.0.2.40"))
+    assert out["ts_cq"] == 95  # EOPNOTSUPP
+    # [wr_id, status, opcode, byte_len, wc_flags, imm_data]
+    assert out["send_cqes"] == [[1, 0, 0, 25, 0, None], [2, 0, 0, 12, 2, 0]]
+    assert out["recv_cqes"] == [[100, 0, 128, 25, 1, None], [101, 0, 128, 12, 3, 0x78563412]]
+    assert out["recv_data"] == ["hello through ibv_wr_send", "inline bytes"]
+    assert out["batch_cqes"] == [[3, 0, 1, 7, 2, 0], [4, 0, 2, 7, 0, None],
+                                 [5, 0, 4, 8, 0, None], [6, 0, 3, 8, 0, None]]
+    assert out["imm_cqe"] == [[200, 0, 129, 7, 3, 0xFECA0000]]
+    assert out["batch_data"] == ["written", "read me", 40, 42, 7, 99]
+    assert out["complete_too_long"] == 28  # ENOSPC
+    assert out["mw1_rkey_moved"] is True
+    assert out["bind_cqes"] == [[8, 0, 5, 0, 0, None], [9, 0, 5, 0, 0, None]]
+    assert out["mw_data"] == ["via mw2!", "via mw1!"]
+    assert out["mw_outside_cqe"] == [[12, 10, 1, 8, 0, None]]  # IBV_WC_REM_ACCESS_ERR
+
+
+def _listening(port: int) -> bool:
+    want = f":{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if local.endswith(want) and state == "0A":
+                    return True
+    return False
+
+
+def _pair(argv: list[str], port: int, server_ip: str, client_ip: str,
+          connect_to: str | None = None) -> tuple[subprocess.CompletedProcess, ...]:
+    """A server and a client of the same binary, each under softrdma exec; the client
+    starts once the server listens on its TCP port (their out-of-band exchange)."""
+    import time
+    base = [sys.executable, "-m", "softrdma", "exec"]
+    server = subprocess.Popen(base + ["--addr", server_ip, "--"] + argv, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not _listening(port) and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client = _run(*base, "--addr", client_ip, "--", *argv, connect_to or server_ip,
+                      timeout=120)
+        out, err = server.communicate(timeout=120)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    return subprocess.CompletedProcess(argv, server.returncode, out, err), client
+
+
+def test_ibv_rc_pingpong_with_the_new_post_send_api():
+    """ibv_rc_pingpong -N creates its QP with ibv_create_qp_ex (IBV_QP_EX_WITH_SEND)
+    and sends with ibv_wr_start / ibv_wr_send / ibv_wr_set_sge / ibv_wr_complete; -e
+    also waits on completion events: both ends finish their exchanges. With -t it asks
+    ibv_query_device_ex for a completion timestamp mask, which rxe (and softrdma) does
+    not have, and says so."""
+    argv = ["ibv_rc_pingpong", "-d", "softrdma0", "-g", "1", "-p", "18551", "-n", "5", "-N",
+            "-e", "-s", "64"]
+    server, client = _pair(argv, 18551, "127.0.2.41", "127.0.2.42")
+    assert server.returncode == 0 and client.returncode == 0, server.stderr + client.stderr
+    assert "5 iters in" in server.stdout and "5 iters in" in client.stdout
+    r = _exec("ibv_rc_pingpong", "-d", "softrdma0", "-t", "-p", "18552", addr="127.0.2.43")
+    assert "The device isn't completion timestamp capable" in r.stdout + r.stderr
+
+
+# ---- perftest ---------------------------------------------------------------------------
+
+def _perftest(prog: str, port: int, *args: str) -> str:
+    argv = [prog, "-d", "softrdma0", "-p", str(port), *args]
+    server, client = _pair(argv, port, SERVER_IP, CLIENT_IP)
+    assert client.returncode == 0, client.stdout + client.stderr
+    assert server.returncode == 0, server.stdout + server.stderr
+    # the client always prints the result table (a passive READ/atomic server does not)
+    assert "#bytes" in client.stdout, client.stdout
+    return client.stdout
+
+
+def _result_row(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
+    i = max(n for n, line in enumerate(lines) if line.strip().startswith("#bytes"))
+    return lines[i + 1].split()
+
+
+def test_perftest_bandwidth_tests_finish_with_their_result_table():
+    """perftest 4.5's ib_write_bw, ib_send_bw, ib_read_bw and ib_atomic_bw, server and
+    client each under softrdma exec (the old post-send path perftest takes on a device
+    it does not know; CQs through ibv_create_cq_ex where perftest asks for it): every
+    run exits 0 and prints its result row for the requested iterations."""
+    for n, (prog, size) in enumerate((("ib_write_bw", "65536"), ("ib_send_bw", "65536"),
+                                      ("ib_read_bw", "65536"), ("ib_atomic_bw", "8"))):
+        row = _result_row(_perftest(prog, 18560 + n, "-n", "50"))
+        assert row[:2] == [size, "50"], row
+
+
+def test_perftest_latency_tests_finish_with_their_result_table():
+    """ib_write_lat, ib_send_lat, ib_read_lat and ib_atomic_lat (ping-pong through
+    busy polling, or RDMA READ/atomic round trips): each exits 0 with its latency row."""
+    for n, (prog, size) in enumerate((("ib_write_lat", "2"), ("ib_send_lat", "2"),
+                                      ("ib_read_lat", "2"), ("ib_atomic_lat", "8"))):
+        row = _result_row(_perftest(prog, 18570 + n, "-n", "20"))
+        assert row[:2] == [size, "20"], row
+
+
+def test_perftest_with_four_qps():
+    """ib_write_bw -q 4: four QPs per side, all over one device and its CQ."""
+    row = _result_row(_perftest("ib_write_bw", 18580, "-n", "50", "-q", "4"))
+    assert row[0] == "65536" and int(row[1]) == 200, row  # 4 QPs x 50 iterations
