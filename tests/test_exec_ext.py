@@ -37,7 +37,8 @@ def _probe_json(r: subprocess.CompletedProcess) -> dict:
 def test_pure_functions_answer_what_debians_libibverbs_answers():
     """The enum strings (ibv_wc_status_str ... over every value and beyond), the rate
     tables both ways, ibv_get_sysfs_path (SYSFS_PATH with its trailing slashes), the
-    path-record conversions (what is copied, what is left alone) and the fork state
+    path-record, AH and QP attribute conversions from the kernel's structures (what is
+    copied, what is left alone) and the fork state
     machine (a range call before ibv_fork_init makes it EINVAL; after it, ENABLED): the
     same calls from the same probe, once into the real libibverbs.so.1 without softrdma,
     once into the preload library under ``softrdma exec``, give the same answers."""
@@ -72,6 +73,29 @@ def test_gid_entries_table_and_pkeys_are_the_devices():
     assert out["table 1 0"] == [-22] and out["table 8 1"] == [-22]
     assert out["pkey"] == [[0, 0xFFFF], [0, 0], [0, 0], [-1, 0], [-1, 0]]
     assert out["pkey_index"] == [0, 1, -1]
+    # ibv_resolve_eth_l2_from_gid: a destination of this host is reached through the
+    # loopback device (no MAC, no VLAN); an off-link one through the default gateway's
+    # ARP entry (or EHOSTUNREACH without one); an empty source GID is EINVAL, a bad port
+    # ibv_query_gid's -1
+    local, offlink, empty, badport = out["eth_l2"]
+    assert local == [0, "000000000000", 0xFFFF]
+    gateway = _gateway_mac()
+    assert offlink == ([0, gateway, 0xFFFF] if gateway else [-113, "aa" * 6, 0])
+    assert empty == [-22, "aa" * 6, 0] and badport == [-1, "aa" * 6, 0]
+
+
+def _gateway_mac() -> str | None:
+    """The MAC of the default route's gateway in the kernel's ARP table, if any."""
+    with open("/proc/net/route") as f:
+        gws = [ln.split()[2] for ln in f.readlines()[1:] if ln.split()[1] == "00000000"]
+    if not gws:
+        return None
+    gw = socket.inet_ntoa(bytes.fromhex(gws[0])[::-1])
+    with open("/proc/net/arp") as f:
+        for ln in f.readlines()[1:]:
+            if ln.split()[0] == gw and int(ln.split()[2], 16) & 2:
+                return ln.split()[3].replace(":", "")
+    return None
 
 
 def test_ibv_devinfo_reads_the_extended_device_and_port_attributes():
@@ -98,9 +122,9 @@ def test_pyverbs_drives_the_extended_cq_qp_and_memory_windows():
     ibv_wr_* builders (SEND with an SGE, SEND_WITH_IMM with inline data copied at the
     call, one batch of RDMA WRITE_WITH_IMM, READ, FETCH_ADD and CMP_SWP), ibv_start_poll
     / ibv_next_poll and the read_* slots (immediate data in network order), ENOSPC for
-    inline data past the limit, and both kinds of memory window (ibv_wr_bind_mw for type
-    2, ibv_bind_mw with its rkey moved for type 1) admitting a write inside and refusing
-    one outside."""
+    inline data past the limit, and both kinds of memory window (type 2 bound by
+    ibv_wr_bind_mw and by ibv_post_send's IBV_WR_BIND_MW, type 1 by ibv_bind_mw with its
+    rkey moved) admitting a write inside and refusing one outside."""
     prog = str(Path(__file__).parent / "programs" / "exec_pyverbs_ext.py")
     out = _probe_json(_exec("/usr/bin/python3", prog, addr="127.0.2.40"))
     assert out["ts_cq"] == 95  # EOPNOTSUPP
@@ -114,8 +138,11 @@ def test_pyverbs_drives_the_extended_cq_qp_and_memory_windows():
     assert out["batch_data"] == ["written", "read me", 40, 42, 7, 99]
     assert out["complete_too_long"] == 28  # ENOSPC
     assert out["mw1_rkey_moved"] is True
-    assert out["bind_cqes"] == [[8, 0, 5, 0, 0, None], [9, 0, 5, 0, 0, None]]
-    assert out["mw_data"] == ["via mw2!", "via mw1!"]
+    assert out["bind_cqes"] == [[8, 0, 5, 0, 0, None], [9, 0, 5, 0, 0, None],
+                                [13, 0, 5, 0, 0, None]]  # IBV_WC_BIND_MW
+    assert out["mw_write_cqes"] == [[10, 0, 1, 8, 0, None], [11, 0, 1, 8, 0, None],
+                                    [14, 0, 1, 8, 0, None]]
+    assert out["mw_data"] == ["via mw2!", "via mw1!", "via mw2!"]
     assert out["mw_outside_cqe"] == [[12, 10, 1, 8, 0, None]]  # IBV_WC_REM_ACCESS_ERR
 
 

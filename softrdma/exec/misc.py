@@ -33,7 +33,8 @@ IMPLEMENTS = (
     "ibv_fork_init", "ibv_is_fork_initialized", "ibv_dofork_range", "ibv_dontfork_range",
     "_ibv_query_gid_ex", "_ibv_query_gid_table", "ibv_get_pkey_index",
     "ibv_get_sysfs_path", "ibv_register_driver",
-    "ibv_copy_path_rec_from_kern", "ibv_copy_path_rec_to_kern",
+    "ibv_copy_path_rec_from_kern", "ibv_copy_path_rec_to_kern", "ibv_copy_ah_attr_from_kern",
+    "ibv_copy_qp_attr_from_kern", "ibv_resolve_eth_l2_from_gid",
     "ibv_import_device", "ibv_import_pd", "ibv_import_mr", "ibv_import_dm",
     "ibv_unimport_pd", "ibv_unimport_mr", "ibv_unimport_dm",
     "ibv_query_ece", "ibv_set_ece", "ibv_query_qp_data_in_order",
@@ -55,6 +56,21 @@ TYPES = """
         uint8_t mtu_selector; uint8_t mtu; uint8_t rate_selector; uint8_t rate;
         uint8_t packet_life_time_selector; uint8_t packet_life_time; uint8_t preference;
         ...; };
+    struct ib_uverbs_global_route { uint8_t dgid[16]; uint32_t flow_label;
+        uint8_t sgid_index; uint8_t hop_limit; uint8_t traffic_class; ...; };
+    struct ib_uverbs_ah_attr { struct ib_uverbs_global_route grh; uint16_t dlid; uint8_t sl;
+        uint8_t src_path_bits; uint8_t static_rate; uint8_t is_global; uint8_t port_num;
+        ...; };
+    struct ib_uverbs_qp_attr { uint32_t qp_attr_mask; uint32_t qp_state;
+        uint32_t cur_qp_state; uint32_t path_mtu; uint32_t path_mig_state; uint32_t qkey;
+        uint32_t rq_psn; uint32_t sq_psn; uint32_t dest_qp_num; uint32_t qp_access_flags;
+        struct ib_uverbs_ah_attr ah_attr; struct ib_uverbs_ah_attr alt_ah_attr;
+        uint32_t max_send_wr; uint32_t max_recv_wr; uint32_t max_send_sge;
+        uint32_t max_recv_sge; uint32_t max_inline_data; uint16_t pkey_index;
+        uint16_t alt_pkey_index; uint8_t en_sqd_async_notify; uint8_t sq_draining;
+        uint8_t max_rd_atomic; uint8_t max_dest_rd_atomic; uint8_t min_rnr_timer;
+        uint8_t port_num; uint8_t timeout; uint8_t retry_cnt; uint8_t rnr_retry;
+        uint8_t alt_port_num; uint8_t alt_timeout; ...; };
     struct ibv_query_device_ex_input { uint32_t comp_mask; ...; };
     struct ibv_device_attr_ex { struct ibv_device_attr orig_attr; uint32_t comp_mask;
         uint64_t device_cap_flags_ex; uint32_t phys_port_cnt_ex; ...; };
@@ -347,6 +363,67 @@ def install(ffi: Any, lib: Any) -> None:
         for name, conv in to_user:
             setattr(dst, name, conv(getattr(src, name)))
 
+    # ---- the kernel's AH and QP attributes -> libibverbs' (marshall.c) -----------------
+    grh_fields = ("flow_label", "sgid_index", "hop_limit", "traffic_class")
+    ah_fields = ("dlid", "sl", "src_path_bits", "static_rate", "is_global", "port_num")
+    qp_fields = ("cur_qp_state", "path_mtu", "path_mig_state", "qkey", "rq_psn", "sq_psn",
+                 "dest_qp_num", "qp_access_flags", "pkey_index", "alt_pkey_index",
+                 "en_sqd_async_notify", "sq_draining", "max_rd_atomic", "max_dest_rd_atomic",
+                 "min_rnr_timer", "port_num", "timeout", "retry_cnt", "rnr_retry",
+                 "alt_port_num", "alt_timeout")
+    cap_fields = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge",
+                  "max_inline_data")
+    to_grh = _converters(ffi, "struct ibv_global_route", grh_fields)
+    to_ah = _converters(ffi, "struct ibv_ah_attr", ah_fields)
+    to_qp = _converters(ffi, "struct ibv_qp_attr", qp_fields)
+    to_cap = _converters(ffi, "struct ibv_qp_cap", cap_fields)
+
+    def copy_ah(dst: Any, src: Any) -> None:
+        ffi.memmove(dst.grh.dgid.raw, src.grh.dgid, 16)
+        for name, conv in to_grh:
+            setattr(dst.grh, name, conv(getattr(src.grh, name)))
+        for name, conv in to_ah:
+            setattr(dst, name, conv(getattr(src, name)))
+
+    @ffi.def_extern(name="ibv_copy_ah_attr_from_kern")
+    @guard(None)
+    def copy_ah_attr_from_kern(dst: Any, src: Any) -> None:
+        copy_ah(dst, src)
+
+    @ffi.def_extern(name="ibv_copy_qp_attr_from_kern")
+    @guard(None)
+    def copy_qp_attr_from_kern(dst: Any, src: Any) -> None:
+        # qp_state and the rate limit are not the kernel structure's to give
+        for name, conv in to_qp:
+            setattr(dst, name, conv(getattr(src, name)))
+        for name, conv in to_cap:
+            setattr(dst.cap, name, conv(getattr(src, name)))
+        copy_ah(dst.ah_attr, src.ah_attr)
+        copy_ah(dst.alt_ah_attr, src.alt_ah_attr)
+
+    # ---- the Ethernet address of a RoCE destination ------------------------------------
+    @ffi.def_extern(name="ibv_resolve_eth_l2_from_gid")
+    @guard(-errno.EINVAL)
+    def resolve_eth_l2_from_gid(ctx: Any, attr: Any, mac: Any, vid: Any) -> int:
+        # libibverbs: the source GID must exist (else ibv_query_gid's -1), then the
+        # kernel's neighbour of the destination on the source's netdev, no VLAN: 0xffff
+        if attr == ffi.NULL or mac == ffi.NULL:
+            return -errno.EINVAL
+        c = devices.context_of(ctx)
+        try:
+            sgid = c.query_gid(attr.port_num, attr.grh.sgid_index)
+        except Exception:
+            return -1
+        if bytes(sgid.raw) == bytes(16):
+            return -errno.EINVAL  # an empty entry: no netdev to find a neighbour on
+        found = neighbour_mac(bytes(ffi.buffer(attr.grh.dgid.raw, 16)))
+        if found is None:
+            return -errno.EHOSTUNREACH
+        ffi.memmove(mac, found, 6)
+        if vid != ffi.NULL:
+            vid[0] = 0xFFFF
+        return 0
+
     # ---- what rxe does not do --------------------------------------------------------
     def unsupported_ptr(*args: Any) -> Any:
         ffi.errno = errno.EOPNOTSUPP  # libibverbs' dummy import_* operations
@@ -435,6 +512,56 @@ def install(ffi: Any, lib: Any) -> None:
         devices.set_op(ctx, "query_device_ex", lib.softrdma_query_device_ex)
 
     devices.ON_OPEN.append(on_open)
+
+
+def neighbour_mac(dgid: bytes) -> bytes | None:
+    """The link-layer address rxe would send to for a destination GID: none (zeros, the
+    loopback device's) for an address of this host, as softrdma's devices are; else
+    the kernel's ARP entry for an IPv4 destination; None when there is none (the
+    caller's EHOSTUNREACH)."""
+    mapped = dgid[:12] == bytes(10) + b"\xff\xff"
+    ip = ipaddress.ip_address(dgid[12:] if mapped else dgid)
+    if ip.is_loopback or _is_local(ip):
+        return bytes(6)
+    if ip.version == 4:
+        hop = _next_hop(ip)
+        try:
+            with open("/proc/net/arp") as f:
+                for line in f.readlines()[1:]:
+                    fields = line.split()
+                    if fields[0] == str(hop) and int(fields[2], 16) & 0x2:  # ATF_COM
+                        return bytes.fromhex(fields[3].replace(":", ""))
+        except OSError:
+            pass
+    return None
+
+
+def _next_hop(ip: Any) -> Any:
+    """The gateway the kernel routes an IPv4 destination through (its longest matching
+    route in /proc/net/route), or the destination itself when it is on a link."""
+    best: tuple[int, Any] = (-1, ip)
+    try:
+        with open("/proc/net/route") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                dest, gw, mask = (int.from_bytes(bytes.fromhex(fields[i]), "little")
+                                  for i in (1, 2, 7))
+                if int(ip) & mask == dest and bin(mask).count("1") > best[0]:
+                    best = (bin(mask).count("1"), ipaddress.IPv4Address(gw) if gw else ip)
+    except (OSError, ValueError, IndexError):
+        pass
+    return best[1]
+
+
+def _is_local(ip: Any) -> bool:
+    """Whether ``ip`` is an address of this host (binding to it works)."""
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((str(ip), 0))
+        return True
+    except OSError:
+        return False
 
 
 def shim_be16(v: int) -> int:

@@ -93,6 +93,9 @@ TYPES = """
                      uint32_t rkey; } atomic;
             struct { struct ibv_ah *ah; uint32_t remote_qpn; uint32_t remote_qkey; } ud;
         } wr;
+        union { struct { struct ibv_mw *mw; uint32_t rkey; struct ibv_mw_bind_info bind_info; }
+                    bind_mw;
+                struct { void *hdr; uint16_t hdr_sz; uint16_t mss; } tso; };
         ...; };
     struct ibv_recv_wr { uint64_t wr_id; struct ibv_recv_wr *next; struct ibv_sge *sg_list;
                          int num_sge; };
@@ -576,9 +579,10 @@ def _send_wr(w: Any, rec: QpRec) -> Any:
     imm = w.imm_data
     if op in _IMM_OPS:
         imm = _bswap32(imm)  # __be32 in the program's memory
-    elif op == _WR_BIND_MW:
-        raise Errno(EOPNOTSUPP, "ibv_post_send: IBV_WR_BIND_MW is not supported by "
-                                "softrdma exec yet")
+    elif op == _WR_BIND_MW:  # a type 2 window's bind (softrdma.exec.extended)
+        from .extended import send_wr_of_bind
+        b = w.bind_mw
+        return send_wr_of_bind(b.mw, b.rkey, b.bind_info, w.wr_id, w.send_flags)
     wr = SendWR(w.wr_id, op, n, imm, _sges(w.sg_list, n) if n else (), w.send_flags)
     u = w.wr
     if rec.ud:

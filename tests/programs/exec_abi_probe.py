@@ -37,7 +37,8 @@ def pure(lib: ctypes.CDLL, order: str) -> dict:
         out[fn] = [f(i) for i in vals]
     lib.ibv_get_sysfs_path.restype = ctypes.c_char_p
     out["sysfs"] = lib.ibv_get_sysfs_path().decode()
-    for fn in ("ibv_copy_path_rec_from_kern", "ibv_copy_path_rec_to_kern"):
+    for fn in ("ibv_copy_path_rec_from_kern", "ibv_copy_path_rec_to_kern",
+               "ibv_copy_ah_attr_from_kern", "ibv_copy_qp_attr_from_kern"):
         # a patterned source, a destination of 0xAA: what is copied, and what is not
         src = (ctypes.c_ubyte * 256)(*[(i * 37 + 11) & 0xFF for i in range(256)])
         dst = (ctypes.c_ubyte * 256)(*([0xAA] * 256))
@@ -97,6 +98,18 @@ def device(lib: ctypes.CDLL) -> dict:
                    for port, i in ((1, 0), (1, 1), (1, 63), (1, 64), (2, 0))]
     lib.ibv_get_pkey_index.argtypes = [V, ctypes.c_uint8, ctypes.c_uint16]
     out["pkey_index"] = [lib.ibv_get_pkey_index(ctx, 1, v) for v in (0xFFFF, 0x0000, 0xFF7F)]
+    res = lib.ibv_resolve_eth_l2_from_gid
+    res.argtypes = [V, V, V, V]
+    out["eth_l2"] = []
+    for dst, sgid_index, port in (("127.0.2.11", 1, 1), ("198.51.100.77", 1, 1),
+                                  ("127.0.2.11", 200, 1), ("127.0.2.11", 1, 2)):
+        ah = (ctypes.c_ubyte * 32)()  # struct ibv_ah_attr: grh (dgid first), ..., port_num
+        ah[10] = ah[11] = 0xFF
+        ah[12:16] = list(bytes(int(x) for x in dst.split(".")))
+        ah[20], ah[30] = sgid_index, port  # grh.sgid_index, port_num
+        mac, vid = (ctypes.c_ubyte * 6)(*([0xAA] * 6)), ctypes.c_uint16(0)
+        rc = res(ctx, ah, mac, ctypes.byref(vid))
+        out["eth_l2"].append([rc, bytes(mac).hex(), vid.value])
     return out
 
 

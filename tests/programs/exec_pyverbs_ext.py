@@ -19,7 +19,7 @@ from pyverbs.mr import MR, MW, MWBind, MWBindInfo
 from pyverbs.pd import PD
 from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.qp import QPAttr, QPCap, QPEx, QPInitAttrEx
-from pyverbs.wr import SGE, RecvWR
+from pyverbs.wr import SGE, RecvWR, SendWR
 
 ACCESS = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
           | e.IBV_ACCESS_REMOTE_ATOMIC | e.IBV_ACCESS_MW_BIND)
@@ -153,7 +153,13 @@ def main() -> None:
     b.bind_mw(mw1, MWBind(MWBindInfo(mrb, mrb.buf + 3072, 64, e.IBV_ACCESS_REMOTE_WRITE),
                           SIGNALED, 9))
     out["mw1_rkey_moved"] = mw1.rkey == ((old1 & ~0xFF) | ((old1 + 1) & 0xFF))
-    out["bind_cqes"] = poll(cqs[1], 2)
+    # and a type 2 window bound by ibv_post_send's IBV_WR_BIND_MW
+    mw3 = MW(pd, e.IBV_MW_TYPE_2)
+    bind = SendWR(wr_id=13, opcode=e.IBV_WR_BIND_MW, send_flags=SIGNALED)
+    bind.set_bind_wr(mw3, MWBindInfo(mrb, mrb.buf + 3584, 64, e.IBV_ACCESS_REMOTE_WRITE))
+    b.post_send(bind)
+    rkey3 = (mw3.rkey & ~0xFF) | ((mw3.rkey + 1) & 0xFF)
+    out["bind_cqes"] = poll(cqs[1], 3)
     mra.write(b"via mw2!via mw1!", 16, 0)
     a.wr_start()
     a.wr_id, a.wr_flags = 10, SIGNALED
@@ -162,9 +168,13 @@ def main() -> None:
     a.wr_id = 11
     a.wr_rdma_write(mw1.rkey, mrb.buf + 3072)
     a.wr_set_sge(SGE(mra.buf + 8, 8, mra.lkey))
+    a.wr_id = 14
+    a.wr_rdma_write(rkey3, mrb.buf + 3584)
+    a.wr_set_sge(SGE(mra.buf, 8, mra.lkey))
     out["complete_mw_writes"] = a.wr_complete()
-    out["mw_write_cqes"] = poll(cqs[0], 2)
-    out["mw_data"] = [mrb.read(8, 2048).decode(), mrb.read(8, 3072).decode()]
+    out["mw_write_cqes"] = poll(cqs[0], 3)
+    out["mw_data"] = [mrb.read(8, 2048).decode(), mrb.read(8, 3072).decode(),
+                      mrb.read(8, 3584).decode()]
     # outside the window: a remote access error, and the QP goes to the error state
     a.wr_start()
     a.wr_id = 12
@@ -173,7 +183,7 @@ def main() -> None:
     a.wr_complete()
     out["mw_outside_cqe"] = poll(cqs[0], 1)
     # windows before their MR (rxe: an MR with windows bound is EINVAL to deregister)
-    for obj in (a, b, mw1, mw2, mra, mrb, *cqs, pd, ctx):
+    for obj in (a, b, mw1, mw2, mw3, mra, mrb, *cqs, pd, ctx):
         obj.close()
     print(json.dumps(out))
 
