@@ -231,6 +231,83 @@ int main(void)
 		FAIL("cq_event", "wr_id %llu", (unsigned long long)wc.wr_id);
 	OK("cq_event");
 
+	/* ibv_resize_cq: the new size in cq->cqe */
+	if ((r = ibv_resize_cq(cq, 200)) || cq->cqe < 200)
+		FAIL("resize_cq", "returned %d, cqe %d", r, cq->cqe);
+	OK("resize_cq");
+
+	/* ibv_rereg_mr to another buffer: the same struct, the new address, new keys; a
+	 * WRITE with the new rkey lands in the new buffer */
+	char *c = calloc(1, SZ);
+	struct ibv_mr *before = mrb;
+	if ((r = ibv_rereg_mr(mrb, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, c, SZ, acc)) ||
+	    mrb != before || mrb->addr != c)
+		FAIL("rereg_mr", "returned %d", r);
+	wr.wr.rdma.remote_addr = (uintptr_t)c;
+	wr.wr.rdma.rkey = mrb->rkey;
+	wr.wr_id = 18;
+	sge.length = SZ;
+	if ((r = ibv_post_send(qa, &wr, &bad)))
+		FAIL("rereg_mr", "post_send %d", r);
+	wc = wait_wc("rereg_mr");
+	if (wc.status != IBV_WC_SUCCESS || memcmp(a, c, SZ))
+		FAIL("rereg_mr", "status %d, or the bytes did not land in the new buffer",
+		     wc.status);
+	OK("rereg_mr");
+
+	/* an SRQ whose limit is armed: the async event comes on context->async_fd (a real
+	 * descriptor poll() sees) and names the SRQ */
+	struct ibv_srq_init_attr sia = { .attr = { .max_wr = 8, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &sia);
+	if (!srq || sia.attr.max_wr < 8)
+		FAIL("srq_limit", "create_srq");
+	struct ibv_qp_init_attr sa = ia;
+	sa.srq = srq;
+	struct ibv_qp *qc = ibv_create_qp(pd, &sa), *qd = ibv_create_qp(pd, &ia);
+	if (!qc || !qd)
+		FAIL("srq_limit", "create_qp");
+	connect_qp(qc, qd->qp_num, &gid);
+	connect_qp(qd, qc->qp_num, &gid);
+	rsge.addr = (uintptr_t)c;
+	rsge.lkey = mrb->lkey;
+	for (int i = 0; i < 4; i++) {
+		rwr.wr_id = 30 + i;
+		if ((r = ibv_post_srq_recv(srq, &rwr, &rbad)))
+			FAIL("srq_limit", "post_srq_recv %d", r);
+	}
+	struct ibv_srq_attr sattr = { .srq_limit = 2 };
+	if ((r = ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT)))
+		FAIL("srq_limit", "modify_srq %d", r);
+	struct pollfd afd = { .fd = ctx->async_fd, .events = POLLIN };
+	if (poll(&afd, 1, 0) != 0)
+		FAIL("srq_limit", "async_fd readable before any event");
+	sge.lkey = mra->lkey;
+	sge.length = 64;
+	wr.opcode = IBV_WR_SEND;
+	for (int i = 0; i < 3; i++) {
+		wr.wr_id = 40 + i;
+		if ((r = ibv_post_send(qd, &wr, &bad)))
+			FAIL("srq_limit", "post_send %d", r);
+		for (int k = 0; k < 2; k++)
+			if ((wc = wait_wc("srq_limit")).status != IBV_WC_SUCCESS)
+				FAIL("srq_limit", "status %d", wc.status);
+	}
+	if (poll(&afd, 1, 20000) != 1)
+		FAIL("srq_limit", "async_fd did not become readable");
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev) || ev.event_type != IBV_EVENT_SRQ_LIMIT_REACHED ||
+	    ev.element.srq != srq)
+		FAIL("srq_limit", "event %d", ev.event_type);
+	ibv_ack_async_event(&ev);
+	if (ibv_query_srq(srq, &sattr) || sattr.srq_limit != 0 || sattr.max_wr < 8)
+		FAIL("srq_limit", "query_srq: limit %u", sattr.srq_limit);
+	if ((r = ibv_destroy_srq(srq)) != EBUSY)
+		FAIL("srq_limit", "destroy_srq with a QP: %d", r);
+	if (ibv_destroy_qp(qc) || ibv_destroy_qp(qd) || ibv_destroy_srq(srq))
+		FAIL("srq_limit", "teardown");
+	OK("srq_limit");
+	wr.opcode = IBV_WR_RDMA_WRITE;
+
 	/* a wrong lkey is found when the data moves (as rxe): an error completion */
 	sge.lkey = mra->lkey ^ 0x5500;
 	wr.wr_id = 17;
