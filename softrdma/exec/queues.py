@@ -56,6 +56,12 @@ from .shim import Errno, guard, handles
 from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, pd_of, \
     ptr_of, remember
 
+# the verbs_api record classes the data path builds (bound by install: the launcher imports
+# this module for its names only, and should not load the whole stack)
+SendWR: Any = None
+RecvWR: Any = None
+SGE: Any = None
+
 __all__ = ["IMPLEMENTS", "TYPES", "CALLBACKS", "install", "EventFd", "CqRec", "QpRec",
            "create_cq", "cq_of", "create_qp", "make_qp", "qp_of", "modify_qp", "query_qp",
            "srq_of", "channel_of", "fill_wc"]
@@ -563,14 +569,19 @@ def destroy_qp(ptr: Any) -> int:
 # ---- work requests ------------------------------------------------------------------------
 
 def _sges(sg: Any, n: int) -> list:
-    from ..verbs_api import SGE
-    return [SGE(e.addr, e.length, e.lkey) for e in (sg[j] for j in range(n))]
+    if n == 1:  # the common case, without a loop
+        e = sg[0]
+        return [SGE(e.addr, e.length, e.lkey)]
+    out = []
+    for j in range(n):
+        e = sg[j]
+        out.append(SGE(e.addr, e.length, e.lkey))
+    return out
 
 
 def _send_wr(w: Any, rec: QpRec) -> Any:
     """One ``struct ibv_send_wr`` as a verbs_api SendWR (the SGE count checked before the
     program's array is read: a count past the QP's limit is EINVAL, as rxe says)."""
-    from ..verbs_api import SendWR
     n = w.num_sge
     if n < 0 or n > rec.max_send_sge:
         raise Errno(EINVAL, f"ibv_post_send: num_sge {n} exceeds max_send_sge "
@@ -597,15 +608,14 @@ def _send_wr(w: Any, rec: QpRec) -> Any:
     return wr
 
 
-def _recv_wr(w: Any, max_sge: int, what: str) -> Any:
-    from ..verbs_api import RecvWR
+def _recv_wr(w: Any, max_sge: int) -> Any:
     n = w.num_sge
     if n < 0 or n > max_sge:
-        raise Errno(EINVAL, f"{what}: num_sge {n} exceeds max_recv_sge {max_sge}")
+        raise Errno(EINVAL, f"post_recv: num_sge {n} exceeds the queue's max_sge {max_sge}")
     return RecvWR(w.wr_id, n, _sges(w.sg_list, n) if n else ())
 
 
-def _post(wr: Any, bad_wr: Any, convert: Any, post: Any) -> int:
+def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any) -> int:
     """Convert the chain until a WR fails, post what came before it; on a failure
     ``*bad_wr`` is the first WR not posted and the errno is returned."""
     ffi = shim.ffi
@@ -614,7 +624,7 @@ def _post(wr: Any, bad_wr: Any, convert: Any, post: Any) -> int:
     w = wr
     while w:
         try:
-            wrs.append(convert(w))
+            wrs.append(convert(w, arg))
         except Errno as e:
             failed = (e.error_code, w)
             break
@@ -697,9 +707,9 @@ def _cstr(s: str) -> Any:
 
 def install(ffi: Any, lib: Any) -> None:
     """Define this part's functions and hook the context's creation."""
-    global _lib
+    global _lib, SendWR, RecvWR, SGE
     _lib = lib
-    from ..verbs_api import SRQ, SrqAttr, SrqInitAttr
+    from ..verbs_api import SRQ, SGE, RecvWR, SendWR, SrqAttr, SrqInitAttr
     devices.ON_OPEN.append(_on_open)
     devices.ON_CLOSE.append(_on_close)
     NULL = ffi.NULL
@@ -847,7 +857,7 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_send: not a QP of softrdma exec")
-        return _post(wr, bad_wr, lambda w: _send_wr(w, rec), rec.post_send)
+        return _post(wr, bad_wr, _send_wr, rec, rec.post_send)
 
     @ffi.def_extern(name="softrdma_post_recv")
     @guard("errno")
@@ -855,9 +865,8 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_recv: not a QP of softrdma exec")
-        m = rec.max_recv_sge if rec.struct.srq == NULL else 0
-        return _post(wr, bad_wr, lambda w: _recv_wr(w, max(m, 0), "ibv_post_recv"),
-                     rec.post_recv)
+        # (a QP with an SRQ has max_recv_sge 0: its receives go to the SRQ)
+        return _post(wr, bad_wr, _recv_wr, rec.max_recv_sge, rec.post_recv)
 
     # ---- SRQs ----------------------------------------------------------------------------------
     @ffi.def_extern(name="ibv_create_srq")
@@ -920,5 +929,4 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _srqs.get(int(ffi.cast("uintptr_t", srq)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_srq_recv: not an SRQ of softrdma exec")
-        return _post(wr, bad_wr, lambda w: _recv_wr(w, rec.max_sge, "ibv_post_srq_recv"),
-                     rec.srq.post_recv)
+        return _post(wr, bad_wr, _recv_wr, rec.max_sge, rec.srq.post_recv)
