@@ -34,6 +34,7 @@ import fcntl
 import functools
 import os
 import socket
+import time
 from typing import Any, Callable
 
 from ..cm.cma import gid_from_ip
@@ -46,6 +47,7 @@ from . import shim
 from .cma_addr import read_sockaddr, sockaddr_bytes, sockaddr_len, sockaddr_port, \
     write_sockaddr, SOCKADDR_STORAGE
 from .shim import Errno, guard, handles
+from .verbs import ah_attr_to_c
 
 __all__ = ["IMPLEMENTS", "TYPES", "install", "Id", "Channel", "Event", "id_of", "cm_call",
            "complete", "query_route", "RDMA_PS_UDP", "RDMA_PS_IPOIB"]
@@ -65,11 +67,6 @@ TYPES = """
     struct rdma_event_channel { int fd; };
     struct rdma_ib_addr { union ibv_gid sgid; union ibv_gid dgid; __be16 pkey; };
     struct rdma_addr { union { struct rdma_ib_addr ibaddr; } addr; ...; };
-    struct ibv_sa_path_rec { union ibv_gid dgid; union ibv_gid sgid; int raw_traffic;
-        uint32_t flow_label; uint8_t hop_limit; uint8_t traffic_class; int reversible;
-        uint8_t numb_path; __be16 pkey; uint8_t sl; uint8_t mtu_selector; uint8_t mtu;
-        uint8_t rate_selector; uint8_t rate; uint8_t packet_life_time_selector;
-        uint8_t packet_life_time; ...; };
     struct rdma_route { struct rdma_addr addr; struct ibv_sa_path_rec *path_rec;
         int num_paths; };
     struct rdma_cm_id {
@@ -83,7 +80,7 @@ TYPES = """
         uint8_t responder_resources; uint8_t initiator_depth; uint8_t flow_control;
         uint8_t retry_count; uint8_t rnr_retry_count; uint8_t srq; uint32_t qp_num; };
     struct rdma_ud_param { const void *private_data; uint8_t private_data_len;
-        uint32_t qp_num; uint32_t qkey; ...; };
+        struct ibv_ah_attr ah_attr; uint32_t qp_num; uint32_t qkey; };
     struct rdma_cm_event { struct rdma_cm_id *id; struct rdma_cm_id *listen_id;
         enum rdma_cm_event_type event; int status; ...; };
     struct rdma_cm_join_mc_attr_ex { uint32_t comp_mask; uint32_t join_flags;
@@ -137,6 +134,7 @@ class Channel:
         self.struct = ffi.new("struct rdma_event_channel *")
         self.fd = _own_fd(self.ec.fd)
         self.struct.fd = self.fd
+        self.closed = False
         handles.add("cm_channel", self.struct, self)
 
     def blocking(self) -> bool:
@@ -146,6 +144,7 @@ class Channel:
     def close(self) -> None:
         """rdma_destroy_event_channel: the ids still on it go (the kernel's ucma_close)."""
         handles.release("cm_channel", self.struct)
+        self.closed = True
         self.ec.close()
         os.close(self.fd)
 
@@ -200,7 +199,7 @@ def _get_device(rec: "Id") -> None:
     d = cma_dev(rec.cid.device.name)
     if d.pd == ffi.NULL:
         d.pd = lib.ibv_alloc_pd(d.verbs)
-        if d.pd == ffi.NULL and ffi.errno != errno.EOPNOTSUPP:  # TODO strict after h-verbs
+        if d.pd == ffi.NULL:
             raise Errno(ffi.errno or errno.ENOMEM, "cannot allocate the device's PD")
     d.refcnt += 1
     rec.dev = d
@@ -237,9 +236,11 @@ class Id:
         self.connect = b""  # rdma_addrinfo's ai_connect, sent with the REQ
         self.local_ece = (0, 0)
         self.remote_ece = (0, 0)
-        self.qp: Any = None  # the softrdma QP the CM moves (rdma_create_qp)
+        self.qp: Any = None  # the QpRec of the QP the CM moves (rdma_create_qp)
+        self.qp_struct: Any = None  # its struct ibv_qp *
         self.owned_cqs: list[Any] = []  # made by rdma_create_qp for the id
-        self.path = ffi.new("struct ibv_sa_path_rec *")
+        # the route's path record, when the structure is declared (by the misc part)
+        self.path = ffi.new("struct ibv_sa_path_rec *") if PATH_REC else None
         s = self.struct = ffi.new("struct rdma_cm_id *")
         s.channel, s.context, s.ps, s.qp_type = channel.struct, context, ps, qp_type
         handles.add("cm_id", s, self)
@@ -311,7 +312,7 @@ def query_route(rec: Id) -> None:
         ffi.memmove(ib.sgid.raw, sgid, 16)
     if dgid is not None:
         ffi.memmove(ib.dgid.raw, dgid, 16)
-    if r is not None:
+    if r is not None and rec.path is not None:
         p = rec.path
         ffi.memmove(p.sgid.raw, r.sgid, 16)
         ffi.memmove(p.dgid.raw, r.dgid, 16)
@@ -370,16 +371,15 @@ class Event:
             return
         self._private(u, d.private_data)
         u.qp_num, u.qkey = d.qp_num, d.qkey
-        if d.ah_attr is not None and AH_ATTR is not None:
-            AH_ATTR(ffi.addressof(u, "ah_attr"), d.ah_attr)
+        if d.ah_attr is not None:
+            ah_attr_to_c(d.ah_attr, u.ah_attr)
 
+
+#: whether ``struct ibv_sa_path_rec`` has its fields (declared by another part)
+PATH_REC = False
 
 #: where ``param`` lies in ``struct rdma_cm_event`` (set by :func:`install`)
 PARAM_OFFSET = 0
-
-#: fills a ``struct ibv_ah_attr *`` from a softrdma AHAttr (set when the verbs part
-#: declares the structure; UD events carry no address until then)
-AH_ATTR: Callable[[Any, Any], None] | None = None
 
 
 def _process(ev: RdmaCmEvent) -> Event | None:
@@ -403,6 +403,7 @@ def _process(ev: RdmaCmEvent) -> Event | None:
         return None
     if t in (E.RDMA_CM_EVENT_REJECTED, E.RDMA_CM_EVENT_DISCONNECTED) and cid.connect_error:
         return None
+    sync_qp_state(rec)
     if t in (E.RDMA_CM_EVENT_ADDR_RESOLVED, E.RDMA_CM_EVENT_ROUTE_RESOLVED):
         try:
             query_route(rec)
@@ -421,13 +422,23 @@ def get_event(ch: Channel, block: bool) -> Event:
     while True:
         try:
             ev = ch.ec.get(None if block else 0)
-        except PyverbsRDMAError as e:
-            code = errno.EAGAIN if e.error_code == errno.ETIMEDOUT else e.error_code
+        except OSError as e:
+            if ch.closed:
+                _wait_for_ever()
+            code = errno.EAGAIN if e.errno == errno.ETIMEDOUT else e.errno
             raise Errno(code, "rdma_get_cm_event: no event") from None
         out = _process(ev)
         if out is not None:
             handles.add("cm_event", out.struct, out)
             return out
+
+
+def _wait_for_ever() -> None:
+    """Another thread destroyed the channel this one waits on: on Linux the waiting read
+    holds the file and waits on, for events that never come (rping's CM thread, blocked
+    when its main thread ends, must not wake with an error and exit the program with it)."""
+    while True:
+        time.sleep(3600)
 
 
 def complete(rec: Id) -> None:
@@ -460,6 +471,42 @@ def migrate(rec: Id, channel: Any) -> None:
     rec.struct.channel = ch.struct
 
 
+def bind_addr(rec: Id, addr: Any) -> None:
+    """``rdma_bind_addr``."""
+    fam, ip, port = read_sockaddr(addr)
+    rec.cid.bind_addr(ip, port)
+    rec.family = fam
+    query_route(rec)
+
+
+def resolve_addr(rec: Id, src: Any, dst: Any, timeout_ms: int) -> None:
+    """``rdma_resolve_addr`` (a synchronous id waits for ADDR_RESOLVED)."""
+    dfam, dip, dport = read_sockaddr(dst)
+    sip = None
+    if src != ffi.NULL:
+        if not sockaddr_len(src):
+            raise Errno(errno.EINVAL, "rdma_resolve_addr: src_addr of an unknown family")
+        rec.family, sip, _ = read_sockaddr(src)
+    rec.dst_family = dfam
+    rec.cid.resolve_addr(sip, dip, dport, timeout_ms)
+    data = bytes(ffi.buffer(ffi.cast("char *", dst), sockaddr_len(dst)))
+    write_sockaddr(_addr_base(rec.struct) + SOCKADDR_STORAGE, data)
+    complete(rec)
+
+
+def resolve_route(rec: Id, timeout_ms: int) -> None:
+    """``rdma_resolve_route`` (a synchronous id waits for ROUTE_RESOLVED)."""
+    rec.cid.resolve_route(timeout_ms)
+    complete(rec)
+
+
+def sync_qp_state(rec: Id) -> None:
+    """``qp->state`` as libibverbs keeps it: the CM moved the QP itself (INIT, RTR, RTS
+    with the connection, ERR when it ends)."""
+    if rec.qp is not None and rec.qp_struct is not None:
+        rec.qp_struct.state = int(rec.qp.qp.state)
+
+
 def conn_param(p: Any) -> ConnParams | None:
     """A ``struct rdma_conn_param *`` (NULL: None)."""
     if p == ffi.NULL:
@@ -479,8 +526,12 @@ def _event_names() -> dict[int, Any]:
 
 def install(lib_ffi: Any, the_lib: Any) -> None:
     """Define this part's functions."""
-    global ffi, lib, PARAM_OFFSET
+    global ffi, lib, PARAM_OFFSET, PATH_REC
     ffi, lib = lib_ffi, the_lib
+    try:  # an opaque structure has no size (and asking it for fields would abort)
+        PATH_REC = ffi.sizeof("struct ibv_sa_path_rec") > 0
+    except ffi.error:
+        PATH_REC = False
     PARAM_OFFSET = (ffi.offsetof("struct rdma_cm_event", "status") + 4 + 7) & ~7
     assert PARAM_OFFSET + ffi.sizeof("struct rdma_ud_param") == \
         ffi.sizeof("struct rdma_cm_event"), "struct rdma_cm_event is not as expected"
@@ -515,37 +566,19 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
     @ffi.def_extern(name="rdma_bind_addr")
     @cm_call(-1)
     def rdma_bind_addr(id: Any, addr: Any) -> int:
-        rec = id_of(id)
-        fam, ip, port = read_sockaddr(addr)
-        rec.cid.bind_addr(ip, port)
-        rec.family = fam
-        query_route(rec)
+        bind_addr(id_of(id), addr)
         return 0
 
     @ffi.def_extern(name="rdma_resolve_addr")
     @cm_call(-1)
     def rdma_resolve_addr(id: Any, src: Any, dst: Any, timeout_ms: int) -> int:
-        rec = id_of(id)
-        dfam, dip, dport = read_sockaddr(dst)
-        sip = None
-        if src != ffi.NULL:
-            if not sockaddr_len(src):
-                raise Errno(errno.EINVAL, "rdma_resolve_addr: src_addr of an unknown family")
-            sfam, sip, _ = read_sockaddr(src)
-            rec.family = sfam
-        rec.dst_family = dfam
-        rec.cid.resolve_addr(sip, dip, dport, timeout_ms)
-        data = bytes(ffi.buffer(ffi.cast("char *", dst), sockaddr_len(dst)))
-        write_sockaddr(_addr_base(rec.struct) + SOCKADDR_STORAGE, data)
-        complete(rec)
+        resolve_addr(id_of(id), src, dst, timeout_ms)
         return 0
 
     @ffi.def_extern(name="rdma_resolve_route")
     @cm_call(-1)
     def rdma_resolve_route(id: Any, timeout_ms: int) -> int:
-        rec = id_of(id)
-        rec.cid.resolve_route(timeout_ms)
-        complete(rec)
+        resolve_route(id_of(id), timeout_ms)
         return 0
 
     @ffi.def_extern(name="rdma_listen")
@@ -604,6 +637,7 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
         if rec.struct.qp == ffi.NULL and p is None:
             raise Errno(errno.EINVAL, "rdma_accept: no QP and no conn_param")
         rec.cid.accept(p)
+        sync_qp_state(rec)
         if not rec.cid.is_ud:
             complete(rec)
         return 0
@@ -656,6 +690,7 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
         if rec.struct.verbs == ffi.NULL:  # ucma_shutdown
             raise Errno(errno.EINVAL, "rdma_disconnect: the id has no device")
         rec.cid.disconnect()
+        sync_qp_state(rec)
         complete(rec)
         return 0
 
