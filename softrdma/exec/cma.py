@@ -34,6 +34,7 @@ import fcntl
 import functools
 import os
 import socket
+import sys
 import time
 from typing import Any, Callable
 
@@ -100,6 +101,7 @@ SYNC_WAIT = None
 
 ffi: Any = None
 lib: Any = None
+_DEBUG = bool(os.environ.get("CMA_DEBUG"))
 
 
 def cm_call(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -108,10 +110,21 @@ def cm_call(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def call(*args: Any) -> Any:
+            if _DEBUG:
+                print("cma>", fn.__name__, file=sys.stderr, flush=True)
             try:
-                return fn(*args)
+                r = fn(*args)
+                if _DEBUG:
+                    print("cma<", fn.__name__, r, file=sys.stderr, flush=True)
+                return r
             except PyverbsRDMAError as e:
+                if _DEBUG:
+                    print("cma!", fn.__name__, e, file=sys.stderr, flush=True)
                 raise Errno(e.error_code, e.msg) from None
+            except Errno as e:
+                if _DEBUG:
+                    print("cma!", fn.__name__, e, file=sys.stderr, flush=True)
+                raise
         return guard(fail)(call)
     return wrap
 
