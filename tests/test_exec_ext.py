@@ -124,10 +124,13 @@ def test_pyverbs_drives_the_extended_cq_qp_and_memory_windows():
     / ibv_next_poll and the read_* slots (immediate data in network order), ENOSPC for
     inline data past the limit, and both kinds of memory window (type 2 bound by
     ibv_wr_bind_mw and by ibv_post_send's IBV_WR_BIND_MW, type 1 by ibv_bind_mw with its
-    rkey moved) admitting a write inside and refusing one outside."""
+    rkey moved) admitting a write inside and refusing one outside. What rxe lacks is
+    answered as rxe answers it: ibv_query_ece/ibv_set_ece EOPNOTSUPP,
+    ibv_query_qp_data_in_order 0."""
     prog = str(Path(__file__).parent / "programs" / "exec_pyverbs_ext.py")
     out = _probe_json(_exec("/usr/bin/python3", prog, addr="127.0.2.40"))
     assert out["ts_cq"] == 95  # EOPNOTSUPP
+    assert out["query_ece"] == out["set_ece"] == 95 and out["data_in_order"] == 0
     # [wr_id, status, opcode, byte_len, wc_flags, imm_data]
     assert out["send_cqes"] == [[1, 0, 0, 25, 0, None], [2, 0, 0, 12, 2, 0]]
     assert out["recv_cqes"] == [[100, 0, 128, 25, 1, None], [101, 0, 128, 12, 3, 0x78563412]]

@@ -18,7 +18,7 @@ from pyverbs.device import Context
 from pyverbs.mr import MR, MW, MWBind, MWBindInfo
 from pyverbs.pd import PD
 from pyverbs.pyverbs_error import PyverbsRDMAError
-from pyverbs.qp import QPAttr, QPCap, QPEx, QPInitAttrEx
+from pyverbs.qp import ECE, QPAttr, QPCap, QPEx, QPInitAttrEx
 from pyverbs.wr import SGE, RecvWR, SendWR
 
 ACCESS = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
@@ -77,6 +77,15 @@ def main() -> None:
         attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=gid, sgid_index=1), is_global=1, port_num=1)
         me.to_rts(attr)
     a, b = qps
+    # what rxe has not: ECE (EOPNOTSUPP), data-in-order (the dummy operation's 0)
+    for name, call in (("query_ece", a.query_ece),
+                       ("set_ece", lambda: a.set_ece(ECE(vendor_id=0x15B3, options=1)))):
+        try:
+            call()
+            out[name] = "ok"
+        except PyverbsRDMAError as ex:
+            out[name] = ex.error_code
+    out["data_in_order"] = a.query_data_in_order(e.IBV_WR_SEND)
     mra, mrb = MR(pd, 4096, ACCESS), MR(pd, 4096, ACCESS)
 
     # SEND with an SGE, and SEND_WITH_IMM with inline data from an unregistered buffer
