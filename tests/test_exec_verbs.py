@@ -128,3 +128,40 @@ def test_verbs_checks_program(tmp_path):
     bare = subprocess.run([exe], capture_output=True, text=True, timeout=30,
                           env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
     assert bare.returncode != 0 and "OK reg_mr" not in bare.stdout
+
+
+def test_a_killed_exec_program_fails_its_peers_sends_in_bounded_time():
+    """Debian's ibv_rc_pingpong server under exec takes three messages, then is killed
+    (SIGKILL: no teardown, its softrdma device vanishes with the process). The peer's next
+    SEND is never acknowledged and completes with IBV_WC_RETRY_EXC_ERR once the QP's
+    retries are spent: timeout 14 (67 ms) and retry_cnt 3 bound it to about 0.3 s plus the
+    peer's own scheduling; the assertion allows a generous 60 s, never a hang."""
+    require_tool("ibv_rc_pingpong")
+    port = str(next(_port))
+    victim = subprocess.Popen(_exec("127.0.1.16", "ibv_rc_pingpong", "-g", "1", "-n",
+                                    "1000000", "-p", port),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    survivor = None
+    try:
+        time.sleep(1.0)
+        survivor = subprocess.Popen([sys.executable, str(PROGRAMS / "exec_rc_survivor.py"),
+                                     port, "127.0.1.16"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, "SOFTRDMA_IP": "127.0.1.17"})
+        line = survivor.stdout.readline()
+        assert line == "sent 3\n", line + survivor.stderr.read()
+        victim.kill()
+        victim.wait(timeout=30)
+        survivor.stdin.write("go\n")
+        survivor.stdin.flush()
+        out, err = survivor.communicate(timeout=180)
+        assert survivor.returncode == 0, out + err
+        m = re.match(r"status (\d+) after (\d+\.\d+) s$", out.strip())
+        assert m, out + err
+        assert int(m.group(1)) == 12  # IBV_WC_RETRY_EXC_ERR
+        assert float(m.group(2)) < 60
+    finally:
+        victim.kill()
+        if survivor is not None:
+            survivor.kill()
