@@ -31,8 +31,8 @@ Public names for the other parts (the ``ext`` and ``cma`` helpers build on them)
   :func:`make_qp` with the attributes as Python values and ``ctype`` (``"struct
   ibv_qp_ex"``: starts with ``struct ibv_qp``); :func:`qp_of` -> :class:`QpRec`
   (``.qp`` the verbs_api QP); :func:`modify_qp` / :func:`query_qp` (the C verbs' bodies);
-* :func:`srq_of`, :func:`channel_of`; :func:`fill_wc` (one ``struct ibv_wc`` from a
-  softrdma WC).
+* :func:`srq_of`, :func:`channel_of`; :func:`fill_wcs` / :func:`fill_wc` (``struct
+  ibv_wc`` entries from softrdma WCs).
 
 Structures this part declares for cffi (no other part may declare them again):
 ``ibv_cq``, ``ibv_comp_channel``, ``ibv_wc``, ``ibv_sge``, ``ibv_send_wr``,
@@ -64,7 +64,7 @@ SGE: Any = None
 
 __all__ = ["IMPLEMENTS", "TYPES", "CALLBACKS", "install", "EventFd", "CqRec", "QpRec",
            "create_cq", "cq_of", "create_qp", "make_qp", "qp_of", "modify_qp", "query_qp",
-           "srq_of", "channel_of", "fill_wc"]
+           "srq_of", "channel_of", "fill_wc", "fill_wcs"]
 
 IMPLEMENTS = ("ibv_create_cq", "ibv_destroy_cq", "ibv_resize_cq", "ibv_create_comp_channel",
               "ibv_destroy_comp_channel", "ibv_get_cq_event", "ibv_ack_cq_events",
@@ -401,23 +401,51 @@ def destroy_cq(ptr: Any) -> int:
     return 0
 
 
+#: struct ibv_wc's fields in the order :func:`fill_wcs` packs them, with their widths
+_WC_FIELDS = (("wr_id", "Q"), ("status", "I"), ("opcode", "I"), ("vendor_err", "I"),
+              ("byte_len", "I"), ("imm_data", "I"), ("qp_num", "I"), ("src_qp", "I"),
+              ("wc_flags", "I"), ("pkey_index", "H"), ("slid", "H"), ("sl", "B"),
+              ("dlid_path_bits", "B"))
+_wc_struct: Any = None  # a struct.Struct with the header's offsets (made by install)
+_WC_SIZE = 0
+
+
+def _wc_layout(ffi: Any) -> Any:
+    """A struct.Struct that writes a whole ``struct ibv_wc`` at once, its padding taken
+    from the installed header's offsets (one pack_into per completion, not 13 cffi
+    attribute stores)."""
+    import struct
+    fmt, at = "<", 0
+    for name, code in _WC_FIELDS:
+        off = ffi.offsetof("struct ibv_wc", name)
+        if off < at:
+            raise ValueError(f"struct ibv_wc.{name} at {off}: not in header order")
+        fmt += "x" * (off - at) + code
+        at = off + struct.calcsize("<" + code)
+    fmt += "x" * (ffi.sizeof("struct ibv_wc") - at)
+    return struct.Struct(fmt)
+
+
+def fill_wcs(wc: Any, wcs: list) -> None:
+    """Write softrdma WCs into the program's ``struct ibv_wc`` array (imm_data in network
+    order, as the program reads a __be32)."""
+    buf = shim.ffi.buffer(wc, _WC_SIZE * len(wcs))
+    pack = _wc_struct.pack_into
+    at = 0
+    for w in wcs:
+        flags = w.wc_flags
+        imm = w.imm_data
+        if flags & _WC_WITH_IMM:
+            imm = _bswap32(imm)
+        pack(buf, at, w.wr_id, w.status, w.opcode, w.vendor_err, w.byte_len, imm, w.qp_num,
+             w.src_qp, flags, w.pkey_index, w.slid, w.sl, w.dlid_path_bits)
+        at += _WC_SIZE
+
+
 def fill_wc(out: Any, w: Any) -> None:
-    """One ``struct ibv_wc`` from a softrdma WC (imm_data in network order, as the
-    program reads a __be32)."""
-    out.wr_id = w.wr_id
-    out.status = w.status
-    out.opcode = w.opcode
-    out.vendor_err = w.vendor_err
-    out.byte_len = w.byte_len
-    flags = w.wc_flags
-    out.imm_data = _bswap32(w.imm_data) if flags & _WC_WITH_IMM else w.imm_data
-    out.qp_num = w.qp_num
-    out.src_qp = w.src_qp
-    out.wc_flags = flags
-    out.pkey_index = w.pkey_index
-    out.slid = w.slid
-    out.sl = w.sl
-    out.dlid_path_bits = w.dlid_path_bits
+    """One ``struct ibv_wc`` (a pointer, or an element of an array) from a softrdma WC."""
+    ffi = shim.ffi
+    fill_wcs(out if ffi.typeof(out).kind == "pointer" else ffi.addressof(out), [w])
 
 
 # ---- QPs ------------------------------------------------------------------------------------
@@ -703,8 +731,10 @@ def _cstr(s: str) -> Any:
 
 def install(ffi: Any, lib: Any) -> None:
     """Define this part's functions and hook the context's creation."""
-    global _lib, SendWR, RecvWR, SGE
+    global _lib, SendWR, RecvWR, SGE, _wc_struct, _WC_SIZE
     _lib = lib
+    _wc_struct = _wc_layout(ffi)
+    _WC_SIZE = ffi.sizeof("struct ibv_wc")
     from ..verbs_api import SRQ, SGE, RecvWR, SendWR, SrqAttr, SrqInitAttr
     devices.ON_OPEN.append(_on_open)
     devices.ON_CLOSE.append(_on_close)
@@ -792,8 +822,8 @@ def install(ffi: Any, lib: Any) -> None:
             got, wcs = rec.poll(n)
         except OSError as e:
             raise _rdma_errno(e) from None
-        for i in range(got):
-            fill_wc(wc[i], wcs[i])
+        if got:
+            fill_wcs(wc, wcs)
         return got
 
     # ---- async events ----------------------------------------------------------------------
