@@ -120,8 +120,8 @@ def test_verbs_checks_program(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     oks = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("OK ")]
     assert oks == ["reg_mr", "dealloc_pd_busy", "channel_nonblock", "qp_state", "rdma_write",
-                   "rdma_read", "send_imm", "bad_wr", "cq_event", "resize_cq", "rereg_mr",
-                   "srq_limit", "bad_lkey",
+                   "rdma_read", "send_imm", "atomics", "bad_wr", "cq_event", "resize_cq",
+                   "rereg_mr", "srq_limit", "ud_ah_from_wc", "bad_lkey",
                    "destroy_busy", "teardown"], r.stdout + r.stderr
     assert "not supported by softrdma" not in r.stderr
     # without softrdma the same binary finds no device at all
