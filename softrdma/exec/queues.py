@@ -772,7 +772,7 @@ def install(ffi: Any, lib: Any) -> None:
         return handles.add("comp_channel", s, rec)
 
     @ffi.def_extern(name="ibv_destroy_comp_channel")
-    @guard(-1)
+    @guard("errno")
     def ibv_destroy_comp_channel(ch: Any) -> int:
         rec = channel_of(ch)
         if rec.cqs:
