@@ -53,8 +53,8 @@ from typing import Any
 
 from . import devices, shim
 from .shim import Errno, guard, handles
-from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, pd_of, \
-    ptr_of, remember
+from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, inline_lkey, \
+    pd_of, ptr_of, remember
 
 # the verbs_api record classes the data path builds (bound by install: the launcher imports
 # this module for its names only, and should not load the whole stack)
@@ -149,6 +149,8 @@ _QP_STATE, _QP_AV, _QP_ALT_PATH, _QP_CAP = 1, 1 << 7, 1 << 14, 1 << 19
 _WC_WITH_IMM = 2
 _WR_SEND_WITH_INV, _WR_BIND_MW = 9, 8
 _IMM_OPS = frozenset({1, 3})  # IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND_WITH_IMM
+_INLINE_OPS = frozenset({0, 1, 2, 3, 9})  # WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, _INV
+_SEND_INLINE = 8
 
 _WC_STATUS = ("success", "local length error", "local QP operation error",
               "local EE context operation error", "local protection error",
@@ -297,7 +299,7 @@ class QpRec:
     SGE limits (checked before the program's SGE arrays are read)."""
 
     __slots__ = ("qp", "struct", "mem", "max_send_sge", "max_recv_sge", "ud", "post_send",
-                 "post_recv")
+                 "post_recv", "inline_lkey")
 
     def __init__(self, qp: Any, struct: Any, mem: Any) -> None:
         self.qp, self.struct, self.mem = qp, struct, mem
@@ -306,6 +308,7 @@ class QpRec:
         self.ud = int(qp.qp_type) == 4
         self.post_send = qp.impl.post_send
         self.post_recv = qp.impl.post_recv
+        self.inline_lkey: int | None = None  # (verbs.inline_lkey, on the first inline WR)
 
 
 class SrqRec:
@@ -604,6 +607,15 @@ def _sges(sg: Any, n: int) -> list:
     return out
 
 
+def _inline_sges(sg: Any, n: int, rec: "QpRec") -> list:
+    """An inline WR's SGEs, read through the PD's inline lkey (their own lkeys are
+    ignored, as libibverbs does)."""
+    key = rec.inline_lkey
+    if key is None:
+        key = rec.inline_lkey = inline_lkey(rec.qp.pd)
+    return [SGE(e.addr, e.length, key) for e in (sg[j] for j in range(n))]
+
+
 def _send_wr(w: Any, rec: QpRec) -> Any:
     """One ``struct ibv_send_wr`` as a verbs_api SendWR (the SGE count checked before the
     program's array is read: a count past the QP's limit is EINVAL, as rxe says)."""
@@ -618,7 +630,14 @@ def _send_wr(w: Any, rec: QpRec) -> Any:
     elif op == _WR_BIND_MW:
         raise Errno(EOPNOTSUPP, "ibv_post_send: IBV_WR_BIND_MW is not supported by "
                                 "softrdma exec yet")
-    wr = SendWR(w.wr_id, op, n, imm, _sges(w.sg_list, n) if n else (), w.send_flags)
+    flags = w.send_flags
+    if not n:
+        sges: Any = ()
+    elif flags & _SEND_INLINE and op in _INLINE_OPS:
+        sges = _inline_sges(w.sg_list, n, rec)
+    else:
+        sges = _sges(w.sg_list, n)
+    wr = SendWR(w.wr_id, op, n, imm, sges, flags)
     u = w.wr
     if rec.ud:
         wr.ah = ah_of(u.ud.ah)
