@@ -112,7 +112,8 @@ def test_verbs_checks_program(tmp_path):
     program's own malloc'd buffers (the MR is its memory, no copy); SEND_WITH_IMM carries
     imm_data in network order; IBV_SEND_INLINE data comes from unregistered memory with
     lkey 0 (libibverbs ignores an inline SGE's lkey); a chain whose second WR has too many SGEs fails with EINVAL
-    and bad_wr at that WR while the first is posted; a wrong lkey completes with
+    and bad_wr at that WR while the first is posted, and a chain looping on itself stops at
+    the queue's depth with ENOMEM instead of hanging; a wrong lkey completes with
     IBV_WC_LOC_PROT_ERR, as rxe; ibv_dealloc_pd with MRs and ibv_destroy_cq with QPs are
     EBUSY; qp->state follows ibv_modify_qp; the channel fd is a real descriptor
     (O_NONBLOCK makes ibv_get_cq_event EAGAIN, poll() sees an armed completion)."""

@@ -299,12 +299,13 @@ class QpRec:
     SGE limits (checked before the program's SGE arrays are read)."""
 
     __slots__ = ("qp", "struct", "mem", "max_send_sge", "max_recv_sge", "ud", "post_send",
-                 "post_recv", "inline_lkey")
+                 "post_recv", "inline_lkey", "send_depth", "recv_depth")
 
     def __init__(self, qp: Any, struct: Any, mem: Any) -> None:
         self.qp, self.struct, self.mem = qp, struct, mem
         self.max_send_sge = qp.cap.max_send_sge
         self.max_recv_sge = qp.cap.max_recv_sge
+        self.send_depth, self.recv_depth = qp.cap.max_send_wr, qp.cap.max_recv_wr
         self.ud = int(qp.qp_type) == 4
         self.post_send = qp.impl.post_send
         self.post_recv = qp.impl.post_recv
@@ -658,14 +659,19 @@ def _recv_wr(w: Any, max_sge: int) -> Any:
     return RecvWR(w.wr_id, n, _sges(w.sg_list, n) if n else ())
 
 
-def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any) -> int:
+def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -> int:
     """Convert the chain until a WR fails, post what came before it; on a failure
-    ``*bad_wr`` is the first WR not posted and the errno is returned."""
+    ``*bad_wr`` is the first WR not posted and the errno is returned. A chain longer
+    than the queue (``depth``; a cycle, say) stops there: that WR is ENOMEM, the queue
+    being full, as it would be once the earlier ones are in."""
     ffi = shim.ffi
     wrs, ptrs = [], []
     failed = None
     w = wr
     while w:
+        if len(wrs) > depth:
+            failed = (errno.ENOMEM, w)
+            break
         try:
             wrs.append(convert(w, arg))
         except Errno as e:
@@ -910,7 +916,7 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_send: not a QP of softrdma exec")
-        return _post(wr, bad_wr, _send_wr, rec, rec.post_send)
+        return _post(wr, bad_wr, _send_wr, rec, rec.post_send, rec.send_depth)
 
     @ffi.def_extern(name="softrdma_post_recv")
     @guard("errno")
@@ -919,7 +925,7 @@ def install(ffi: Any, lib: Any) -> None:
         if rec is None:
             raise Errno(EINVAL, "ibv_post_recv: not a QP of softrdma exec")
         # (a QP with an SRQ has max_recv_sge 0: its receives go to the SRQ)
-        return _post(wr, bad_wr, _recv_wr, rec.max_recv_sge, rec.post_recv)
+        return _post(wr, bad_wr, _recv_wr, rec.max_recv_sge, rec.post_recv, rec.recv_depth)
 
     # ---- SRQs ----------------------------------------------------------------------------------
     @ffi.def_extern(name="ibv_create_srq")
@@ -982,4 +988,4 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _srqs.get(int(ffi.cast("uintptr_t", srq)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_srq_recv: not an SRQ of softrdma exec")
-        return _post(wr, bad_wr, _recv_wr, rec.max_sge, rec.srq.post_recv)
+        return _post(wr, bad_wr, _recv_wr, rec.max_sge, rec.srq.post_recv, rec.srq.max_wr)

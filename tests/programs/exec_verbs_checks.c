@@ -259,6 +259,23 @@ int main(void)
 		FAIL("bad_wr", "the WR before the bad one: wr_id %llu status %d",
 		     (unsigned long long)wc.wr_id, wc.status);
 	wr.next = NULL;
+	/* a chain that loops back on itself ends at the queue's depth: ENOMEM, no hang */
+	struct ibv_send_wr loop = wr;
+	loop.send_flags = 0;  /* unsignaled: what was posted completes silently */
+	loop.next = &loop;
+	bad = NULL;
+	r = ibv_post_send(qa, &loop, &bad);
+	if (r != ENOMEM || bad != &loop)
+		FAIL("bad_wr", "a cyclic chain returned %d (ENOMEM is %d)", r, ENOMEM);
+	/* the queue drains as the device moves (poll_cq drives it) */
+	wr.wr_id = 24;
+	for (long i = 0; (r = ibv_post_send(qa, &wr, &bad)) == ENOMEM; i++) {
+		ibv_poll_cq(cq, 1, &wc);
+		if (i > 100000000L)
+			FAIL("bad_wr", "the send queue never drained");
+	}
+	if (r || (wc = wait_wc("bad_wr")).wr_id != 24 || wc.status != IBV_WC_SUCCESS)
+		FAIL("bad_wr", "after the cyclic chain: %d", r);
 	OK("bad_wr");
 
 	/* a completion event: arm, post, the channel's fd becomes readable (poll), the event
