@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -17,23 +18,63 @@ from pathlib import Path
 
 import pytest
 
+from softrdma.exec.build import library_path
+
 from .conftest import require_tool
 
 SOFT = [sys.executable, "-m", "softrdma"]
 PROGRAMS = Path(__file__).parent / "programs"
-_port = iter(range(18600, 18700))
+
+
+def _free_port() -> str:
+    """A TCP port nothing uses now (the pingpong servers listen on every address: a fixed
+    port could collide with another test's)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return str(s.getsockname()[1])
 
 
 def _exec(addr: str, *argv: str) -> list[str]:
     return SOFT + ["exec", "--addr", addr, "--", *argv]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _library_built():
+    """Build the preload library once, before two launchers would build it at once."""
+    library_path()
+
+
+def _listening(port: int) -> bool:
+    """Some socket of this machine listens on TCP ``port`` (/proc/net/tcp: a connect
+    attempt would take the server's only accept)."""
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                for line in f.readlines()[1:]:
+                    local, state = line.split()[1], line.split()[3]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        return True
+        except OSError:
+            pass
+    return False
+
+
+def _wait_listening(proc: subprocess.Popen, port: str, timeout: float = 60.0) -> None:
+    """Until the server ``proc`` listens on ``port`` (its interpreter and device take a
+    moment to start, more under load); fails if it exits or never does."""
+    deadline = time.monotonic() + timeout
+    while not _listening(int(port)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"nothing listens on port {port}"
+        time.sleep(0.05)
+
+
 def _pair(server: list[str], client: list[str]) -> tuple[subprocess.CompletedProcess, tuple]:
-    """Start ``server``, then ``client`` (which retries its TCP connect for a while, as
-    the pingpongs do not), and wait for both."""
+    """Start ``server``, then, once it listens (the port is the argument after ``-p``),
+    ``client``; wait for both."""
     srv = subprocess.Popen(server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)  # the server's interpreter starts and it listens
+        _wait_listening(srv, server[server.index("-p") + 1])
         cli = subprocess.run(client, capture_output=True, text=True, timeout=90)
         out, err = srv.communicate(timeout=90)
     finally:
@@ -62,7 +103,7 @@ def test_debian_pingpongs_run_between_two_exec_programs(kind, extra):
     ibv_get_cq_event on the channel while the device's progress thread delivers."""
     prog = f"ibv_{kind}_pingpong"
     require_tool(prog)
-    port = str(next(_port))
+    port = _free_port()
     n = 5
     args = [prog, "-g", "1", "-n", str(n), "-p", port, *extra]
     cli, (src, sout, serr) = _pair(_exec("127.0.1.11", *args),
@@ -81,7 +122,7 @@ def test_rc_pingpong_against_softrdma_pingpong(c_role):
     Python API): the C program's QP, MR and CQ interoperate with softrdma's own tool in
     either role -- the exchange, the GIDs, the PSNs and the messages are the same."""
     require_tool("ibv_rc_pingpong")
-    port = str(next(_port))
+    port = _free_port()
 
     def c(addr, *peer):
         return _exec(addr, "ibv_rc_pingpong", "-g", "1", "-n", "5", "-p", port, *peer)
@@ -139,13 +180,13 @@ def test_a_killed_exec_program_fails_its_peers_sends_in_bounded_time():
     retries are spent: timeout 14 (67 ms) and retry_cnt 3 bound it to about 0.3 s plus the
     peer's own scheduling; the assertion allows a generous 60 s, never a hang."""
     require_tool("ibv_rc_pingpong")
-    port = str(next(_port))
+    port = _free_port()
     victim = subprocess.Popen(_exec("127.0.1.16", "ibv_rc_pingpong", "-g", "1", "-n",
                                     "1000000", "-p", port),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     survivor = None
     try:
-        time.sleep(1.0)
+        _wait_listening(victim, port)
         survivor = subprocess.Popen([sys.executable, str(PROGRAMS / "exec_rc_survivor.py"),
                                      port, "127.0.1.16"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
