@@ -160,13 +160,13 @@ _WC_STATUS = ("success", "local length error", "local QP operation error",
               "exceeded", "RNR retry counter exceeded", "local RDD violation error",
               "remote invalid RD request", "aborted error", "invalid EE context number",
               "invalid EE context state", "fatal error", "response timeout error",
-              "general error", "TM error", "TM rendezvous error")
+              "general error", "TM error", "TM software rendezvous")
 _EVENT_TYPE = ("CQ error", "local work queue catastrophic error", "invalid request local "
                "work queue error", "local access violation work queue error",
                "communication established", "send queue drained", "path migrated",
                "path migration request error", "local catastrophic error", "port active",
-               "port error", "LID change", "P_Key change", "SM change", "SRQ limit reached",
-               "SRQ catastrophic error", "last WQE reached", "client reregistration",
+               "port error", "LID change", "P_Key change", "SM change", "SRQ catastrophic error",
+               "SRQ limit reached", "last WQE reached", "client reregistration",
                "GID table change", "WQ fatal")
 
 
