@@ -191,8 +191,9 @@ class EventFd:
         with self._lock:
             if self.closed:
                 return
+            was_empty = not self._items
             self._items.append(item)
-            if not self._up:
+            if was_empty or not self._up:  # (an eventfd's read clears it however high)
                 os.eventfd_write(self.fd, 1)
                 self._up = True
 
@@ -202,10 +203,21 @@ class EventFd:
             if not self._items:
                 return None
             item = self._items.popleft()
-            if not self._items and self._up:
-                os.eventfd_read(self.fd)  # the counter is 1: returns at once
-                self._up = False
+            if not self._items:
+                self._lower()
             return item
+
+    def _lower(self) -> None:
+        """Make the fd unreadable (the queue is empty). Only a readable fd is read: the
+        program may have read it itself, or made it non-blocking, and this must never
+        block."""
+        if self._up:
+            self._up = False
+            try:
+                if select.select([self.fd], [], [], 0)[0]:
+                    os.eventfd_read(self.fd)
+            except OSError:
+                pass
 
     def drop_where(self, pred: Any) -> int:
         """Forget the events ``pred`` accepts (their object is gone); how many."""
@@ -213,9 +225,8 @@ class EventFd:
             keep = deque(i for i in self._items if not pred(i))
             n = len(self._items) - len(keep)
             self._items = keep
-            if not keep and self._up:
-                os.eventfd_read(self.fd)
-                self._up = False
+            if not keep:
+                self._lower()
             return n
 
     def nonblocking(self) -> bool:
