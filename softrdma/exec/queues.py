@@ -33,12 +33,19 @@ Public names for the other parts (the ``ext`` and ``cma`` helpers build on them)
   (``.qp`` the verbs_api QP); :func:`modify_qp` / :func:`query_qp` (the C verbs' bodies);
 * :func:`srq_of`, :func:`channel_of`; :func:`fill_wcs` / :func:`fill_wc` (``struct
   ibv_wc`` entries from softrdma WCs).
+* the records: ``CqRec.poll(n) -> (count, [WC])`` (the soft CQ's poll, progress
+  included), ``CqRec.struct``/``.channel``/``.unacked``; ``QpRec.post_send([SendWR])`` and
+  ``QpRec.post_recv([RecvWR])`` (raise PyverbsRDMAError with ``bad_wr_index``),
+  ``QpRec.struct`` (its ``state`` kept as libibverbs keeps it); ``SrqRec.srq``;
+  :class:`EventFd` for any other queue of events a program waits on through a descriptor.
 
 Structures this part declares for cffi (no other part may declare them again):
 ``ibv_cq``, ``ibv_comp_channel``, ``ibv_wc``, ``ibv_sge``, ``ibv_send_wr``,
 ``ibv_recv_wr``, ``ibv_qp``, ``ibv_qp_cap``, ``ibv_qp_init_attr``, ``ibv_qp_attr``,
-``ibv_srq``, ``ibv_srq_attr``, ``ibv_srq_init_attr``, ``ibv_async_event``, and the enums
-``ibv_wc_opcode``, ``ibv_qp_state``, ``ibv_qp_type``, ``ibv_mtu``, ``ibv_mig_state``.
+``ibv_srq``, ``ibv_srq_attr``, ``ibv_srq_init_attr``, ``ibv_async_event``, the enums
+``ibv_wc_opcode``, ``ibv_qp_state``, ``ibv_qp_type``, ``ibv_mtu``, ``ibv_mig_state`` (cffi
+refuses an enum's ``{...}`` twice) and the opaque ``struct ibv_wq``. The data path slots
+of ``struct ibv_context_ops`` are declared in devices.py (their callbacks here).
 """
 
 from __future__ import annotations
