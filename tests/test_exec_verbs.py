@@ -209,15 +209,3 @@ def test_a_killed_exec_program_fails_its_peers_sends_in_bounded_time():
         if survivor is not None:
             survivor.kill()
 
-
-def test_status_and_event_strings_are_libibverbs_own(tmp_path):
-    """ibv_wc_status_str and ibv_event_type_str (what pingpongs print for a failed
-    completion) answer under exec exactly what Debian's libibverbs answers, out-of-range
-    values included ("unknown")."""
-    exe = _compile(tmp_path, "exec_strings")
-    bare = subprocess.run([exe], capture_output=True, text=True, timeout=30)
-    assert bare.returncode == 0 and "transport retry counter exceeded" in bare.stdout
-    ours = subprocess.run(_exec("127.0.1.18", exe), capture_output=True, text=True,
-                          timeout=60)
-    assert ours.returncode == 0, ours.stderr
-    assert ours.stdout == bare.stdout

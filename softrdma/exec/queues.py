@@ -77,7 +77,7 @@ IMPLEMENTS = ("ibv_create_cq", "ibv_destroy_cq", "ibv_resize_cq", "ibv_create_co
               "ibv_destroy_comp_channel", "ibv_get_cq_event", "ibv_ack_cq_events",
               "ibv_get_async_event", "ibv_ack_async_event", "ibv_create_qp", "ibv_modify_qp",
               "ibv_query_qp", "ibv_destroy_qp", "ibv_create_srq", "ibv_modify_srq",
-              "ibv_query_srq", "ibv_destroy_srq", "ibv_wc_status_str", "ibv_event_type_str")
+              "ibv_query_srq", "ibv_destroy_srq")
 
 TYPES = """
     struct ibv_wq;
@@ -158,23 +158,6 @@ _WR_SEND_WITH_INV, _WR_BIND_MW = 9, 8
 _IMM_OPS = frozenset({1, 3})  # IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND_WITH_IMM
 _INLINE_OPS = frozenset({0, 1, 2, 3, 9})  # WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, _INV
 _SEND_INLINE = 8
-
-_WC_STATUS = ("success", "local length error", "local QP operation error",
-              "local EE context operation error", "local protection error",
-              "Work Request Flushed Error", "memory management operation error",
-              "bad response error", "local access error", "remote invalid request error",
-              "remote access error", "remote operation error", "transport retry counter "
-              "exceeded", "RNR retry counter exceeded", "local RDD violation error",
-              "remote invalid RD request", "aborted error", "invalid EE context number",
-              "invalid EE context state", "fatal error", "response timeout error",
-              "general error", "TM error", "TM software rendezvous")
-_EVENT_TYPE = ("CQ error", "local work queue catastrophic error", "invalid request local "
-               "work queue error", "local access violation work queue error",
-               "communication established", "send queue drained", "path migrated",
-               "path migration request error", "local catastrophic error", "port active",
-               "port error", "LID change", "P_Key change", "SM change", "SRQ catastrophic error",
-               "SRQ limit reached", "last WQE reached", "client reregistration",
-               "GID table change", "WQ fatal")
 
 
 def _bswap32(v: int) -> int:
@@ -761,15 +744,6 @@ def _on_close(ctx: Any, c: Any) -> None:
 
 
 _lib: Any = None
-_strings: dict[str, Any] = {}
-
-
-def _cstr(s: str) -> Any:
-    """A C string that lives as long as the library (the *_str verbs return them)."""
-    p = _strings.get(s)
-    if p is None:
-        p = _strings[s] = shim.ffi.new("char[]", s.encode())
-    return p
 
 
 def install(ffi: Any, lib: Any) -> None:
@@ -897,15 +871,7 @@ def install(ffi: Any, lib: Any) -> None:
     def ibv_ack_async_event(event: Any) -> None:
         pass  # nothing waits for the acks: destroying an object never blocks here
 
-    @ffi.def_extern(name="ibv_wc_status_str")
-    @guard(NULL)
-    def ibv_wc_status_str(status: int) -> Any:
-        return _cstr(_WC_STATUS[status] if 0 <= status < len(_WC_STATUS) else "unknown")
-
-    @ffi.def_extern(name="ibv_event_type_str")
-    @guard(NULL)
-    def ibv_event_type_str(ev: int) -> Any:
-        return _cstr(_EVENT_TYPE[ev] if 0 <= ev < len(_EVENT_TYPE) else "unknown")
+    # ibv_wc_status_str / ibv_event_type_str: softrdma.exec.misc (enum_strs.c's tables)
 
     # ---- QPs ----------------------------------------------------------------------------------
     @ffi.def_extern(name="ibv_create_qp")
