@@ -181,11 +181,11 @@ class EventFd:
         with self._lock:
             if self.closed:
                 return
-            was_empty = not self._items
             self._items.append(item)
-            if was_empty or not self._up:  # (an eventfd's read clears it however high)
-                os.eventfd_write(self.fd, 1)
-                self._up = True
+            # every event writes (an edge for EPOLLET waiters, as each event of a uverbs
+            # file is new data); one read clears the counter however high
+            os.eventfd_write(self.fd, 1)
+            self._up = True
 
     def get(self) -> Any | None:
         """The oldest event, or None (never blocks)."""
