@@ -209,3 +209,33 @@ def test_a_killed_exec_program_fails_its_peers_sends_in_bounded_time():
         if survivor is not None:
             survivor.kill()
 
+
+
+def test_a_program_asleep_in_poll_on_its_channel_fd_is_woken_by_the_device(tmp_path):
+    """tests/programs/exec_fd_wait.c arms its CQ and sleeps in poll() on the completion
+    channel's descriptor, in C, calling no verb: the SEND a peer process makes meanwhile
+    is delivered by the soft device's progress thread alone (the program holds no GIL
+    while it sleeps), which makes the eventfd readable; then ibv_get_cq_event and
+    ibv_poll_cq give the completion and the program's buffer holds the bytes."""
+    exe = _compile(tmp_path, "exec_fd_wait")
+    prog = subprocess.Popen(_exec("127.0.1.19", exe), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peer = subprocess.Popen([sys.executable, str(PROGRAMS / "exec_fd_peer.py"),
+                             "woken by the progress thread"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SOFTRDMA_IP": "127.0.1.20"})
+    try:
+        for src, dst in ((prog, peer), (peer, prog), (prog, peer)):  # address, address, ready
+            line = src.stdout.readline()
+            assert line, src.communicate(timeout=30)
+            dst.stdin.write(line)
+            dst.stdin.flush()
+        pout, perr = peer.communicate(timeout=120)
+        assert peer.returncode == 0 and pout.strip() == "sent", pout + perr
+        out, err = prog.communicate(timeout=120)
+        assert prog.returncode == 0, out + err
+        assert out.strip() == "OK 28 woken by the progress thread", out + err
+    finally:
+        prog.kill()
+        peer.kill()
