@@ -665,7 +665,14 @@ def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -
     ``*bad_wr`` is the first WR not posted and the errno is returned. A chain longer
     than the queue (``depth``; a cycle, say) stops there: that WR is ENOMEM, the queue
     being full, as it would be once the earlier ones are in."""
-    ffi = shim.ffi
+    if wr and not wr.next:  # one WR, the common case: no lists to walk
+        try:
+            post([convert(wr, arg)])
+        except OSError as e:
+            if bad_wr:
+                bad_wr[0] = wr
+            return getattr(e, "error_code", None) or e.errno or EINVAL
+        return 0
     wrs, ptrs = [], []
     failed = None
     w = wr
@@ -684,12 +691,11 @@ def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -
         try:
             post(wrs)
         except OSError as e:
-            i = getattr(e, "bad_wr_index", 0)
-            if bad_wr != ffi.NULL:
-                bad_wr[0] = ptrs[i]
+            if bad_wr:
+                bad_wr[0] = ptrs[getattr(e, "bad_wr_index", 0)]
             return getattr(e, "error_code", None) or e.errno or EINVAL
     if failed is not None:
-        if bad_wr != ffi.NULL:
+        if bad_wr:
             bad_wr[0] = failed[1]
         return failed[0]
     return 0
