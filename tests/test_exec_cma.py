@@ -133,8 +133,10 @@ def test_rdma_getaddrinfo_as_librdmacm_answers():
 
 def test_misuse_gets_librdmacms_errno_and_the_program_lives():
     """Calls the id's state does not allow, addresses of the wrong family or of no
-    device, pointers that are not the library's: -1 with the errno (EINVAL, ENODEV,
-    EOPNOTSUPP for multicast, which softrdma's rdma_cm lacks), never a crash."""
+    device, pointers that are not the library's, options of the wrong size or level, an
+    ECE without a vendor: -1 with the errno librdmacm and the kernel give (EINVAL, ENODEV,
+    ENOSYS; EOPNOTSUPP for multicast, which softrdma's rdma_cm lacks), never a crash. The
+    peer's ECE is all zeros: rxe has none to offer."""
     r = _run(SERVER, "/usr/bin/python3", PROGRAM, "misuse", SERVER)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
@@ -142,7 +144,9 @@ def test_misuse_gets_librdmacms_errno_and_the_program_lives():
         "bind unknown address -1 ENODEV", "listen on a freed id -1 EINVAL",
         "connect without QP or param -1 EINVAL", "disconnect unconnected -1 EINVAL",
         "ack of a non-event -1 EINVAL", "get_request on an async id -1 EINVAL",
-        "join multicast -1 ENOTSUP", "alive"]
+        "join multicast -1 ENOTSUP", "set TOS 0 ", "set TOS, optlen 4 -1 EINVAL",
+        "set option of level 7 -1 ENOSYS", "set local ECE without vendor -1 EINVAL",
+        "set local ECE 0 ", "get remote ECE 0 ", "remote ECE [0, 0, 0]", "alive"]
     assert "Traceback" not in r.stderr
 
 
@@ -211,3 +215,44 @@ def test_rdma_server_and_rdma_client_synchronous_endpoints():
                      ["rdma_client", "-s", SERVER, "-p", port])
     assert srv.splitlines()[-2:] == ["rdma_server: start", "rdma_server: end 0"], srv
     assert cli.splitlines()[-2:] == ["rdma_client: start", "rdma_client: end 0"], cli
+
+
+@pytest.mark.parametrize("exec_role", ["client", "server"])
+def test_rping_against_softrdmas_own_rping(exec_role):
+    """One end Debian's rping under softrdma exec, the other softrdma's Python rping (the
+    same protocol, on softrdma's rdma_cm directly): three pings either way round, the
+    same data on both sides."""
+    port = "7486" if exec_role == "client" else "7487"
+    py = [sys.executable, "-m", "softrdma", "rping"]
+    if exec_role == "client":
+        # -d: the Python server says "rdma_listen" (flushed) just before it listens
+        srv = subprocess.Popen(py + ["-s", "-v", "-d", "-a", SERVER, "-p", port],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**_env(), "SOFTRDMA_IP": SERVER})
+    else:
+        srv = _start(SERVER, "rping", "-s", "-v", "-a", SERVER, "-p", port)
+    try:
+        if exec_role == "client":
+            while "rdma_listen" not in (line := srv.stdout.readline()):
+                assert line, srv.communicate()
+            deadline = time.monotonic() + 30
+            while True:  # a request in the instant before listen() is rejected: again
+                cli = _run(CLIENT, "rping", "-c", "-v", "-C", "3", "-a", SERVER, "-p", port)
+                if cli.returncode == 0 or time.monotonic() > deadline or \
+                        "REJECTED" not in cli.stdout + cli.stderr:
+                    break
+        else:
+            _wait_listening(srv)
+            cli = subprocess.run(py + ["-c", "-v", "-C", "3", "-a", SERVER, "-p", port],
+                                 capture_output=True, text=True, timeout=TIMEOUT,
+                                 env={**_env(), "SOFTRDMA_IP": CLIENT})
+        out, err = srv.communicate(timeout=TIMEOUT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert cli.returncode == 0, (cli.stdout, cli.stderr)
+    assert srv.returncode == 0, (out, err)
+    pings = _ping_lines(cli.stdout, "ping data: ")
+    assert len(pings) == 3 and pings[0].startswith("rdma-ping-0: ABCDEFG"), cli.stdout
+    assert _ping_lines(out, "server ping data: ") == pings, out
