@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -17,23 +18,63 @@ from pathlib import Path
 
 import pytest
 
+from softrdma.exec.build import library_path
+
 from .conftest import require_tool
 
 SOFT = [sys.executable, "-m", "softrdma"]
 PROGRAMS = Path(__file__).parent / "programs"
-_port = iter(range(18600, 18700))
+
+
+def _free_port() -> str:
+    """A TCP port nothing uses now (the pingpong servers listen on every address: a fixed
+    port could collide with another test's)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return str(s.getsockname()[1])
 
 
 def _exec(addr: str, *argv: str) -> list[str]:
     return SOFT + ["exec", "--addr", addr, "--", *argv]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _library_built():
+    """Build the preload library once, before two launchers would build it at once."""
+    library_path()
+
+
+def _listening(port: int) -> bool:
+    """Some socket of this machine listens on TCP ``port`` (/proc/net/tcp: a connect
+    attempt would take the server's only accept)."""
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                for line in f.readlines()[1:]:
+                    local, state = line.split()[1], line.split()[3]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        return True
+        except OSError:
+            pass
+    return False
+
+
+def _wait_listening(proc: subprocess.Popen, port: str, timeout: float = 60.0) -> None:
+    """Until the server ``proc`` listens on ``port`` (its interpreter and device take a
+    moment to start, more under load); fails if it exits or never does."""
+    deadline = time.monotonic() + timeout
+    while not _listening(int(port)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"nothing listens on port {port}"
+        time.sleep(0.05)
+
+
 def _pair(server: list[str], client: list[str]) -> tuple[subprocess.CompletedProcess, tuple]:
-    """Start ``server``, then ``client`` (which retries its TCP connect for a while, as
-    the pingpongs do not), and wait for both."""
+    """Start ``server``, then, once it listens (the port is the argument after ``-p``),
+    ``client``; wait for both."""
     srv = subprocess.Popen(server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)  # the server's interpreter starts and it listens
+        _wait_listening(srv, server[server.index("-p") + 1])
         cli = subprocess.run(client, capture_output=True, text=True, timeout=90)
         out, err = srv.communicate(timeout=90)
     finally:
@@ -62,7 +103,7 @@ def test_debian_pingpongs_run_between_two_exec_programs(kind, extra):
     ibv_get_cq_event on the channel while the device's progress thread delivers."""
     prog = f"ibv_{kind}_pingpong"
     require_tool(prog)
-    port = str(next(_port))
+    port = _free_port()
     n = 5
     args = [prog, "-g", "1", "-n", str(n), "-p", port, *extra]
     cli, (src, sout, serr) = _pair(_exec("127.0.1.11", *args),
@@ -81,7 +122,7 @@ def test_rc_pingpong_against_softrdma_pingpong(c_role):
     Python API): the C program's QP, MR and CQ interoperate with softrdma's own tool in
     either role -- the exchange, the GIDs, the PSNs and the messages are the same."""
     require_tool("ibv_rc_pingpong")
-    port = str(next(_port))
+    port = _free_port()
 
     def c(addr, *peer):
         return _exec(addr, "ibv_rc_pingpong", "-g", "1", "-n", "5", "-p", port, *peer)
@@ -110,8 +151,10 @@ def test_verbs_checks_program(tmp_path):
     """A libibverbs program of our own (tests/programs/exec_verbs_checks.c), compiled
     against Debian's headers: its RDMA WRITE lands in, and its RDMA READ reads, the
     program's own malloc'd buffers (the MR is its memory, no copy); SEND_WITH_IMM carries
-    imm_data in network order; a chain whose second WR has too many SGEs fails with EINVAL
-    and bad_wr at that WR while the first is posted; a wrong lkey completes with
+    imm_data in network order; IBV_SEND_INLINE data comes from unregistered memory with
+    lkey 0 (libibverbs ignores an inline SGE's lkey); a chain whose second WR has too many SGEs fails with EINVAL
+    and bad_wr at that WR while the first is posted, and a chain looping on itself stops at
+    the queue's depth with ENOMEM instead of hanging; a wrong lkey completes with
     IBV_WC_LOC_PROT_ERR, as rxe; ibv_dealloc_pd with MRs and ibv_destroy_cq with QPs are
     EBUSY; qp->state follows ibv_modify_qp; the channel fd is a real descriptor
     (O_NONBLOCK makes ibv_get_cq_event EAGAIN, poll() sees an armed completion)."""
@@ -120,10 +163,61 @@ def test_verbs_checks_program(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     oks = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("OK ")]
     assert oks == ["reg_mr", "dealloc_pd_busy", "channel_nonblock", "qp_state", "rdma_write",
-                   "rdma_read", "send_imm", "bad_wr", "cq_event", "bad_lkey",
+                   "rdma_read", "send_imm", "inline", "atomics", "bad_wr", "cq_event", "resize_cq",
+                   "rereg_mr", "srq_limit", "ud_ah_from_wc", "bad_lkey",
                    "destroy_busy", "teardown"], r.stdout + r.stderr
     assert "not supported by softrdma" not in r.stderr
     # without softrdma the same binary finds no device at all
     bare = subprocess.run([exe], capture_output=True, text=True, timeout=30,
                           env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
     assert bare.returncode != 0 and "OK reg_mr" not in bare.stdout
+
+
+def test_a_killed_exec_program_fails_its_peers_sends_in_bounded_time():
+    """Debian's ibv_rc_pingpong server under exec takes three messages, then is killed
+    (SIGKILL: no teardown, its softrdma device vanishes with the process). The peer's next
+    SEND is never acknowledged and completes with IBV_WC_RETRY_EXC_ERR once the QP's
+    retries are spent: timeout 14 (67 ms) and retry_cnt 3 bound it to about 0.3 s plus the
+    peer's own scheduling; the assertion allows a generous 60 s, never a hang."""
+    require_tool("ibv_rc_pingpong")
+    port = _free_port()
+    victim = subprocess.Popen(_exec("127.0.1.16", "ibv_rc_pingpong", "-g", "1", "-n",
+                                    "1000000", "-p", port),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    survivor = None
+    try:
+        _wait_listening(victim, port)
+        survivor = subprocess.Popen([sys.executable, str(PROGRAMS / "exec_rc_survivor.py"),
+                                     port, "127.0.1.16"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, "SOFTRDMA_IP": "127.0.1.17"})
+        line = survivor.stdout.readline()
+        assert line == "sent 3\n", line + survivor.stderr.read()
+        victim.kill()
+        victim.wait(timeout=30)
+        survivor.stdin.write("go\n")
+        survivor.stdin.flush()
+        out, err = survivor.communicate(timeout=180)
+        assert survivor.returncode == 0, out + err
+        m = re.match(r"status (\d+) after (\d+\.\d+) s$", out.strip())
+        assert m, out + err
+        assert int(m.group(1)) == 12  # IBV_WC_RETRY_EXC_ERR
+        assert float(m.group(2)) < 60
+    finally:
+        victim.kill()
+        if survivor is not None:
+            survivor.kill()
+
+
+def test_status_and_event_strings_are_libibverbs_own(tmp_path):
+    """ibv_wc_status_str and ibv_event_type_str (what pingpongs print for a failed
+    completion) answer under exec exactly what Debian's libibverbs answers, out-of-range
+    values included ("unknown")."""
+    exe = _compile(tmp_path, "exec_strings")
+    bare = subprocess.run([exe], capture_output=True, text=True, timeout=30)
+    assert bare.returncode == 0 and "transport retry counter exceeded" in bare.stdout
+    ours = subprocess.run(_exec("127.0.1.18", exe), capture_output=True, text=True,
+                          timeout=60)
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stdout == bare.stdout

@@ -176,8 +176,16 @@ def install(ffi: Any, lib: Any) -> None:
         ptr = ffi.addressof(vctx, "context")
         handles.add("context", ptr, c)
         _contexts[shim.address(ptr)] = (vctx, (r, w))
-        for fn in ON_OPEN:
-            fn(ptr, c)
+        try:
+            for fn in ON_OPEN:
+                fn(ptr, c)
+        except BaseException:  # no half-made context left behind
+            handles.release("context", ptr)
+            _contexts.pop(shim.address(ptr))
+            c.close()
+            os.close(r)
+            os.close(w)
+            raise
         return ptr
 
     @ffi.def_extern(name="ibv_close_device")

@@ -31,8 +31,8 @@ Public names for the other parts (the ``ext`` and ``cma`` helpers build on them)
   :func:`make_qp` with the attributes as Python values and ``ctype`` (``"struct
   ibv_qp_ex"``: starts with ``struct ibv_qp``); :func:`qp_of` -> :class:`QpRec`
   (``.qp`` the verbs_api QP); :func:`modify_qp` / :func:`query_qp` (the C verbs' bodies);
-* :func:`srq_of`, :func:`channel_of`; :func:`fill_wc` (one ``struct ibv_wc`` from a
-  softrdma WC).
+* :func:`srq_of`, :func:`channel_of`; :func:`fill_wcs` / :func:`fill_wc` (``struct
+  ibv_wc`` entries from softrdma WCs).
 
 Structures this part declares for cffi (no other part may declare them again):
 ``ibv_cq``, ``ibv_comp_channel``, ``ibv_wc``, ``ibv_sge``, ``ibv_send_wr``,
@@ -53,12 +53,18 @@ from typing import Any
 
 from . import devices, shim
 from .shim import Errno, guard, handles
-from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, pd_of, \
-    ptr_of, remember
+from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, inline_lkey, \
+    pd_of, ptr_of, remember
+
+# the verbs_api record classes the data path builds (bound by install: the launcher imports
+# this module for its names only, and should not load the whole stack)
+SendWR: Any = None
+RecvWR: Any = None
+SGE: Any = None
 
 __all__ = ["IMPLEMENTS", "TYPES", "CALLBACKS", "install", "EventFd", "CqRec", "QpRec",
            "create_cq", "cq_of", "create_qp", "make_qp", "qp_of", "modify_qp", "query_qp",
-           "srq_of", "channel_of", "fill_wc"]
+           "srq_of", "channel_of", "fill_wc", "fill_wcs"]
 
 IMPLEMENTS = ("ibv_create_cq", "ibv_destroy_cq", "ibv_resize_cq", "ibv_create_comp_channel",
               "ibv_destroy_comp_channel", "ibv_get_cq_event", "ibv_ack_cq_events",
@@ -143,6 +149,8 @@ _QP_STATE, _QP_AV, _QP_ALT_PATH, _QP_CAP = 1, 1 << 7, 1 << 14, 1 << 19
 _WC_WITH_IMM = 2
 _WR_SEND_WITH_INV, _WR_BIND_MW = 9, 8
 _IMM_OPS = frozenset({1, 3})  # IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND_WITH_IMM
+_INLINE_OPS = frozenset({0, 1, 2, 3, 9})  # WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, _INV
+_SEND_INLINE = 8
 
 _WC_STATUS = ("success", "local length error", "local QP operation error",
               "local EE context operation error", "local protection error",
@@ -152,13 +160,13 @@ _WC_STATUS = ("success", "local length error", "local QP operation error",
               "exceeded", "RNR retry counter exceeded", "local RDD violation error",
               "remote invalid RD request", "aborted error", "invalid EE context number",
               "invalid EE context state", "fatal error", "response timeout error",
-              "general error", "TM error", "TM rendezvous error")
+              "general error", "TM error", "TM software rendezvous")
 _EVENT_TYPE = ("CQ error", "local work queue catastrophic error", "invalid request local "
                "work queue error", "local access violation work queue error",
                "communication established", "send queue drained", "path migrated",
                "path migration request error", "local catastrophic error", "port active",
-               "port error", "LID change", "P_Key change", "SM change", "SRQ limit reached",
-               "SRQ catastrophic error", "last WQE reached", "client reregistration",
+               "port error", "LID change", "P_Key change", "SM change", "SRQ catastrophic error",
+               "SRQ limit reached", "last WQE reached", "client reregistration",
                "GID table change", "WQ fatal")
 
 
@@ -183,8 +191,9 @@ class EventFd:
         with self._lock:
             if self.closed:
                 return
+            was_empty = not self._items
             self._items.append(item)
-            if not self._up:
+            if was_empty or not self._up:  # (an eventfd's read clears it however high)
                 os.eventfd_write(self.fd, 1)
                 self._up = True
 
@@ -194,10 +203,21 @@ class EventFd:
             if not self._items:
                 return None
             item = self._items.popleft()
-            if not self._items and self._up:
-                os.eventfd_read(self.fd)  # the counter is 1: returns at once
-                self._up = False
+            if not self._items:
+                self._lower()
             return item
+
+    def _lower(self) -> None:
+        """Make the fd unreadable (the queue is empty). Only a readable fd is read: the
+        program may have read it itself, or made it non-blocking, and this must never
+        block."""
+        if self._up:
+            self._up = False
+            try:
+                if select.select([self.fd], [], [], 0)[0]:
+                    os.eventfd_read(self.fd)
+            except OSError:
+                pass
 
     def drop_where(self, pred: Any) -> int:
         """Forget the events ``pred`` accepts (their object is gone); how many."""
@@ -205,9 +225,8 @@ class EventFd:
             keep = deque(i for i in self._items if not pred(i))
             n = len(self._items) - len(keep)
             self._items = keep
-            if not keep and self._up:
-                os.eventfd_read(self.fd)
-                self._up = False
+            if not keep:
+                self._lower()
             return n
 
     def nonblocking(self) -> bool:
@@ -291,15 +310,17 @@ class QpRec:
     SGE limits (checked before the program's SGE arrays are read)."""
 
     __slots__ = ("qp", "struct", "mem", "max_send_sge", "max_recv_sge", "ud", "post_send",
-                 "post_recv")
+                 "post_recv", "inline_lkey", "send_depth", "recv_depth")
 
     def __init__(self, qp: Any, struct: Any, mem: Any) -> None:
         self.qp, self.struct, self.mem = qp, struct, mem
         self.max_send_sge = qp.cap.max_send_sge
         self.max_recv_sge = qp.cap.max_recv_sge
+        self.send_depth, self.recv_depth = qp.cap.max_send_wr, qp.cap.max_recv_wr
         self.ud = int(qp.qp_type) == 4
         self.post_send = qp.impl.post_send
         self.post_recv = qp.impl.post_recv
+        self.inline_lkey: int | None = None  # (verbs.inline_lkey, on the first inline WR)
 
 
 class SrqRec:
@@ -395,23 +416,51 @@ def destroy_cq(ptr: Any) -> int:
     return 0
 
 
+#: struct ibv_wc's fields in the order :func:`fill_wcs` packs them, with their widths
+_WC_FIELDS = (("wr_id", "Q"), ("status", "I"), ("opcode", "I"), ("vendor_err", "I"),
+              ("byte_len", "I"), ("imm_data", "I"), ("qp_num", "I"), ("src_qp", "I"),
+              ("wc_flags", "I"), ("pkey_index", "H"), ("slid", "H"), ("sl", "B"),
+              ("dlid_path_bits", "B"))
+_wc_struct: Any = None  # a struct.Struct with the header's offsets (made by install)
+_WC_SIZE = 0
+
+
+def _wc_layout(ffi: Any) -> Any:
+    """A struct.Struct that writes a whole ``struct ibv_wc`` at once, its padding taken
+    from the installed header's offsets (one pack_into per completion, not 13 cffi
+    attribute stores)."""
+    import struct
+    fmt, at = "<", 0
+    for name, code in _WC_FIELDS:
+        off = ffi.offsetof("struct ibv_wc", name)
+        if off < at:
+            raise ValueError(f"struct ibv_wc.{name} at {off}: not in header order")
+        fmt += "x" * (off - at) + code
+        at = off + struct.calcsize("<" + code)
+    fmt += "x" * (ffi.sizeof("struct ibv_wc") - at)
+    return struct.Struct(fmt)
+
+
+def fill_wcs(wc: Any, wcs: list) -> None:
+    """Write softrdma WCs into the program's ``struct ibv_wc`` array (imm_data in network
+    order, as the program reads a __be32)."""
+    buf = shim.ffi.buffer(wc, _WC_SIZE * len(wcs))
+    pack = _wc_struct.pack_into
+    at = 0
+    for w in wcs:
+        flags = w.wc_flags
+        imm = w.imm_data
+        if flags & _WC_WITH_IMM:
+            imm = _bswap32(imm)
+        pack(buf, at, w.wr_id, w.status, w.opcode, w.vendor_err, w.byte_len, imm, w.qp_num,
+             w.src_qp, flags, w.pkey_index, w.slid, w.sl, w.dlid_path_bits)
+        at += _WC_SIZE
+
+
 def fill_wc(out: Any, w: Any) -> None:
-    """One ``struct ibv_wc`` from a softrdma WC (imm_data in network order, as the
-    program reads a __be32)."""
-    out.wr_id = w.wr_id
-    out.status = w.status
-    out.opcode = w.opcode
-    out.vendor_err = w.vendor_err
-    out.byte_len = w.byte_len
-    flags = w.wc_flags
-    out.imm_data = _bswap32(w.imm_data) if flags & _WC_WITH_IMM else w.imm_data
-    out.qp_num = w.qp_num
-    out.src_qp = w.src_qp
-    out.wc_flags = flags
-    out.pkey_index = w.pkey_index
-    out.slid = w.slid
-    out.sl = w.sl
-    out.dlid_path_bits = w.dlid_path_bits
+    """One ``struct ibv_wc`` (a pointer, or an element of an array) from a softrdma WC."""
+    ffi = shim.ffi
+    fill_wcs(out if ffi.typeof(out).kind == "pointer" else ffi.addressof(out), [w])
 
 
 # ---- QPs ------------------------------------------------------------------------------------
@@ -560,14 +609,28 @@ def destroy_qp(ptr: Any) -> int:
 # ---- work requests ------------------------------------------------------------------------
 
 def _sges(sg: Any, n: int) -> list:
-    from ..verbs_api import SGE
-    return [SGE(e.addr, e.length, e.lkey) for e in (sg[j] for j in range(n))]
+    if n == 1:  # the common case, without a loop
+        e = sg[0]
+        return [SGE(e.addr, e.length, e.lkey)]
+    out = []
+    for j in range(n):
+        e = sg[j]
+        out.append(SGE(e.addr, e.length, e.lkey))
+    return out
+
+
+def _inline_sges(sg: Any, n: int, rec: "QpRec") -> list:
+    """An inline WR's SGEs, read through the PD's inline lkey (their own lkeys are
+    ignored, as libibverbs does)."""
+    key = rec.inline_lkey
+    if key is None:
+        key = rec.inline_lkey = inline_lkey(rec.qp.pd)
+    return [SGE(e.addr, e.length, key) for e in (sg[j] for j in range(n))]
 
 
 def _send_wr(w: Any, rec: QpRec) -> Any:
     """One ``struct ibv_send_wr`` as a verbs_api SendWR (the SGE count checked before the
     program's array is read: a count past the QP's limit is EINVAL, as rxe says)."""
-    from ..verbs_api import SendWR
     n = w.num_sge
     if n < 0 or n > rec.max_send_sge:
         raise Errno(EINVAL, f"ibv_post_send: num_sge {n} exceeds max_send_sge "
@@ -579,7 +642,14 @@ def _send_wr(w: Any, rec: QpRec) -> Any:
     elif op == _WR_BIND_MW:
         raise Errno(EOPNOTSUPP, "ibv_post_send: IBV_WR_BIND_MW is not supported by "
                                 "softrdma exec yet")
-    wr = SendWR(w.wr_id, op, n, imm, _sges(w.sg_list, n) if n else (), w.send_flags)
+    flags = w.send_flags
+    if not n:
+        sges: Any = ()
+    elif flags & _SEND_INLINE and op in _INLINE_OPS:
+        sges = _inline_sges(w.sg_list, n, rec)
+    else:
+        sges = _sges(w.sg_list, n)
+    wr = SendWR(w.wr_id, op, n, imm, sges, flags)
     u = w.wr
     if rec.ud:
         wr.ah = ah_of(u.ud.ah)
@@ -593,24 +663,28 @@ def _send_wr(w: Any, rec: QpRec) -> Any:
     return wr
 
 
-def _recv_wr(w: Any, max_sge: int, what: str) -> Any:
-    from ..verbs_api import RecvWR
+def _recv_wr(w: Any, max_sge: int) -> Any:
     n = w.num_sge
     if n < 0 or n > max_sge:
-        raise Errno(EINVAL, f"{what}: num_sge {n} exceeds max_recv_sge {max_sge}")
+        raise Errno(EINVAL, f"post_recv: num_sge {n} exceeds the queue's max_sge {max_sge}")
     return RecvWR(w.wr_id, n, _sges(w.sg_list, n) if n else ())
 
 
-def _post(wr: Any, bad_wr: Any, convert: Any, post: Any) -> int:
+def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -> int:
     """Convert the chain until a WR fails, post what came before it; on a failure
-    ``*bad_wr`` is the first WR not posted and the errno is returned."""
+    ``*bad_wr`` is the first WR not posted and the errno is returned. A chain longer
+    than the queue (``depth``; a cycle, say) stops there: that WR is ENOMEM, the queue
+    being full, as it would be once the earlier ones are in."""
     ffi = shim.ffi
     wrs, ptrs = [], []
     failed = None
     w = wr
     while w:
+        if len(wrs) > depth:
+            failed = (errno.ENOMEM, w)
+            break
         try:
-            wrs.append(convert(w))
+            wrs.append(convert(w, arg))
         except Errno as e:
             failed = (e.error_code, w)
             break
@@ -693,9 +767,11 @@ def _cstr(s: str) -> Any:
 
 def install(ffi: Any, lib: Any) -> None:
     """Define this part's functions and hook the context's creation."""
-    global _lib
+    global _lib, SendWR, RecvWR, SGE, _wc_struct, _WC_SIZE
     _lib = lib
-    from ..verbs_api import SRQ, SrqAttr, SrqInitAttr
+    _wc_struct = _wc_layout(ffi)
+    _WC_SIZE = ffi.sizeof("struct ibv_wc")
+    from ..verbs_api import SRQ, SGE, RecvWR, SendWR, SrqAttr, SrqInitAttr
     devices.ON_OPEN.append(_on_open)
     devices.ON_CLOSE.append(_on_close)
     NULL = ffi.NULL
@@ -732,7 +808,7 @@ def install(ffi: Any, lib: Any) -> None:
         return handles.add("comp_channel", s, rec)
 
     @ffi.def_extern(name="ibv_destroy_comp_channel")
-    @guard(-1)
+    @guard("errno")
     def ibv_destroy_comp_channel(ch: Any) -> int:
         rec = channel_of(ch)
         if rec.cqs:
@@ -782,8 +858,8 @@ def install(ffi: Any, lib: Any) -> None:
             got, wcs = rec.poll(n)
         except OSError as e:
             raise _rdma_errno(e) from None
-        for i in range(got):
-            fill_wc(wc[i], wcs[i])
+        if got:
+            fill_wcs(wc, wcs)
         return got
 
     # ---- async events ----------------------------------------------------------------------
@@ -851,7 +927,7 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_send: not a QP of softrdma exec")
-        return _post(wr, bad_wr, lambda w: _send_wr(w, rec), rec.post_send)
+        return _post(wr, bad_wr, _send_wr, rec, rec.post_send, rec.send_depth)
 
     @ffi.def_extern(name="softrdma_post_recv")
     @guard("errno")
@@ -859,9 +935,8 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_recv: not a QP of softrdma exec")
-        m = rec.max_recv_sge if rec.struct.srq == NULL else 0
-        return _post(wr, bad_wr, lambda w: _recv_wr(w, max(m, 0), "ibv_post_recv"),
-                     rec.post_recv)
+        # (a QP with an SRQ has max_recv_sge 0: its receives go to the SRQ)
+        return _post(wr, bad_wr, _recv_wr, rec.max_recv_sge, rec.post_recv, rec.recv_depth)
 
     # ---- SRQs ----------------------------------------------------------------------------------
     @ffi.def_extern(name="ibv_create_srq")
@@ -924,5 +999,4 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _srqs.get(int(ffi.cast("uintptr_t", srq)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_srq_recv: not an SRQ of softrdma exec")
-        return _post(wr, bad_wr, lambda w: _recv_wr(w, rec.max_sge, "ibv_post_srq_recv"),
-                     rec.srq.post_recv)
+        return _post(wr, bad_wr, _recv_wr, rec.max_sge, rec.srq.post_recv, rec.srq.max_wr)

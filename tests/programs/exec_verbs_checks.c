@@ -37,7 +37,8 @@ static struct ibv_wc wait_wc(const char *name)
 static void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				   IBV_ACCESS_REMOTE_ATOMIC };
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 			  IBV_QP_ACCESS_FLAGS))
 		FAIL("modify_qp", "to INIT");
@@ -79,7 +80,8 @@ int main(void)
 	struct ibv_context *ctx = ibv_open_device(list[0]);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	char *a = calloc(1, SZ), *b = calloc(1, SZ);
-	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+		  IBV_ACCESS_REMOTE_ATOMIC;
 	struct ibv_mr *mra = ibv_reg_mr(pd, a, SZ, acc), *mrb = ibv_reg_mr(pd, b, SZ, acc);
 	if (!ctx || !pd || !mra || !mrb)
 		FAIL("setup", "open/alloc_pd/reg_mr failed (errno %d)", errno);
@@ -191,6 +193,53 @@ int main(void)
 		FAIL("send_imm", "completions %d", seen);
 	OK("send_imm");
 
+	/* inline data from memory no MR covers, with lkey 0: libibverbs ignores the lkey of
+	 * an IBV_SEND_INLINE WR */
+	char stackbuf[16];
+	for (int i = 0; i < 16; i++)
+		stackbuf[i] = (char)(0x40 + i);
+	rsge.addr = (uintptr_t)b;
+	rwr.wr_id = 22;
+	if ((r = ibv_post_recv(qb, &rwr, &rbad)))
+		FAIL("inline", "post_recv %d", r);
+	struct ibv_sge isge = { .addr = (uintptr_t)stackbuf, .length = 16, .lkey = 0 };
+	struct ibv_send_wr iwr = { .wr_id = 23, .sg_list = &isge, .num_sge = 1,
+		.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE };
+	if ((r = ibv_post_send(qa, &iwr, &bad)))
+		FAIL("inline", "post_send %d", r);
+	for (int k = 0; k < 2; k++)
+		if ((wc = wait_wc("inline")).status != IBV_WC_SUCCESS)
+			FAIL("inline", "status %d", wc.status);
+	if (memcmp(b, stackbuf, 16))
+		FAIL("inline", "the inline bytes did not arrive");
+	OK("inline");
+
+	/* FETCH_AND_ADD and CMP_AND_SWP on a 64-bit word of b: the old value lands in a */
+	uint64_t *word = (uint64_t *)(b + 256), *old = (uint64_t *)(a + 512);
+	*word = 5;
+	struct ibv_sge asge = { .addr = (uintptr_t)old, .length = 8, .lkey = mra->lkey };
+	struct ibv_send_wr awr = { .wr_id = 19, .sg_list = &asge, .num_sge = 1,
+		.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD, .send_flags = IBV_SEND_SIGNALED };
+	awr.wr.atomic.remote_addr = (uintptr_t)word;
+	awr.wr.atomic.rkey = mrb->rkey;
+	awr.wr.atomic.compare_add = 3;
+	if ((r = ibv_post_send(qa, &awr, &bad)))
+		FAIL("atomics", "post_send %d", r);
+	wc = wait_wc("atomics");
+	if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_FETCH_ADD || *old != 5 ||
+	    *word != 8)
+		FAIL("atomics", "fetch_add: status %d old %llu word %llu", wc.status,
+		     (unsigned long long)*old, (unsigned long long)*word);
+	awr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+	awr.wr.atomic.compare_add = 8;
+	awr.wr.atomic.swap = 0x1122334455667788ULL;
+	if ((r = ibv_post_send(qa, &awr, &bad)))
+		FAIL("atomics", "post_send %d", r);
+	wc = wait_wc("atomics");
+	if (wc.status != IBV_WC_SUCCESS || *old != 8 || *word != 0x1122334455667788ULL)
+		FAIL("atomics", "cmp_swp: status %d old %llu", wc.status, (unsigned long long)*old);
+	OK("atomics");
+
 	/* a chain whose second WR has more SGEs than the QP allows: EINVAL, bad_wr is the
 	 * second, the first is posted (and completes) */
 	struct ibv_sge sges[4] = { sge, sge, sge, sge };
@@ -210,6 +259,23 @@ int main(void)
 		FAIL("bad_wr", "the WR before the bad one: wr_id %llu status %d",
 		     (unsigned long long)wc.wr_id, wc.status);
 	wr.next = NULL;
+	/* a chain that loops back on itself ends at the queue's depth: ENOMEM, no hang */
+	struct ibv_send_wr loop = wr;
+	loop.send_flags = 0;  /* unsignaled: what was posted completes silently */
+	loop.next = &loop;
+	bad = NULL;
+	r = ibv_post_send(qa, &loop, &bad);
+	if (r != ENOMEM || bad != &loop)
+		FAIL("bad_wr", "a cyclic chain returned %d (ENOMEM is %d)", r, ENOMEM);
+	/* the queue drains as the device moves (poll_cq drives it) */
+	wr.wr_id = 24;
+	for (long i = 0; (r = ibv_post_send(qa, &wr, &bad)) == ENOMEM; i++) {
+		ibv_poll_cq(cq, 1, &wc);
+		if (i > 100000000L)
+			FAIL("bad_wr", "the send queue never drained");
+	}
+	if (r || (wc = wait_wc("bad_wr")).wr_id != 24 || wc.status != IBV_WC_SUCCESS)
+		FAIL("bad_wr", "after the cyclic chain: %d", r);
 	OK("bad_wr");
 
 	/* a completion event: arm, post, the channel's fd becomes readable (poll), the event
@@ -230,6 +296,169 @@ int main(void)
 	if (wc.wr_id != 16)
 		FAIL("cq_event", "wr_id %llu", (unsigned long long)wc.wr_id);
 	OK("cq_event");
+
+	/* ibv_resize_cq: the new size in cq->cqe */
+	if ((r = ibv_resize_cq(cq, 200)) || cq->cqe < 200)
+		FAIL("resize_cq", "returned %d, cqe %d", r, cq->cqe);
+	OK("resize_cq");
+
+	/* ibv_rereg_mr to another buffer: the same struct, the new address, new keys; a
+	 * WRITE with the new rkey lands in the new buffer */
+	char *c = calloc(1, SZ);
+	struct ibv_mr *before = mrb;
+	if ((r = ibv_rereg_mr(mrb, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, c, SZ, acc)) ||
+	    mrb != before || mrb->addr != c)
+		FAIL("rereg_mr", "returned %d", r);
+	wr.wr.rdma.remote_addr = (uintptr_t)c;
+	wr.wr.rdma.rkey = mrb->rkey;
+	wr.wr_id = 18;
+	sge.length = SZ;
+	if ((r = ibv_post_send(qa, &wr, &bad)))
+		FAIL("rereg_mr", "post_send %d", r);
+	wc = wait_wc("rereg_mr");
+	if (wc.status != IBV_WC_SUCCESS || memcmp(a, c, SZ))
+		FAIL("rereg_mr", "status %d, or the bytes did not land in the new buffer",
+		     wc.status);
+	OK("rereg_mr");
+
+	/* an SRQ whose limit is armed: the async event comes on context->async_fd (a real
+	 * descriptor poll() sees) and names the SRQ */
+	struct ibv_srq_init_attr sia = { .attr = { .max_wr = 8, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &sia);
+	if (!srq || sia.attr.max_wr < 8)
+		FAIL("srq_limit", "create_srq");
+	struct ibv_qp_init_attr sa = ia;
+	sa.srq = srq;
+	struct ibv_qp *qc = ibv_create_qp(pd, &sa), *qd = ibv_create_qp(pd, &ia);
+	if (!qc || !qd)
+		FAIL("srq_limit", "create_qp");
+	connect_qp(qc, qd->qp_num, &gid);
+	connect_qp(qd, qc->qp_num, &gid);
+	rsge.addr = (uintptr_t)c;
+	rsge.lkey = mrb->lkey;
+	for (int i = 0; i < 4; i++) {
+		rwr.wr_id = 30 + i;
+		if ((r = ibv_post_srq_recv(srq, &rwr, &rbad)))
+			FAIL("srq_limit", "post_srq_recv %d", r);
+	}
+	struct ibv_srq_attr sattr = { .srq_limit = 2 };
+	if ((r = ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT)))
+		FAIL("srq_limit", "modify_srq %d", r);
+	struct pollfd afd = { .fd = ctx->async_fd, .events = POLLIN };
+	if (poll(&afd, 1, 0) != 0)
+		FAIL("srq_limit", "async_fd readable before any event");
+	sge.lkey = mra->lkey;
+	sge.length = 64;
+	wr.opcode = IBV_WR_SEND;
+	for (int i = 0; i < 3; i++) {
+		wr.wr_id = 40 + i;
+		if ((r = ibv_post_send(qd, &wr, &bad)))
+			FAIL("srq_limit", "post_send %d", r);
+		for (int k = 0; k < 2; k++)
+			if ((wc = wait_wc("srq_limit")).status != IBV_WC_SUCCESS)
+				FAIL("srq_limit", "status %d", wc.status);
+	}
+	if (poll(&afd, 1, 20000) != 1)
+		FAIL("srq_limit", "async_fd did not become readable");
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev) || ev.event_type != IBV_EVENT_SRQ_LIMIT_REACHED ||
+	    ev.element.srq != srq)
+		FAIL("srq_limit", "event %d", ev.event_type);
+	ibv_ack_async_event(&ev);
+	if (ibv_query_srq(srq, &sattr) || sattr.srq_limit != 0 || sattr.max_wr < 8)
+		FAIL("srq_limit", "query_srq: limit %u", sattr.srq_limit);
+	if ((r = ibv_destroy_srq(srq)) != EBUSY)
+		FAIL("srq_limit", "destroy_srq with a QP: %d", r);
+	if (ibv_destroy_qp(qc) || ibv_destroy_qp(qd) || ibv_destroy_srq(srq))
+		FAIL("srq_limit", "teardown");
+	OK("srq_limit");
+	wr.opcode = IBV_WR_RDMA_WRITE;
+
+	/* UD: a send through an AH, and the answer through ibv_create_ah_from_wc (the GRH the
+	 * receive buffer starts with names the sender) */
+	struct ibv_qp_init_attr ua_attr = ia;
+	ua_attr.qp_type = IBV_QPT_UD;
+	struct ibv_qp *ua = ibv_create_qp(pd, &ua_attr), *ub = ibv_create_qp(pd, &ua_attr);
+	if (!ua || !ub)
+		FAIL("ud_ah_from_wc", "create_qp UD");
+	for (int k = 0; k < 2; k++) {
+		struct ibv_qp *q = k ? ub : ua;
+		struct ibv_qp_attr u = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+					 .qkey = 0x11111111 };
+		if (ibv_modify_qp(q, &u, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				  IBV_QP_QKEY))
+			FAIL("ud_ah_from_wc", "INIT");
+		u.qp_state = IBV_QPS_RTR;
+		if (ibv_modify_qp(q, &u, IBV_QP_STATE))
+			FAIL("ud_ah_from_wc", "RTR");
+		u.qp_state = IBV_QPS_RTS;
+		u.sq_psn = 0;
+		if (ibv_modify_qp(q, &u, IBV_QP_STATE | IBV_QP_SQ_PSN))
+			FAIL("ud_ah_from_wc", "RTS");
+	}
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1 };
+	aa.grh.dgid = gid;
+	aa.grh.sgid_index = 1;
+	aa.grh.hop_limit = 1;
+	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+	if (!ah)
+		FAIL("ud_ah_from_wc", "create_ah errno %d", errno);
+	rsge.addr = (uintptr_t)c;
+	rsge.length = 64 + 40;
+	rwr.wr_id = 50;
+	if ((r = ibv_post_recv(ub, &rwr, &rbad)))
+		FAIL("ud_ah_from_wc", "post_recv %d", r);
+	struct ibv_send_wr uw = { .wr_id = 51, .sg_list = &sge, .num_sge = 1,
+		.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+	sge.addr = (uintptr_t)a;
+	sge.length = 64;
+	uw.wr.ud.ah = ah;
+	uw.wr.ud.remote_qpn = ub->qp_num;
+	uw.wr.ud.remote_qkey = 0x11111111;
+	if ((r = ibv_post_send(ua, &uw, &bad)))
+		FAIL("ud_ah_from_wc", "post_send %d", r);
+	struct ibv_wc rwc = { 0 };
+	for (int k = 0; k < 2; k++) {
+		wc = wait_wc("ud_ah_from_wc");
+		if (wc.status != IBV_WC_SUCCESS)
+			FAIL("ud_ah_from_wc", "status %d", wc.status);
+		if (wc.opcode == IBV_WC_RECV)
+			rwc = wc;
+	}
+	if (rwc.wr_id != 50 || rwc.byte_len != 64 + 40 || !(rwc.wc_flags & IBV_WC_GRH) ||
+	    rwc.src_qp != ua->qp_num || memcmp(c + 40, a, 64))
+		FAIL("ud_ah_from_wc", "recv wc: len %u flags 0x%x src_qp 0x%x", rwc.byte_len,
+		     rwc.wc_flags, rwc.src_qp);
+	struct ibv_ah_attr back;
+	if (ibv_init_ah_from_wc(ctx, 1, &rwc, (struct ibv_grh *)c, &back) || !back.is_global ||
+	    memcmp(&back.grh.dgid, &gid, 16))
+		FAIL("ud_ah_from_wc", "init_ah_from_wc");
+	struct ibv_ah *ah2 = ibv_create_ah_from_wc(pd, &rwc, (struct ibv_grh *)c, 1);
+	if (!ah2)
+		FAIL("ud_ah_from_wc", "create_ah_from_wc errno %d", errno);
+	rsge.addr = (uintptr_t)(a + 1024);
+	rsge.lkey = mra->lkey;
+	rwr.wr_id = 52;
+	if ((r = ibv_post_recv(ua, &rwr, &rbad)))
+		FAIL("ud_ah_from_wc", "post_recv %d", r);
+	uw.wr_id = 53;
+	uw.wr.ud.ah = ah2;
+	uw.wr.ud.remote_qpn = rwc.src_qp;
+	if ((r = ibv_post_send(ub, &uw, &bad)))
+		FAIL("ud_ah_from_wc", "reply post_send %d", r);
+	int got = 0;
+	for (int k = 0; k < 2; k++) {
+		wc = wait_wc("ud_ah_from_wc");
+		if (wc.status == IBV_WC_SUCCESS && wc.wr_id == 52 && wc.src_qp == ub->qp_num)
+			got = 1;
+	}
+	if (!got)
+		FAIL("ud_ah_from_wc", "the reply did not arrive");
+	if (ibv_destroy_ah(ah) || ibv_destroy_ah(ah2) || ibv_destroy_qp(ua) || ibv_destroy_qp(ub))
+		FAIL("ud_ah_from_wc", "teardown");
+	OK("ud_ah_from_wc");
+	sge.addr = (uintptr_t)a;
+	sge.length = SZ;
 
 	/* a wrong lkey is found when the data moves (as rxe): an error completion */
 	sge.lkey = mra->lkey ^ 0x5500;
