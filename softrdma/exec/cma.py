@@ -101,7 +101,13 @@ SYNC_WAIT = None
 
 ffi: Any = None
 lib: Any = None
-_DEBUG = bool(os.environ.get("CMA_DEBUG"))
+#: ``SOFTRDMA_EXEC_CM_TRACE=1``: one line on stderr per rdma_* call and its outcome (what
+#: a program did, in order, even when its own output is buffered)
+TRACE = bool(os.environ.get("SOFTRDMA_EXEC_CM_TRACE"))
+
+
+def _trace(name: str, outcome: Any) -> None:
+    print(f"softrdma exec: {name} -> {outcome}", file=sys.stderr, flush=True)
 
 
 def cm_call(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -110,21 +116,19 @@ def cm_call(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def call(*args: Any) -> Any:
-            if _DEBUG:
-                print("cma>", fn.__name__, file=sys.stderr, flush=True)
             try:
                 r = fn(*args)
-                if _DEBUG:
-                    print("cma<", fn.__name__, r, file=sys.stderr, flush=True)
-                return r
             except PyverbsRDMAError as e:
-                if _DEBUG:
-                    print("cma!", fn.__name__, e, file=sys.stderr, flush=True)
+                if TRACE:
+                    _trace(fn.__name__, f"{errno.errorcode.get(e.error_code)} ({e.msg})")
                 raise Errno(e.error_code, e.msg) from None
             except Errno as e:
-                if _DEBUG:
-                    print("cma!", fn.__name__, e, file=sys.stderr, flush=True)
+                if TRACE:
+                    _trace(fn.__name__, f"{errno.errorcode.get(e.error_code)} ({e})")
                 raise
+            if TRACE:
+                _trace(fn.__name__, r if isinstance(r, int) else "ok")
+            return r
         return guard(fail)(call)
     return wrap
 
