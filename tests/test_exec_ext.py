@@ -38,17 +38,22 @@ def test_pure_functions_answer_what_debians_libibverbs_answers():
     """The enum strings (ibv_wc_status_str ... over every value and beyond), the rate
     tables both ways, ibv_get_sysfs_path (SYSFS_PATH with its trailing slashes), the
     path-record, AH and QP attribute conversions from the kernel's structures (what is
-    copied, what is left alone) and the fork state
-    machine (a range call before ibv_fork_init makes it EINVAL; after it, ENABLED): the
+    copied, what is left alone) and the fork state machine (a range call before
+    ibv_fork_init makes it EINVAL; after it, ENABLED; RDMAV_FORK_SAFE enables it when
+    the device list initialises the library): the
     same calls from the same probe, once into the real libibverbs.so.1 without softrdma,
     once into the preload library under ``softrdma exec``, give the same answers."""
     env = {"SYSFS_PATH": "/tmp/sysfs-of-the-probe//"}
-    for order in ("range-first", "init-first"):
+    for order in ("range-first", "init-first", "fork-safe"):
+        if order == "fork-safe":  # initialisation (the device list) enables it
+            env["RDMAV_FORK_SAFE"] = "1"
         real = _probe_json(_run("/usr/bin/python3", PROBE, "pure", "real", order, env=env))
         ours = _probe_json(_exec("/usr/bin/python3", PROBE, "pure", "ours", order, env=env))
-        assert ours == real
+        assert ours == real, order
+        if order == "init-first":
+            assert real["fork"] == [0, 0, 1, 0, 0, 0, 1]  # DISABLED, 0, ENABLED, ...
+    assert real["fork"] == [0, True, 1, 0]
     assert real["sysfs"] == "/tmp/sysfs-of-the-probe"
-    assert real["fork"] == [0, 0, 1, 0, 0, 0, 1]  # init-first: DISABLED, 0, ENABLED, ...
 
 
 def test_gid_entries_table_and_pkeys_are_the_devices():

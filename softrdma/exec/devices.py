@@ -94,6 +94,11 @@ _VERBS_CONTEXT_MARKER = (1 << 64) - 1
 _devices: dict[int, Any] = {}  # address of a struct ibv_device -> its softrdma Device
 
 
+def listed() -> bool:
+    """Whether the program has listed the devices (libibverbs initialises itself then)."""
+    return bool(_devices)
+
+
 def context_of(ctx: Any) -> Any:
     """The softrdma Context behind a ``struct ibv_context *`` (Errno EINVAL if it is not
     one softrdma handed out)."""

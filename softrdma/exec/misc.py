@@ -22,7 +22,7 @@ import socket
 import struct
 from typing import Any, Callable
 
-from . import devices, shim
+from . import devices
 from .shim import Errno, guard, handles
 
 __all__ = ["IMPLEMENTS", "TYPES", "CALLBACKS", "install", "note_fork_range", "ifindex_of"]
@@ -203,14 +203,17 @@ def install(ffi: Any, lib: Any) -> None:
         guard(rate_max)(lambda m: from_mbps.get(m, rate_max)))
 
     # ---- fork ----------------------------------------------------------------------
-    # libibverbs' constructor calls ibv_fork_init when RDMAV_FORK_SAFE or IBV_FORK_SAFE
-    # is set; ours is the first call into the library
-    if os.environ.get("RDMAV_FORK_SAFE") or os.environ.get("IBV_FORK_SAFE"):
-        _fork["enabled"] = True
+    def fork_safe_env() -> None:
+        # libibverbs' initialisation (the first ibv_get_device_list) calls ibv_fork_init
+        # when RDMAV_FORK_SAFE or IBV_FORK_SAFE is set
+        if not _fork["enabled"] and devices.listed() and (
+                os.environ.get("RDMAV_FORK_SAFE") or os.environ.get("IBV_FORK_SAFE")):
+            _fork["enabled"] = True
 
     @ffi.def_extern(name="ibv_fork_init")
     @guard("errno")
     def fork_init() -> int:
+        fork_safe_env()
         if _fork["enabled"]:
             return 0
         if _fork["too_late"] or handles.of_kind("mr"):
@@ -221,6 +224,7 @@ def install(ffi: Any, lib: Any) -> None:
     @ffi.def_extern(name="ibv_is_fork_initialized")
     @guard(0)
     def is_fork_initialized() -> int:
+        fork_safe_env()
         # the kernel's copy-on-fork flag (IBV_FORK_UNNEEDED) comes from RDMA netlink,
         # which a machine without an RDMA device answers "no" to
         return IBV_FORK_ENABLED if _fork["enabled"] else IBV_FORK_DISABLED

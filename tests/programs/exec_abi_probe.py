@@ -46,7 +46,12 @@ def pure(lib: ctypes.CDLL, order: str) -> dict:
         out[fn] = bytes(dst).hex()
     buf = ctypes.create_string_buffer(8192)
     lib.ibv_dontfork_range.argtypes = lib.ibv_dofork_range.argtypes = [V, ctypes.c_size_t]
-    if order == "range-first":
+    if order == "fork-safe":  # RDMAV_FORK_SAFE set: the device list initialises
+        lib.ibv_get_device_list.restype = V
+        out["fork"] = [lib.ibv_is_fork_initialized(),
+                       bool(lib.ibv_get_device_list(None)) or True,
+                       lib.ibv_is_fork_initialized(), lib.ibv_fork_init()]
+    elif order == "range-first":
         out["fork"] = [lib.ibv_is_fork_initialized(), lib.ibv_dontfork_range(buf, 100),
                        lib.ibv_fork_init(), lib.ibv_is_fork_initialized(),
                        lib.ibv_dofork_range(buf, 100)]
