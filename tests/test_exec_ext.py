@@ -62,7 +62,7 @@ def test_gid_entries_table_and_pkeys_are_the_devices():
     sit on (127/8: lo), and the kernel's errors: EINVAL for a bad port, index, flag or
     a too short entry, ENODATA for an empty entry, -EINVAL for a table that does not
     fit; a longer entry's tail is zeroed. ibv_query_pkey / ibv_get_pkey_index read the
-    default P_Key table (0xffff, then zeros; -1 past its end)."""
+    default P_Key table (0xffff, then zeros; -1 past its end). Bad pointers are errors."""
     out = _probe_json(_exec("/usr/bin/python3", PROBE, "device"))
     lo = socket.if_nametoindex("lo")
     mapped = "00000000000000000000ffff7f00020a"  # ::ffff:127.0.2.10
@@ -87,6 +87,10 @@ def test_gid_entries_table_and_pkeys_are_the_devices():
     gateway = _gateway_mac()
     assert offlink == ([0, gateway, 0xFFFF] if gateway else [-113, "aa" * 6, 0])
     assert empty == [-22, "aa" * 6, 0] and badport == [-1, "aa" * 6, 0]
+    # pointers softrdma never handed out: NULL from ibv_qp_to_qp_ex, EINVAL (as an errno
+    # return, -EINVAL from the table, -1 from ibv_get_pkey_index), never a crash;
+    # ibv_query_qp_data_in_order has no error to give (0: "not in order")
+    assert out["bad"] == [None, None, 22, 22, 22, 0, 22, 22, -22, -1]
 
 
 def _gateway_mac() -> str | None:

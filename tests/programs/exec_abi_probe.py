@@ -115,6 +115,20 @@ def device(lib: ctypes.CDLL) -> dict:
         mac, vid = (ctypes.c_ubyte * 6)(*([0xAA] * 6)), ctypes.c_uint16(0)
         rc = res(ctx, ah, mac, ctypes.byref(vid))
         out["eth_l2"].append([rc, bytes(mac).hex(), vid.value])
+    # pointers softrdma never handed out (NULL, or memory of the program's own): an
+    # errno, never a crash
+    junk = ctypes.create_string_buffer(512)
+    lib.ibv_qp_to_qp_ex.restype, lib.ibv_qp_to_qp_ex.argtypes = V, [V]
+    lib.ibv_query_ece.argtypes = lib.ibv_set_ece.argtypes = [V, V]
+    lib.ibv_attach_mcast.argtypes = [V, V, ctypes.c_uint16]
+    lib.ibv_query_qp_data_in_order.argtypes = [V, ctypes.c_int, ctypes.c_uint32]
+    e = Entry()
+    out["bad"] = [lib.ibv_qp_to_qp_ex(None), lib.ibv_qp_to_qp_ex(junk),
+                  lib.ibv_query_ece(junk, junk), lib.ibv_set_ece(None, junk),
+                  lib.ibv_attach_mcast(junk, junk, 0),
+                  lib.ibv_query_qp_data_in_order(junk, 0, 0),
+                  q(None, 1, 0, ctypes.byref(e), 0, 32), q(junk, 1, 0, ctypes.byref(e), 0, 32),
+                  t(junk, None, 0, 0, 32), lib.ibv_get_pkey_index(None, 1, 0xFFFF)]
     return out
 
 
