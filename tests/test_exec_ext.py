@@ -133,7 +133,8 @@ def test_pyverbs_drives_the_extended_cq_qp_and_memory_windows():
     / ibv_next_poll and the read_* slots (immediate data in network order), ENOSPC for
     inline data past the limit, and both kinds of memory window (type 2 bound by
     ibv_wr_bind_mw and by ibv_post_send's IBV_WR_BIND_MW, type 1 by ibv_bind_mw with its
-    rkey moved) admitting a write inside and refusing one outside. What rxe lacks is
+    rkey moved) admitting a write inside and refusing one outside; a UD send addressed by
+    ibv_wr_set_ud_addr. What rxe lacks is
     answered as rxe answers it: ibv_query_ece/ibv_set_ece EOPNOTSUPP,
     ibv_query_qp_data_in_order 0."""
     prog = str(Path(__file__).parent / "programs" / "exec_pyverbs_ext.py")
@@ -156,6 +157,10 @@ def test_pyverbs_drives_the_extended_cq_qp_and_memory_windows():
                                     [14, 0, 1, 8, 0, None]]
     assert out["mw_data"] == ["via mw2!", "via mw1!", "via mw2!"]
     assert out["mw_outside_cqe"] == [[12, 10, 1, 8, 0, None]]  # IBV_WC_REM_ACCESS_ERR
+    # UD through ibv_wr_set_ud_addr: the datagram after its 40-byte GRH
+    assert out["ud_send_cqe"] == [[15, 0, 0, 16, 0, None]]
+    assert out["ud_recv_cqe"] == [[300, 0, 128, 56, 1, None]]
+    assert out["ud_data"] == "datagram by wr_*"
 
 
 def _listening(port: int) -> bool:

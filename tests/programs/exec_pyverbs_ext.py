@@ -12,7 +12,7 @@ import json
 import time
 
 import pyverbs.enums as e
-from pyverbs.addr import AHAttr, GlobalRoute
+from pyverbs.addr import AH, AHAttr, GlobalRoute
 from pyverbs.cq import CQEX, CqInitAttrEx, PollCqAttr
 from pyverbs.device import Context
 from pyverbs.mr import MR, MW, MWBind, MWBindInfo
@@ -191,8 +191,32 @@ def main() -> None:
     a.wr_set_sge(SGE(mra.buf, 8, mra.lkey))
     a.wr_complete()
     out["mw_outside_cqe"] = poll(cqs[0], 1)
+    # UD: ibv_wr_send + ibv_wr_set_ud_addr (an AH, the remote QPN and Q_Key) + an SGE
+    ud = []
+    for cq in cqs:
+        cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
+        ud.append(QPEx(ctx, QPInitAttrEx(
+            qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=cap, pd=pd,
+            send_ops_flags=e.IBV_QP_EX_WITH_SEND,
+            comp_mask=e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)))
+    for q in ud:
+        attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET)
+        attr.qkey = 0x1111
+        q.to_rts(attr)
+    ah = AH(pd, attr=AHAttr(gr=GlobalRoute(dgid=gid, sgid_index=1), is_global=1, port_num=1))
+    ud[1].post_recv(RecvWR(wr_id=300, num_sge=1, sg=[SGE(mrb.buf, 40 + 16, mrb.lkey)]))
+    mra.write(b"datagram by wr_*!", 16, 0)
+    ud[0].wr_start()
+    ud[0].wr_id, ud[0].wr_flags = 15, SIGNALED
+    ud[0].wr_send()
+    ud[0].wr_set_ud_addr(ah, ud[1].qp_num, 0x1111)
+    ud[0].wr_set_sge(SGE(mra.buf, 16, mra.lkey))
+    out["complete_ud"] = ud[0].wr_complete()
+    out["ud_send_cqe"] = poll(cqs[0], 1)
+    out["ud_recv_cqe"] = poll(cqs[1], 1)
+    out["ud_data"] = mrb.read(16, 40).decode()
     # windows before their MR (rxe: an MR with windows bound is EINVAL to deregister)
-    for obj in (a, b, mw1, mw2, mw3, mra, mrb, *cqs, pd, ctx):
+    for obj in (a, b, *ud, ah, mw1, mw2, mw3, mra, mrb, *cqs, pd, ctx):
         obj.close()
     print(json.dumps(out))
 
