@@ -279,3 +279,14 @@ def test_perftest_connected_by_librdmacm():
     assert "rdma_cm QPs	 : ON" in out
     assert _result_row(out)[:2] == ["65536", "50"]
     assert _result_row(_perftest("ib_send_lat", 18591, "-n", "20", "-R"))[:2] == ["2", "20"]
+
+
+def test_perftest_transports_srq_events_and_both_directions():
+    """perftest's other paths: UD sends (-c UD: AHs, GRH room in each receive), an SRQ
+    with completion events (--use-srq -e: ibv_get_cq_event on the channel), UC writes in
+    both directions at once (-c UC -b)."""
+    assert _result_row(_perftest("ib_send_bw", 18583, "-n", "20", "-c", "UD"))[1] == "20"
+    assert _result_row(_perftest("ib_send_bw", 18584, "-n", "20", "--use-srq", "-e"))[1] \
+        == "20"
+    assert _result_row(_perftest("ib_write_bw", 18585, "-n", "20", "-c", "UC", "-b"))[1] \
+        == "20"
