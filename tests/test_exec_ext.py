@@ -149,6 +149,9 @@ def test_pyverbs_drives_the_extended_cq_qp_and_memory_windows():
                                  [5, 0, 4, 8, 0, None], [6, 0, 3, 8, 0, None]]
     assert out["imm_cqe"] == [[200, 0, 129, 7, 3, 0xFECA0000]]
     assert out["batch_data"] == ["written", "read me", 40, 42, 7, 99]
+    assert out["list_cqes"] == [[16, 0, 0, 12, 0, None], [17, 0, 0, 6, 0, None],
+                                [400, 0, 128, 12, 1, None], [401, 0, 128, 6, 1, None]]
+    assert out["list_data"] == ["first+second", "inline"]  # ibv_wr_set_sge_list / _inline_data_list
     assert out["complete_too_long"] == 28  # ENOSPC
     assert out["mw1_rkey_moved"] is True
     assert out["bind_cqes"] == [[8, 0, 5, 0, 0, None], [9, 0, 5, 0, 0, None],

@@ -18,7 +18,7 @@ from pyverbs.device import Context
 from pyverbs.mr import MR, MW, MWBind, MWBindInfo
 from pyverbs.pd import PD
 from pyverbs.pyverbs_error import PyverbsRDMAError
-from pyverbs.qp import ECE, QPAttr, QPCap, QPEx, QPInitAttrEx
+from pyverbs.qp import ECE, DataBuffer, QPAttr, QPCap, QPEx, QPInitAttrEx
 from pyverbs.wr import SGE, RecvWR, SendWR
 
 ACCESS = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
@@ -134,6 +134,25 @@ def main() -> None:
                          int.from_bytes(mrb.read(8, 1024), "little"),
                          int.from_bytes(mra.read(8, 1032), "little"),
                          int.from_bytes(mrb.read(8, 1032), "little")]
+
+    # an SGE list (two pieces of the MR), an inline list (two unregistered buffers)
+    for i in range(2):
+        b.post_recv(RecvWR(wr_id=400 + i, num_sge=1, sg=[SGE(mrb.buf + 1536 + 64 * i, 64,
+                                                            mrb.lkey)]))
+    mra.write(b"first+", 6, 1536)
+    mra.write(b"second", 6, 1600)
+    one, two = ctypes.create_string_buffer(b"in", 2), ctypes.create_string_buffer(b"line", 4)
+    a.wr_start()
+    a.wr_id, a.wr_flags = 16, SIGNALED
+    a.wr_send()
+    a.wr_set_sge_list(2, [SGE(mra.buf + 1536, 6, mra.lkey), SGE(mra.buf + 1600, 6, mra.lkey)])
+    a.wr_id, a.wr_flags = 17, SIGNALED | e.IBV_SEND_INLINE
+    a.wr_send()
+    a.wr_set_inline_data_list(2, [DataBuffer(ctypes.addressof(one), 2),
+                                  DataBuffer(ctypes.addressof(two), 4)])
+    out["complete_lists"] = a.wr_complete()
+    out["list_cqes"] = poll(cqs[0], 2) + poll(cqs[1], 2)
+    out["list_data"] = [mrb.read(12, 1536).decode(), mrb.read(6, 1600).decode()]
 
     # the builders' own errors: inline data past max_inline_data is ENOSPC at complete,
     # wr_abort drops a batch
