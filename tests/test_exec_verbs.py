@@ -156,7 +156,7 @@ def test_verbs_checks_program(tmp_path):
     and bad_wr at that WR while the first is posted, and a chain looping on itself stops at
     the queue's depth with ENOMEM instead of hanging; a wrong lkey completes with
     IBV_WC_LOC_PROT_ERR, as rxe; ibv_dealloc_pd with MRs and ibv_destroy_cq with QPs are
-    EBUSY; qp->state follows ibv_modify_qp; the channel fd is a real descriptor
+    EBUSY; destroyed or foreign handles are EINVAL; qp->state follows ibv_modify_qp; the channel fd is a real descriptor
     (O_NONBLOCK makes ibv_get_cq_event EAGAIN, poll() sees an armed completion)."""
     exe = _compile(tmp_path, "exec_verbs_checks")
     r = subprocess.run(_exec("127.0.1.15", exe), capture_output=True, text=True, timeout=120)
@@ -165,8 +165,9 @@ def test_verbs_checks_program(tmp_path):
     assert oks == ["reg_mr", "dealloc_pd_busy", "channel_nonblock", "qp_state", "rdma_write",
                    "rdma_read", "send_imm", "inline", "atomics", "bad_wr", "cq_event", "resize_cq",
                    "rereg_mr", "srq_limit", "ud_ah_from_wc", "bad_lkey",
-                   "destroy_busy", "teardown"], r.stdout + r.stderr
+                   "destroy_busy", "teardown", "stale_handles"], r.stdout + r.stderr
     assert "not supported by softrdma" not in r.stderr
+    assert "Traceback" not in r.stderr  # each misuse was an errno, none a Python error
     # without softrdma the same binary finds no device at all
     bare = subprocess.run([exe], capture_output=True, text=True, timeout=30,
                           env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
