@@ -152,12 +152,15 @@ def test_verbs_checks_program(tmp_path):
     against Debian's headers: its RDMA WRITE lands in, and its RDMA READ reads, the
     program's own malloc'd buffers (the MR is its memory, no copy); SEND_WITH_IMM carries
     imm_data in network order; IBV_SEND_INLINE data comes from unregistered memory with
-    lkey 0 (libibverbs ignores an inline SGE's lkey); a chain whose second WR has too many SGEs fails with EINVAL
-    and bad_wr at that WR while the first is posted, and a chain looping on itself stops at
-    the queue's depth with ENOMEM instead of hanging; a wrong lkey completes with
-    IBV_WC_LOC_PROT_ERR, as rxe; ibv_dealloc_pd with MRs and ibv_destroy_cq with QPs are
-    EBUSY; qp->state follows ibv_modify_qp; the channel fd is a real descriptor
-    (O_NONBLOCK makes ibv_get_cq_event EAGAIN, poll() sees an armed completion)."""
+    lkey 0 (libibverbs ignores an inline SGE's lkey); atomics work on its memory; a chain
+    whose second WR has too many SGEs fails with EINVAL and bad_wr at that WR while the
+    first is posted, and a chain looping on itself stops at the queue's depth with ENOMEM
+    instead of hanging; a wrong lkey completes with IBV_WC_LOC_PROT_ERR, as rxe;
+    ibv_dealloc_pd with MRs and ibv_destroy_cq with QPs are EBUSY; destroyed or foreign
+    handles are EINVAL; qp->state follows ibv_modify_qp; ibv_resize_cq, ibv_rereg_mr, an
+    SRQ limit event on context->async_fd, UD answered through ibv_create_ah_from_wc; the
+    channel fd is a real descriptor (O_NONBLOCK makes ibv_get_cq_event EAGAIN, poll()
+    sees an armed completion)."""
     exe = _compile(tmp_path, "exec_verbs_checks")
     r = subprocess.run(_exec("127.0.1.15", exe), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -165,8 +168,9 @@ def test_verbs_checks_program(tmp_path):
     assert oks == ["reg_mr", "dealloc_pd_busy", "channel_nonblock", "qp_state", "rdma_write",
                    "rdma_read", "send_imm", "inline", "atomics", "bad_wr", "cq_event", "resize_cq",
                    "rereg_mr", "srq_limit", "ud_ah_from_wc", "bad_lkey",
-                   "destroy_busy", "teardown"], r.stdout + r.stderr
+                   "destroy_busy", "teardown", "stale_handles"], r.stdout + r.stderr
     assert "not supported by softrdma" not in r.stderr
+    assert "Traceback" not in r.stderr  # each misuse was an errno, none a Python error
     # without softrdma the same binary finds no device at all
     bare = subprocess.run([exe], capture_output=True, text=True, timeout=30,
                           env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
