@@ -33,12 +33,19 @@ Public names for the other parts (the ``ext`` and ``cma`` helpers build on them)
   (``.qp`` the verbs_api QP); :func:`modify_qp` / :func:`query_qp` (the C verbs' bodies);
 * :func:`srq_of`, :func:`channel_of`; :func:`fill_wcs` / :func:`fill_wc` (``struct
   ibv_wc`` entries from softrdma WCs).
+* the records: ``CqRec.poll(n) -> (count, [WC])`` (the soft CQ's poll, progress
+  included), ``CqRec.struct``/``.channel``/``.unacked``; ``QpRec.post_send([SendWR])`` and
+  ``QpRec.post_recv([RecvWR])`` (raise PyverbsRDMAError with ``bad_wr_index``),
+  ``QpRec.struct`` (its ``state`` kept as libibverbs keeps it); ``SrqRec.srq``;
+  :class:`EventFd` for any other queue of events a program waits on through a descriptor.
 
 Structures this part declares for cffi (no other part may declare them again):
 ``ibv_cq``, ``ibv_comp_channel``, ``ibv_wc``, ``ibv_sge``, ``ibv_send_wr``,
 ``ibv_recv_wr``, ``ibv_qp``, ``ibv_qp_cap``, ``ibv_qp_init_attr``, ``ibv_qp_attr``,
-``ibv_srq``, ``ibv_srq_attr``, ``ibv_srq_init_attr``, ``ibv_async_event``, and the enums
-``ibv_wc_opcode``, ``ibv_qp_state``, ``ibv_qp_type``, ``ibv_mtu``, ``ibv_mig_state``.
+``ibv_srq``, ``ibv_srq_attr``, ``ibv_srq_init_attr``, ``ibv_async_event``, the enums
+``ibv_wc_opcode``, ``ibv_qp_state``, ``ibv_qp_type``, ``ibv_mtu``, ``ibv_mig_state`` (cffi
+refuses an enum's ``{...}`` twice) and the opaque ``struct ibv_wq``. The data path slots
+of ``struct ibv_context_ops`` are declared in devices.py (their callbacks here).
 """
 
 from __future__ import annotations
@@ -70,7 +77,7 @@ IMPLEMENTS = ("ibv_create_cq", "ibv_destroy_cq", "ibv_resize_cq", "ibv_create_co
               "ibv_destroy_comp_channel", "ibv_get_cq_event", "ibv_ack_cq_events",
               "ibv_get_async_event", "ibv_ack_async_event", "ibv_create_qp", "ibv_modify_qp",
               "ibv_query_qp", "ibv_destroy_qp", "ibv_create_srq", "ibv_modify_srq",
-              "ibv_query_srq", "ibv_destroy_srq", "ibv_wc_status_str", "ibv_event_type_str")
+              "ibv_query_srq", "ibv_destroy_srq")
 
 TYPES = """
     struct ibv_wq;
@@ -152,23 +159,6 @@ _IMM_OPS = frozenset({1, 3})  # IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND_WITH_IMM
 _INLINE_OPS = frozenset({0, 1, 2, 3, 9})  # WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, _INV
 _SEND_INLINE = 8
 
-_WC_STATUS = ("success", "local length error", "local QP operation error",
-              "local EE context operation error", "local protection error",
-              "Work Request Flushed Error", "memory management operation error",
-              "bad response error", "local access error", "remote invalid request error",
-              "remote access error", "remote operation error", "transport retry counter "
-              "exceeded", "RNR retry counter exceeded", "local RDD violation error",
-              "remote invalid RD request", "aborted error", "invalid EE context number",
-              "invalid EE context state", "fatal error", "response timeout error",
-              "general error", "TM error", "TM software rendezvous")
-_EVENT_TYPE = ("CQ error", "local work queue catastrophic error", "invalid request local "
-               "work queue error", "local access violation work queue error",
-               "communication established", "send queue drained", "path migrated",
-               "path migration request error", "local catastrophic error", "port active",
-               "port error", "LID change", "P_Key change", "SM change", "SRQ catastrophic error",
-               "SRQ limit reached", "last WQE reached", "client reregistration",
-               "GID table change", "WQ fatal")
-
 
 def _bswap32(v: int) -> int:
     return int.from_bytes(v.to_bytes(4, "little"), "big")
@@ -191,11 +181,11 @@ class EventFd:
         with self._lock:
             if self.closed:
                 return
-            was_empty = not self._items
             self._items.append(item)
-            if was_empty or not self._up:  # (an eventfd's read clears it however high)
-                os.eventfd_write(self.fd, 1)
-                self._up = True
+            # every event writes (an edge for EPOLLET waiters, as each event of a uverbs
+            # file is new data); one read clears the counter however high
+            os.eventfd_write(self.fd, 1)
+            self._up = True
 
     def get(self) -> Any | None:
         """The oldest event, or None (never blocks)."""
@@ -675,7 +665,14 @@ def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -
     ``*bad_wr`` is the first WR not posted and the errno is returned. A chain longer
     than the queue (``depth``; a cycle, say) stops there: that WR is ENOMEM, the queue
     being full, as it would be once the earlier ones are in."""
-    ffi = shim.ffi
+    if wr and not wr.next:  # one WR, the common case: no lists to walk
+        try:
+            post([convert(wr, arg)])
+        except OSError as e:
+            if bad_wr:
+                bad_wr[0] = wr
+            return getattr(e, "error_code", None) or e.errno or EINVAL
+        return 0
     wrs, ptrs = [], []
     failed = None
     w = wr
@@ -694,12 +691,11 @@ def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -
         try:
             post(wrs)
         except OSError as e:
-            i = getattr(e, "bad_wr_index", 0)
-            if bad_wr != ffi.NULL:
-                bad_wr[0] = ptrs[i]
+            if bad_wr:
+                bad_wr[0] = ptrs[getattr(e, "bad_wr_index", 0)]
             return getattr(e, "error_code", None) or e.errno or EINVAL
     if failed is not None:
-        if bad_wr != ffi.NULL:
+        if bad_wr:
             bad_wr[0] = failed[1]
         return failed[0]
     return 0
@@ -754,15 +750,6 @@ def _on_close(ctx: Any, c: Any) -> None:
 
 
 _lib: Any = None
-_strings: dict[str, Any] = {}
-
-
-def _cstr(s: str) -> Any:
-    """A C string that lives as long as the library (the *_str verbs return them)."""
-    p = _strings.get(s)
-    if p is None:
-        p = _strings[s] = shim.ffi.new("char[]", s.encode())
-    return p
 
 
 def install(ffi: Any, lib: Any) -> None:
@@ -890,15 +877,7 @@ def install(ffi: Any, lib: Any) -> None:
     def ibv_ack_async_event(event: Any) -> None:
         pass  # nothing waits for the acks: destroying an object never blocks here
 
-    @ffi.def_extern(name="ibv_wc_status_str")
-    @guard(NULL)
-    def ibv_wc_status_str(status: int) -> Any:
-        return _cstr(_WC_STATUS[status] if 0 <= status < len(_WC_STATUS) else "unknown")
-
-    @ffi.def_extern(name="ibv_event_type_str")
-    @guard(NULL)
-    def ibv_event_type_str(ev: int) -> Any:
-        return _cstr(_EVENT_TYPE[ev] if 0 <= ev < len(_EVENT_TYPE) else "unknown")
+    # ibv_wc_status_str / ibv_event_type_str: softrdma.exec.misc (enum_strs.c's tables)
 
     # ---- QPs ----------------------------------------------------------------------------------
     @ffi.def_extern(name="ibv_create_qp")
