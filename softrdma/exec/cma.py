@@ -21,10 +21,19 @@ What librdmacm keeps in user space is kept here, in the program's structures:
 * **synchronous ids** (created without a channel, ``rdma_create_ep``): every call waits
   for its event on the id's own channel and fails with the event's errno
   (``ucma_complete``), the event kept in ``id->event``.
+* **a waiting thread** (rping's CM thread in ``rdma_get_cm_event``) holds no GIL; if
+  another thread destroys the channel, it waits on, as a ``read()`` of the closed rdma_cm
+  file does on Linux.
+
+The QP of an id (:mod:`.cma_qp`) is the verbs part's QP the program posts to, and the
+very QP softrdma's CM moves through INIT, RTR, RTS and ERR, as librdmacm does with
+``ibv_modify_qp``.
 
 Errors are the errno librdmacm gives (EINVAL for a call the id's state does not allow,
 ENODEV for an address no device holds, ...); a pointer that is not one of ours is EINVAL
-where librdmacm would crash.
+where librdmacm would crash. ``SOFTRDMA_EXEC_CM_TRACE=1`` prints one line per call and its
+outcome on stderr (a tool's own output to a pipe is block-buffered: the trace says when a
+server listens).
 """
 
 from __future__ import annotations
@@ -33,7 +42,6 @@ import errno
 import fcntl
 import functools
 import os
-import socket
 import sys
 import time
 from typing import Any, Callable
@@ -44,7 +52,6 @@ from ..rdmacm.channel import EventChannel
 from ..rdmacm.cm_id import RdmaCmId
 from ..rdmacm.enums import rdma_cm_event_type as E
 from ..rdmacm.events import ConnParams, RdmaCmEvent
-from . import shim
 from .cma_addr import read_sockaddr, sockaddr_bytes, sockaddr_len, sockaddr_port, \
     write_sockaddr, SOCKADDR_STORAGE
 from .shim import Errno, guard, handles
@@ -96,9 +103,6 @@ RDMA_OPTION_ID_AFONLY, RDMA_OPTION_ID_ACK_TIMEOUT = 2, 3
 IBV_EVENT_COMM_EST = 4
 #: IBTA's reject reasons: rdma_reject's (consumer defined) and rdma_reject_ece's
 REJ_CONSUMER_DEFINED, REJ_VENDOR_OPTION_NOT_SUPPORTED = 28, 35
-#: what rdma_cm's CM answers take at most when the peer is gone (the CM gives up sooner)
-SYNC_WAIT = None
-
 ffi: Any = None
 lib: Any = None
 #: ``SOFTRDMA_EXEC_CM_TRACE=1``: one line on stderr per rdma_* call and its outcome (what
@@ -107,7 +111,8 @@ TRACE = bool(os.environ.get("SOFTRDMA_EXEC_CM_TRACE"))
 
 
 def _trace(name: str, outcome: Any) -> None:
-    print(f"softrdma exec: {name} -> {outcome}", file=sys.stderr, flush=True)
+    print(f"softrdma exec: {time.monotonic():.3f} {name} -> {outcome}", file=sys.stderr,
+          flush=True)
 
 
 def cm_call(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -129,8 +129,8 @@ def server(addr, port):
     child, listen = get(ch, "RDMA_CM_EVENT_CONNECT_REQUEST")
     print("listen_id is the listener", listen == cid.value, flush=True)
     c = show_id("child", child)
-    print("child dst", addr_of(bytes(c.dst)), "src port", socket.ntohs(lib.rdma_get_src_port(V(child))),
-          flush=True)
+    print("child dst", addr_of(bytes(c.dst)), "src port",
+          socket.ntohs(lib.rdma_get_src_port(V(child))), flush=True)
     p = conn(b"hello client", 0x111)
     check(lib.rdma_accept(V(child), ctypes.byref(p)), "rdma_accept")
     get(ch, "RDMA_CM_EVENT_ESTABLISHED")
@@ -148,7 +148,8 @@ def client(addr, port):
     check(lib.rdma_resolve_addr(cid, None, sin(addr, port), 2000), "rdma_resolve_addr")
     get(ch, "RDMA_CM_EVENT_ADDR_RESOLVED")
     s = show_id("resolved", cid)
-    print("dst", addr_of(bytes(s.dst)), "dst port", socket.ntohs(lib.rdma_get_dst_port(cid)), flush=True)
+    print("dst", addr_of(bytes(s.dst)), "dst port", socket.ntohs(lib.rdma_get_dst_port(cid)),
+          flush=True)
     check(lib.rdma_resolve_route(cid, 2000), "rdma_resolve_route")
     get(ch, "RDMA_CM_EVENT_ROUTE_RESOLVED")
     print("num_paths", s.num_paths, flush=True)
@@ -156,11 +157,9 @@ def client(addr, port):
     check(lib.rdma_connect(cid, ctypes.byref(p)), "rdma_connect")
     get(ch, "RDMA_CM_EVENT_CONNECT_RESPONSE")
     check(lib.rdma_establish(cid), "rdma_establish")
-    get_nothing = ctypes.POINTER(Event)()
     select.select([fd_of(ch)], [], [], 0.5)  # the RTU reaches the server
     check(lib.rdma_disconnect(cid), "rdma_disconnect")
     get(ch, "RDMA_CM_EVENT_DISCONNECTED")
-    del get_nothing
     check(lib.rdma_destroy_id(cid), "rdma_destroy_id")
     lib.rdma_destroy_event_channel(V(ch))
     print("done", flush=True)
