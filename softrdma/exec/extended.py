@@ -227,6 +227,14 @@ def qp_ex_state(ptr: Any) -> QpExState:
     return st
 
 
+def _prune() -> None:
+    """Forget the states of CQs and QPs ibv_destroy_* has destroyed since (their
+    structures then go with them): queues' records are the truth."""
+    for states, live in ((_cq_ex, queues._cqs), (_qp_ex, queues._qps)):
+        for addr in [a for a, st in states.items() if live.get(a) is not st.rec]:
+            del states[addr]
+
+
 def send_wr_of_bind(mw_ptr: Any, rkey: int, info: Any, wr_id: int, flags: int) -> Any:
     """A BIND_MW SendWR from C values: the window, its new rkey, a ``struct
     ibv_mw_bind_info *`` (its MR may be NULL: an unbind)."""
@@ -267,6 +275,7 @@ def install(ffi: Any, lib: Any) -> None:
             bit = _WC_EX.get(slot)
             if bit is None or attr.wc_flags & bit:
                 setattr(cq, slot, getattr(lib, "softrdma_" + slot))
+        _prune()
         cq_states[addr_of(cq)] = CqExState(queues.cq_of(cq), cq)
         return cq
 
@@ -334,6 +343,7 @@ def install(ffi: Any, lib: Any) -> None:
                 setattr(qpx, slot, getattr(lib, "softrdma_" + slot))
         for slot in _WR_SETS:
             setattr(qpx, slot, getattr(lib, "softrdma_" + slot))
+        _prune()
         qp_states[addr_of(qpx)] = QpExState(queues.qp_of(qpx), qpx)
         return ffi.cast("struct ibv_qp *", qpx)
 
