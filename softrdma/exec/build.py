@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import abi
+from . import abi, process
 
 __all__ = ["PARTS", "MODULE", "library_path", "build_library", "cache_dir", "implemented"]
 
@@ -70,17 +70,28 @@ def cdefs() -> tuple[str, str]:
 SOURCE = ("".join(f"#include <{h}>\n" for h in abi.HEADERS)
           + "".join(f"#undef {m}\n" for m in abi.MACROS) + abi.EXTRA_C)
 
-#: run by the embedded interpreter when the program first calls in: make softrdma
-#: importable (the launcher's sys.path), then let the shim define every function
-INIT = f"""
+
+def package_root() -> str:
+    """The directory softrdma is imported from (what ``SOFTRDMA_EXEC_PATH`` names)."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+#: run by the embedded interpreter when the program first calls in (after
+#: :mod:`.process`'s glue started it, or found the program's own): softrdma's package
+#: root first on sys.path -- ``SOFTRDMA_EXEC_PATH``, else the root the library was built
+#: from, and nothing else (a Python host keeps its own path) -- then the shim defines
+#: every function
+INIT_TEMPLATE = """
 import os, sys
-for p in reversed([p for p in os.environ.get("SOFTRDMA_EXEC_PATH", "").split(os.pathsep) if p]):
+paths = [p for p in os.environ.get("SOFTRDMA_EXEC_PATH", "").split(os.pathsep) if p]
+for p in reversed(paths or [{root!r}]):
     if p not in sys.path:
         sys.path.insert(0, p)
-from {MODULE} import ffi, lib
+from {module} import ffi, lib
 from softrdma.exec import shim
 shim.install(ffi, lib)
 """
+INIT = INIT_TEMPLATE.format(root=package_root(), module=MODULE)
 
 
 def cache_dir() -> Path:
@@ -92,11 +103,13 @@ def _key() -> str:
     import cffi
     from . import shim
     h = hashlib.sha256()
-    sources = [Path(__file__), Path(shim.__file__), Path(abi.__file__)]
+    sources = [Path(__file__), Path(shim.__file__), Path(abi.__file__), Path(process.__file__)]
     sources += [Path(m.__file__) for m in parts()]
     for part in ([p.read_bytes() for p in sources] + [
                  VERBS_H.read_bytes() if VERBS_H.exists() else b"",
-                 sys.version.encode(), cffi.__version__.encode()]):
+                 sys.version.encode(), cffi.__version__.encode(),
+                 # baked into the library: the Python a C host starts, softrdma's root
+                 sys.executable.encode(), package_root().encode()]):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:16]
 
@@ -111,7 +124,8 @@ def build_library(target: Path) -> Path:
     types, exports = cdefs()
     ffi.cdef(types)
     ffi.embedding_api(exports)
-    ffi.set_source(MODULE, SOURCE)
+    import _cffi_backend
+    ffi.set_source(MODULE, SOURCE + process.c_source(sys.executable, _cffi_backend.__file__))
     ffi.embedding_init_code(INIT)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f"build-{os.getpid()}"
