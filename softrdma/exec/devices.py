@@ -20,7 +20,14 @@ from typing import Any
 from . import shim
 from .shim import Errno, be64, guard, handles
 
-__all__ = ["IMPLEMENTS", "TYPES", "install", "context_of", "set_op", "verbs_context_of"]
+__all__ = ["IMPLEMENTS", "TYPES", "install", "context_of", "set_op", "verbs_context_of",
+           "ON_OPEN", "ON_CLOSE"]
+
+#: hooks of the other parts, each called as ``fn(ctx_ptr, context)`` when
+#: ibv_open_device has made a context (fill its ops slots, its async_fd) ...
+ON_OPEN: list = []
+#: ... and when ibv_close_device is about to close it
+ON_CLOSE: list = []
 
 IMPLEMENTS = ("ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name",
               "ibv_get_device_guid", "ibv_get_device_index", "ibv_open_device",
@@ -38,7 +45,13 @@ TYPES = """
         char ibdev_path[...];
         ...;
     };
-    struct ibv_context_ops { ...; };
+    struct ibv_context_ops {
+        int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *);
+        int (*req_notify_cq)(struct ibv_cq *, int);
+        int (*post_srq_recv)(struct ibv_srq *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+        int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
+        int (*post_recv)(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+        ...; };
     struct ibv_context { struct ibv_device *device; struct ibv_context_ops ops;
                          int cmd_fd; int async_fd;
                          int num_comp_vectors; void *abi_compat; ...; };
@@ -163,12 +176,17 @@ def install(ffi: Any, lib: Any) -> None:
         ptr = ffi.addressof(vctx, "context")
         handles.add("context", ptr, c)
         _contexts[shim.address(ptr)] = (vctx, (r, w))
+        for fn in ON_OPEN:
+            fn(ptr, c)
         return ptr
 
     @ffi.def_extern(name="ibv_close_device")
     @guard(-1)
     def close_device(ctx: Any) -> int:
-        c = handles.release("context", ctx)
+        c = context_of(ctx)
+        for fn in ON_CLOSE:
+            fn(ctx, c)
+        handles.release("context", ctx)
         _, fds = _contexts.pop(shim.address(ctx))
         c.close()
         for fd in fds:

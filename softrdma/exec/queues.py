@@ -1,0 +1,928 @@
+"""Completion queues, completion channels, async events, QPs and SRQs for unmodified
+programs, and the data path their ``ops`` slots call.
+
+The data path. verbs.h's ``ibv_post_send``, ``ibv_post_recv``, ``ibv_post_srq_recv``,
+``ibv_poll_cq`` and ``ibv_req_notify_cq`` are static inlines calling through
+``context->ops``: at ``ibv_open_device`` (hook :data:`softrdma.exec.devices.ON_OPEN`) those
+slots get the ``extern "Python"`` callbacks below. ``post_send`` walks the program's WR
+chain and SGEs (the SGE addresses are the program's pointers: its MRs' iovas), posts them
+to the softrdma QP and on a failure points ``*bad_wr`` at the first WR not posted and
+returns the errno; ``poll_cq`` writes ``struct ibv_wc`` entries into the program's array.
+
+Progress. The soft device moves packets on its own (a progress thread per device,
+:mod:`softrdma.soft.progress`); the program's thread runs Python only inside a verb, and
+gives the GIL back when the verb returns. So a program that busy-polls ``ibv_poll_cq``
+makes progress itself (an empty CQ reads the socket on the caller's thread) and lets the
+thread run between its calls, and a program blocked in ``read()``/``poll()`` on a channel
+fd, or inside ``ibv_get_cq_event``, holds no GIL while the thread delivers.
+
+Channels and async events have **real descriptors** (:class:`EventFd`, an eventfd):
+readable exactly while an event is pending, blocking unless the program sets O_NONBLOCK,
+in which case ``ibv_get_cq_event``/``ibv_get_async_event`` fail with EAGAIN as
+libibverbs' ``read()`` would.
+
+Public names for the other parts (the ``ext`` and ``cma`` helpers build on them):
+
+* :func:`create_cq` ``(ctx_ptr, cqe, cq_context, channel_ptr, comp_vector, ctype)`` ->
+  the structure (``ctype`` may be ``"struct ibv_cq_ex"``: a structure starting with
+  ``struct ibv_cq``), registered as a "cq"; :func:`cq_of` (``struct ibv_cq *`` -> its
+  :class:`CqRec`, ``.cq`` the verbs_api CQ);
+* :func:`create_qp` ``(pd_ptr, init_attr_ptr)`` -> ``struct ibv_qp *``, and
+  :func:`make_qp` with the attributes as Python values and ``ctype`` (``"struct
+  ibv_qp_ex"``: starts with ``struct ibv_qp``); :func:`qp_of` -> :class:`QpRec`
+  (``.qp`` the verbs_api QP); :func:`modify_qp` / :func:`query_qp` (the C verbs' bodies);
+* :func:`srq_of`, :func:`channel_of`; :func:`fill_wc` (one ``struct ibv_wc`` from a
+  softrdma WC).
+
+Structures this part declares for cffi (no other part may declare them again):
+``ibv_cq``, ``ibv_comp_channel``, ``ibv_wc``, ``ibv_sge``, ``ibv_send_wr``,
+``ibv_recv_wr``, ``ibv_qp``, ``ibv_qp_cap``, ``ibv_qp_init_attr``, ``ibv_qp_attr``,
+``ibv_srq``, ``ibv_srq_attr``, ``ibv_srq_init_attr``, ``ibv_async_event``, and the enums
+``ibv_wc_opcode``, ``ibv_qp_state``, ``ibv_qp_type``, ``ibv_mtu``, ``ibv_mig_state``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import select
+import threading
+from collections import deque
+from typing import Any
+
+from . import devices, shim
+from .shim import Errno, guard, handles
+from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, pd_of, \
+    ptr_of, remember
+
+__all__ = ["IMPLEMENTS", "TYPES", "CALLBACKS", "install", "EventFd", "CqRec", "QpRec",
+           "create_cq", "cq_of", "create_qp", "make_qp", "qp_of", "modify_qp", "query_qp",
+           "srq_of", "channel_of", "fill_wc"]
+
+IMPLEMENTS = ("ibv_create_cq", "ibv_destroy_cq", "ibv_resize_cq", "ibv_create_comp_channel",
+              "ibv_destroy_comp_channel", "ibv_get_cq_event", "ibv_ack_cq_events",
+              "ibv_get_async_event", "ibv_ack_async_event", "ibv_create_qp", "ibv_modify_qp",
+              "ibv_query_qp", "ibv_destroy_qp", "ibv_create_srq", "ibv_modify_srq",
+              "ibv_query_srq", "ibv_destroy_srq", "ibv_wc_status_str", "ibv_event_type_str")
+
+TYPES = """
+    struct ibv_wq;
+    enum ibv_wc_opcode { IBV_WC_SEND, ... };
+    enum ibv_qp_state { IBV_QPS_RESET, ... };
+    enum ibv_qp_type { IBV_QPT_RC = 2, ... };
+    enum ibv_mtu { IBV_MTU_256 = 1, ... };
+    enum ibv_mig_state { IBV_MIG_MIGRATED, ... };
+    struct ibv_comp_channel { struct ibv_context *context; int fd; int refcnt; ...; };
+    struct ibv_cq { struct ibv_context *context; struct ibv_comp_channel *channel;
+                    void *cq_context; uint32_t handle; int cqe;
+                    uint32_t comp_events_completed; uint32_t async_events_completed; ...; };
+    struct ibv_wc { uint64_t wr_id; enum ibv_wc_status status; enum ibv_wc_opcode opcode;
+                    uint32_t vendor_err; uint32_t byte_len;
+                    union { uint32_t imm_data; uint32_t invalidated_rkey; };
+                    uint32_t qp_num; uint32_t src_qp; unsigned int wc_flags;
+                    uint16_t pkey_index; uint16_t slid; uint8_t sl; uint8_t dlid_path_bits;
+                    ...; };
+    struct ibv_sge { uint64_t addr; uint32_t length; uint32_t lkey; };
+    struct ibv_send_wr { uint64_t wr_id; struct ibv_send_wr *next; struct ibv_sge *sg_list;
+        int num_sge; enum ibv_wr_opcode opcode; unsigned int send_flags;
+        union { uint32_t imm_data; uint32_t invalidate_rkey; };
+        union {
+            struct { uint64_t remote_addr; uint32_t rkey; } rdma;
+            struct { uint64_t remote_addr; uint64_t compare_add; uint64_t swap;
+                     uint32_t rkey; } atomic;
+            struct { struct ibv_ah *ah; uint32_t remote_qpn; uint32_t remote_qkey; } ud;
+        } wr;
+        ...; };
+    struct ibv_recv_wr { uint64_t wr_id; struct ibv_recv_wr *next; struct ibv_sge *sg_list;
+                         int num_sge; };
+    struct ibv_qp_cap { uint32_t max_send_wr; uint32_t max_recv_wr; uint32_t max_send_sge;
+                        uint32_t max_recv_sge; uint32_t max_inline_data; };
+    struct ibv_qp { struct ibv_context *context; void *qp_context; struct ibv_pd *pd;
+                    struct ibv_cq *send_cq; struct ibv_cq *recv_cq; struct ibv_srq *srq;
+                    uint32_t handle; uint32_t qp_num; enum ibv_qp_state state;
+                    enum ibv_qp_type qp_type; uint32_t events_completed; ...; };
+    struct ibv_qp_init_attr { void *qp_context; struct ibv_cq *send_cq;
+                              struct ibv_cq *recv_cq; struct ibv_srq *srq;
+                              struct ibv_qp_cap cap; enum ibv_qp_type qp_type;
+                              int sq_sig_all; };
+    struct ibv_qp_attr { enum ibv_qp_state qp_state; enum ibv_qp_state cur_qp_state;
+        enum ibv_mtu path_mtu; enum ibv_mig_state path_mig_state; uint32_t qkey;
+        uint32_t rq_psn; uint32_t sq_psn; uint32_t dest_qp_num; unsigned int qp_access_flags;
+        struct ibv_qp_cap cap; struct ibv_ah_attr ah_attr; struct ibv_ah_attr alt_ah_attr;
+        uint16_t pkey_index; uint16_t alt_pkey_index; uint8_t en_sqd_async_notify;
+        uint8_t sq_draining; uint8_t max_rd_atomic; uint8_t max_dest_rd_atomic;
+        uint8_t min_rnr_timer; uint8_t port_num; uint8_t timeout; uint8_t retry_cnt;
+        uint8_t rnr_retry; uint8_t alt_port_num; uint8_t alt_timeout; uint32_t rate_limit;
+        ...; };
+    struct ibv_srq { struct ibv_context *context; void *srq_context; struct ibv_pd *pd;
+                     uint32_t handle; uint32_t events_completed; ...; };
+    struct ibv_srq_attr { uint32_t max_wr; uint32_t max_sge; uint32_t srq_limit; };
+    struct ibv_srq_init_attr { void *srq_context; struct ibv_srq_attr attr; };
+    struct ibv_async_event {
+        union { struct ibv_cq *cq; struct ibv_qp *qp; struct ibv_srq *srq;
+                struct ibv_wq *wq; int port_num; } element;
+        enum ibv_event_type event_type; };
+"""
+
+CALLBACKS = """
+    extern "Python" int softrdma_poll_cq(struct ibv_cq *, int, struct ibv_wc *);
+    extern "Python" int softrdma_req_notify_cq(struct ibv_cq *, int);
+    extern "Python" int softrdma_post_send(struct ibv_qp *, struct ibv_send_wr *,
+                                           struct ibv_send_wr **);
+    extern "Python" int softrdma_post_recv(struct ibv_qp *, struct ibv_recv_wr *,
+                                           struct ibv_recv_wr **);
+    extern "Python" int softrdma_post_srq_recv(struct ibv_srq *, struct ibv_recv_wr *,
+                                               struct ibv_recv_wr **);
+"""
+
+EAGAIN, EBUSY, EINVAL, EOPNOTSUPP = errno.EAGAIN, errno.EBUSY, errno.EINVAL, errno.EOPNOTSUPP
+
+# ibv_qp_attr_mask bits and the other constants of verbs.h used here
+_QP_STATE, _QP_AV, _QP_ALT_PATH, _QP_CAP = 1, 1 << 7, 1 << 14, 1 << 19
+_WC_WITH_IMM = 2
+_WR_SEND_WITH_INV, _WR_BIND_MW = 9, 8
+_IMM_OPS = frozenset({1, 3})  # IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND_WITH_IMM
+
+_WC_STATUS = ("success", "local length error", "local QP operation error",
+              "local EE context operation error", "local protection error",
+              "Work Request Flushed Error", "memory management operation error",
+              "bad response error", "local access error", "remote invalid request error",
+              "remote access error", "remote operation error", "transport retry counter "
+              "exceeded", "RNR retry counter exceeded", "local RDD violation error",
+              "remote invalid RD request", "aborted error", "invalid EE context number",
+              "invalid EE context state", "fatal error", "response timeout error",
+              "general error", "TM error", "TM rendezvous error")
+_EVENT_TYPE = ("CQ error", "local work queue catastrophic error", "invalid request local "
+               "work queue error", "local access violation work queue error",
+               "communication established", "send queue drained", "path migrated",
+               "path migration request error", "local catastrophic error", "port active",
+               "port error", "LID change", "P_Key change", "SM change", "SRQ limit reached",
+               "SRQ catastrophic error", "last WQE reached", "client reregistration",
+               "GID table change", "WQ fatal")
+
+
+def _bswap32(v: int) -> int:
+    return int.from_bytes(v.to_bytes(4, "little"), "big")
+
+
+class EventFd:
+    """A queue of events with a real descriptor, as libibverbs' channels and async_fd:
+    the fd (an eventfd) is readable exactly while an event is pending. It is blocking
+    unless the program sets O_NONBLOCK on it, and only this object ever reads it (and only
+    after writing it), so no verb blocks where the program did not ask to wait."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_CLOEXEC)
+        self._items: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self._up = False  # the counter is 1 (the fd readable)
+        self.closed = False
+
+    def put(self, item: Any) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self._items.append(item)
+            if not self._up:
+                os.eventfd_write(self.fd, 1)
+                self._up = True
+
+    def get(self) -> Any | None:
+        """The oldest event, or None (never blocks)."""
+        with self._lock:
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            if not self._items and self._up:
+                os.eventfd_read(self.fd)  # the counter is 1: returns at once
+                self._up = False
+            return item
+
+    def drop_where(self, pred: Any) -> int:
+        """Forget the events ``pred`` accepts (their object is gone); how many."""
+        with self._lock:
+            keep = deque(i for i in self._items if not pred(i))
+            n = len(self._items) - len(keep)
+            self._items = keep
+            if not keep and self._up:
+                os.eventfd_read(self.fd)
+                self._up = False
+            return n
+
+    def nonblocking(self) -> bool:
+        return bool(fcntl.fcntl(self.fd, fcntl.F_GETFL) & os.O_NONBLOCK)
+
+    def wait(self, timeout: float | None) -> None:
+        """Until the fd is readable (or ``timeout`` seconds), without the GIL."""
+        try:
+            select.select([self.fd], [], [], timeout)
+        except (OSError, ValueError):
+            pass
+
+    def take(self, what: str, fatal: Any) -> Any:
+        """The next event, waiting for it unless the fd is non-blocking (EAGAIN); a
+        device that stopped (``fatal()`` true) fails the wait with EIO."""
+        while (item := self.get()) is None:
+            if self.closed:
+                raise Errno(errno.EBADF, f"{what}: closed")
+            if self.nonblocking():
+                raise Errno(EAGAIN, f"{what}: no event")
+            if fatal():
+                raise Errno(errno.EIO, f"{what}: the device stopped")
+            self.wait(1.0)
+        return item
+
+    def close(self) -> None:
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                os.close(self.fd)
+
+
+# ---- the records behind the structures --------------------------------------------------
+
+class ChannelRec:
+    """A completion channel: its structure, its events (of :class:`CqRec`), its CQs."""
+
+    __slots__ = ("struct", "events", "cqs", "context")
+
+    def __init__(self, struct: Any, context: Any) -> None:
+        self.struct = struct
+        self.context = context
+        self.events = EventFd()
+        self.cqs = 0
+
+
+class _Notify:
+    """What a soft CQ tells of an armed completion (``SoftCQ.channel``): the CQ's
+    record goes into its channel's EventFd."""
+
+    __slots__ = ("rec", "channel")
+
+    def __init__(self, rec: "CqRec", channel: ChannelRec) -> None:
+        self.rec, self.channel = rec, channel
+
+    @property
+    def closed(self) -> bool:
+        return self.channel.events.closed
+
+    def notify(self, _cq: Any) -> None:
+        self.channel.events.put(self.rec)
+
+    def wake(self) -> None:
+        pass
+
+
+class CqRec:
+    """A CQ: ``cq`` (the verbs_api CQ), ``struct`` (what the program holds: a ``struct
+    ibv_cq *``), its channel record, the events got and not yet acknowledged."""
+
+    __slots__ = ("cq", "struct", "mem", "channel", "unacked", "poll", "__weakref__")
+
+    def __init__(self, cq: Any, struct: Any, mem: Any, channel: ChannelRec | None) -> None:
+        self.cq, self.struct, self.mem, self.channel = cq, struct, mem, channel
+        self.unacked = 0
+        self.poll = cq.impl.poll  # the soft CQ's poll: one call per ibv_poll_cq
+
+
+class QpRec:
+    """A QP: ``qp`` (the verbs_api QP), ``struct`` (``struct ibv_qp *``), the granted
+    SGE limits (checked before the program's SGE arrays are read)."""
+
+    __slots__ = ("qp", "struct", "mem", "max_send_sge", "max_recv_sge", "ud", "post_send",
+                 "post_recv")
+
+    def __init__(self, qp: Any, struct: Any, mem: Any) -> None:
+        self.qp, self.struct, self.mem = qp, struct, mem
+        self.max_send_sge = qp.cap.max_send_sge
+        self.max_recv_sge = qp.cap.max_recv_sge
+        self.ud = int(qp.qp_type) == 4
+        self.post_send = qp.impl.post_send
+        self.post_recv = qp.impl.post_recv
+
+
+class SrqRec:
+    __slots__ = ("srq", "struct", "max_sge")
+
+    def __init__(self, srq: Any, struct: Any) -> None:
+        self.srq, self.struct = srq, struct
+        self.max_sge = srq.max_sge
+
+
+# by address: the data path's lookups (one dict get per call)
+_cqs: dict[int, CqRec] = {}
+_qps: dict[int, QpRec] = {}
+_srqs: dict[int, SrqRec] = {}
+
+
+def _addr(ptr: Any) -> int:
+    return int(shim.ffi.cast("uintptr_t", ptr))
+
+
+def cq_of(ptr: Any) -> CqRec:
+    """The record of a ``struct ibv_cq *`` softrdma handed out (Errno EINVAL if not)."""
+    rec = _cqs.get(_addr(ptr))
+    if rec is None:
+        raise Errno(EINVAL, "not a CQ of softrdma exec")
+    return rec
+
+
+def qp_of(ptr: Any) -> QpRec:
+    rec = _qps.get(_addr(ptr))
+    if rec is None:
+        raise Errno(EINVAL, "not a QP of softrdma exec")
+    return rec
+
+
+def srq_of(ptr: Any) -> SrqRec:
+    rec = _srqs.get(_addr(ptr))
+    if rec is None:
+        raise Errno(EINVAL, "not an SRQ of softrdma exec")
+    return rec
+
+
+def channel_of(ptr: Any) -> ChannelRec:
+    return handles.get("comp_channel", ptr)
+
+
+# ---- CQs ------------------------------------------------------------------------------------
+
+def create_cq(ctx: Any, cqe: int, cq_context: Any, channel: Any, comp_vector: int,
+              ctype: str = "struct ibv_cq") -> Any:
+    """ibv_create_cq's body: a CQ in the context, its structure of type ``ctype`` (a
+    structure starting with ``struct ibv_cq``) returned, registered as a "cq"."""
+    from ..verbs_api import CQ
+    ffi = shim.ffi
+    c = devices.context_of(ctx)
+    ch = channel_of(channel) if channel != ffi.NULL else None
+    try:
+        cq = CQ(c, cqe, None, None, comp_vector)
+    except OSError as e:
+        raise _rdma_errno(e) from None
+    mem = ffi.new(ctype + " *")
+    s = ffi.cast("struct ibv_cq *", mem)
+    s.context, s.channel, s.cq_context = ctx, channel, cq_context
+    s.handle, s.cqe = id(cq) & 0xFFFFFFFF, cq.cqe
+    rec = CqRec(cq, s, mem, ch)
+    if ch is not None:
+        # the soft CQ tells its channel of an armed completion: ours, with a real fd
+        cq.impl.channel = _Notify(rec, ch)
+        ch.cqs += 1
+        ch.struct.refcnt += 1
+    _cqs[_addr(s)] = rec
+    remember(cq, s)
+    handles.add("cq", s, rec)
+    return mem
+
+
+def destroy_cq(ptr: Any) -> int:
+    rec = cq_of(ptr)
+    if rec.unacked:
+        # libibverbs would wait for the acks for ever; say why instead
+        raise Errno(EBUSY, f"ibv_destroy_cq: {rec.unacked} CQ events not acknowledged")
+    try:
+        rec.cq.close()  # EBUSY while a QP uses it
+    except OSError as e:
+        raise _rdma_errno(e) from None
+    if rec.channel is not None:
+        rec.channel.cqs -= 1
+        rec.channel.struct.refcnt -= 1
+        rec.channel.events.drop_where(lambda r: r is rec)
+    del _cqs[_addr(ptr)]
+    forget(rec.cq)
+    handles.release("cq", ptr)
+    return 0
+
+
+def fill_wc(out: Any, w: Any) -> None:
+    """One ``struct ibv_wc`` from a softrdma WC (imm_data in network order, as the
+    program reads a __be32)."""
+    out.wr_id = w.wr_id
+    out.status = w.status
+    out.opcode = w.opcode
+    out.vendor_err = w.vendor_err
+    out.byte_len = w.byte_len
+    flags = w.wc_flags
+    out.imm_data = _bswap32(w.imm_data) if flags & _WC_WITH_IMM else w.imm_data
+    out.qp_num = w.qp_num
+    out.src_qp = w.src_qp
+    out.wc_flags = flags
+    out.pkey_index = w.pkey_index
+    out.slid = w.slid
+    out.sl = w.sl
+    out.dlid_path_bits = w.dlid_path_bits
+
+
+# ---- QPs ------------------------------------------------------------------------------------
+
+def make_qp(pd_ptr: Any, qp_type: int, send_cq: Any, recv_cq: Any, srq: Any,
+            cap: Any, sq_sig_all: int, qp_context: Any,
+            ctype: str = "struct ibv_qp") -> Any:
+    """A QP from Python values: the C pointers of its PD, CQs and SRQ (NULL for none),
+    ``cap`` a ``struct ibv_qp_cap *`` (updated to what the device granted), the structure
+    of type ``ctype`` (starting with ``struct ibv_qp``) returned, registered as a "qp"."""
+    from ..verbs_api import QP, QPCap, QPInitAttr
+    ffi = shim.ffi
+    pd = pd_of(pd_ptr)
+    if qp_type not in (2, 3, 4):
+        # XRC, raw packet, driver QPs: rxe has none
+        raise Errno(EOPNOTSUPP if qp_type in (8, 9, 10, 0xFF) else EINVAL,
+                    f"ibv_create_qp: qp_type {qp_type} is not supported (RC, UC, UD)")
+    if send_cq == ffi.NULL or recv_cq == ffi.NULL:
+        raise Errno(EINVAL, "ibv_create_qp: a send CQ and a receive CQ are required")
+    scq, rcq = cq_of(send_cq).cq, cq_of(recv_cq).cq
+    s_rec = srq_of(srq) if srq != ffi.NULL else None
+    qcap = QPCap(max_send_wr=cap.max_send_wr, max_recv_wr=cap.max_recv_wr,
+                 max_send_sge=cap.max_send_sge, max_recv_sge=cap.max_recv_sge,
+                 max_inline_data=cap.max_inline_data)
+    try:
+        qp = QP(pd, QPInitAttr(qp_type=qp_type, scq=scq, rcq=rcq,
+                               srq=None if s_rec is None else s_rec.srq, cap=qcap,
+                               sq_sig_all=1 if sq_sig_all else 0))
+    except OSError as e:
+        raise _rdma_errno(e) from None
+    g = qp.cap
+    cap.max_send_wr, cap.max_recv_wr = g.max_send_wr, g.max_recv_wr
+    cap.max_send_sge, cap.max_recv_sge = g.max_send_sge, g.max_recv_sge
+    cap.max_inline_data = g.max_inline_data
+    mem = ffi.new(ctype + " *")
+    s = ffi.cast("struct ibv_qp *", mem)
+    s.context, s.qp_context, s.pd = pd_ptr.context, qp_context, pd_ptr
+    s.send_cq, s.recv_cq, s.srq = send_cq, recv_cq, srq
+    s.handle = s.qp_num = qp.qp_num
+    s.state, s.qp_type = 0, qp_type  # IBV_QPS_RESET
+    _qps[_addr(s)] = QpRec(qp, s, mem)
+    remember(qp, s)
+    handles.add("qp", s, _qps[_addr(s)])
+    return mem
+
+
+def create_qp(pd_ptr: Any, attr: Any) -> Any:
+    """ibv_create_qp's body: ``struct ibv_qp *`` (``attr->cap`` updated)."""
+    if attr == shim.ffi.NULL:
+        raise Errno(EINVAL, "ibv_create_qp: init_attr is NULL")
+    return shim.ffi.cast("struct ibv_qp *", make_qp(
+        pd_ptr, attr.qp_type, attr.send_cq, attr.recv_cq, attr.srq,
+        shim.ffi.addressof(attr, "cap"), attr.sq_sig_all, attr.qp_context))
+
+
+# ibv_qp_attr fields copied as they are, by the mask bit that names them
+_PLAIN = ((1, "qp_state"), (2, "cur_qp_state"), (4, "en_sqd_async_notify"),
+          (8, "qp_access_flags"), (16, "pkey_index"), (32, "port_num"), (64, "qkey"),
+          (256, "path_mtu"), (512, "timeout"), (1024, "retry_cnt"), (2048, "rnr_retry"),
+          (4096, "rq_psn"), (8192, "max_rd_atomic"), (32768, "min_rnr_timer"),
+          (65536, "sq_psn"), (131072, "max_dest_rd_atomic"), (262144, "path_mig_state"),
+          (1048576, "dest_qp_num"), (1 << 25, "rate_limit"))
+
+
+def modify_qp(ptr: Any, attr: Any, mask: int) -> int:
+    """ibv_modify_qp's body (the errno, 0 on success); ``qp->state`` follows, as
+    libibverbs keeps it."""
+    from ..verbs_api import QPAttr, QPCap
+    rec = qp_of(ptr)
+    if attr == shim.ffi.NULL:
+        raise Errno(EINVAL, "ibv_modify_qp: attr is NULL")
+    a = QPAttr()
+    for bit, name in _PLAIN:
+        if mask & bit:
+            setattr(a, name, int(getattr(attr, name)))
+    if mask & _QP_AV:
+        a.ah_attr = ah_attr_from_c(attr.ah_attr)
+    if mask & _QP_ALT_PATH:
+        a.alt_ah_attr = ah_attr_from_c(attr.alt_ah_attr)
+        a.alt_pkey_index, a.alt_port_num = attr.alt_pkey_index, attr.alt_port_num
+        a.alt_timeout = attr.alt_timeout
+    if mask & _QP_CAP:
+        c = attr.cap
+        a.cap = QPCap(c.max_send_wr, c.max_recv_wr, c.max_send_sge, c.max_recv_sge,
+                      c.max_inline_data)
+    try:
+        rec.qp.modify(a, mask)
+    except OSError as e:
+        raise _rdma_errno(e) from None
+    if mask & _QP_STATE:
+        rec.struct.state = attr.qp_state
+    return 0
+
+
+def query_qp(ptr: Any, attr: Any, mask: int, init_attr: Any) -> int:
+    """ibv_query_qp's body: every attribute (rxe answers them all), the creation
+    attributes with the program's own pointers."""
+    ffi = shim.ffi
+    rec = qp_of(ptr)
+    try:
+        a, ia = rec.qp.query(mask)
+    except OSError as e:
+        raise _rdma_errno(e) from None
+    if attr != ffi.NULL:
+        ffi.memmove(attr, b"\0" * ffi.sizeof("struct ibv_qp_attr"),
+                    ffi.sizeof("struct ibv_qp_attr"))
+        for _, name in _PLAIN:
+            setattr(attr, name, int(getattr(a, name)))
+        attr.sq_draining = int(a.sq_draining)
+        attr.alt_pkey_index, attr.alt_port_num = a.alt_pkey_index, a.alt_port_num
+        attr.alt_timeout = a.alt_timeout
+        _cap_to_c(a.cap, attr.cap)
+        if a.ah_attr is not None and a.ah_attr.gr is not None:
+            ah_attr_to_c(a.ah_attr, attr.ah_attr)
+        if a.alt_ah_attr is not None and a.alt_ah_attr.gr is not None:
+            ah_attr_to_c(a.alt_ah_attr, attr.alt_ah_attr)
+    s = rec.struct
+    if init_attr != ffi.NULL:
+        init_attr.qp_context, init_attr.send_cq, init_attr.recv_cq = \
+            s.qp_context, s.send_cq, s.recv_cq
+        init_attr.srq, init_attr.qp_type = s.srq, s.qp_type
+        init_attr.sq_sig_all = int(ia.sq_sig_all)
+        _cap_to_c(ia.cap, init_attr.cap)
+    s.state = int(a.qp_state)
+    return 0
+
+
+def _cap_to_c(cap: Any, out: Any) -> None:
+    out.max_send_wr, out.max_recv_wr = cap.max_send_wr, cap.max_recv_wr
+    out.max_send_sge, out.max_recv_sge = cap.max_send_sge, cap.max_recv_sge
+    out.max_inline_data = cap.max_inline_data
+
+
+def destroy_qp(ptr: Any) -> int:
+    rec = qp_of(ptr)
+    try:
+        rec.qp.close()
+    except OSError as e:
+        raise _rdma_errno(e) from None
+    del _qps[_addr(ptr)]
+    forget(rec.qp)
+    handles.release("qp", ptr)
+    return 0
+
+
+# ---- work requests ------------------------------------------------------------------------
+
+def _sges(sg: Any, n: int) -> list:
+    from ..verbs_api import SGE
+    return [SGE(e.addr, e.length, e.lkey) for e in (sg[j] for j in range(n))]
+
+
+def _send_wr(w: Any, rec: QpRec) -> Any:
+    """One ``struct ibv_send_wr`` as a verbs_api SendWR (the SGE count checked before the
+    program's array is read: a count past the QP's limit is EINVAL, as rxe says)."""
+    from ..verbs_api import SendWR
+    n = w.num_sge
+    if n < 0 or n > rec.max_send_sge:
+        raise Errno(EINVAL, f"ibv_post_send: num_sge {n} exceeds max_send_sge "
+                            f"{rec.max_send_sge}")
+    op = w.opcode
+    imm = w.imm_data
+    if op in _IMM_OPS:
+        imm = _bswap32(imm)  # __be32 in the program's memory
+    elif op == _WR_BIND_MW:
+        raise Errno(EOPNOTSUPP, "ibv_post_send: IBV_WR_BIND_MW is not supported by "
+                                "softrdma exec yet")
+    wr = SendWR(w.wr_id, op, n, imm, _sges(w.sg_list, n) if n else (), w.send_flags)
+    u = w.wr
+    if rec.ud:
+        wr.ah = ah_of(u.ud.ah)
+        wr.remote_qpn, wr.remote_qkey = u.ud.remote_qpn, u.ud.remote_qkey
+    elif op >= 5 and op <= 6:  # atomics: their own member of the union
+        a = u.atomic
+        wr.remote_addr, wr.rkey, wr.compare_add, wr.swap = a.remote_addr, a.rkey, \
+            a.compare_add, a.swap
+    else:
+        wr.remote_addr, wr.rkey = u.rdma.remote_addr, u.rdma.rkey
+    return wr
+
+
+def _recv_wr(w: Any, max_sge: int, what: str) -> Any:
+    from ..verbs_api import RecvWR
+    n = w.num_sge
+    if n < 0 or n > max_sge:
+        raise Errno(EINVAL, f"{what}: num_sge {n} exceeds max_recv_sge {max_sge}")
+    return RecvWR(w.wr_id, n, _sges(w.sg_list, n) if n else ())
+
+
+def _post(wr: Any, bad_wr: Any, convert: Any, post: Any) -> int:
+    """Convert the chain until a WR fails, post what came before it; on a failure
+    ``*bad_wr`` is the first WR not posted and the errno is returned."""
+    ffi = shim.ffi
+    wrs, ptrs = [], []
+    failed = None
+    w = wr
+    while w:
+        try:
+            wrs.append(convert(w))
+        except Errno as e:
+            failed = (e.error_code, w)
+            break
+        ptrs.append(w)
+        w = w.next
+    if wrs:
+        try:
+            post(wrs)
+        except OSError as e:
+            i = getattr(e, "bad_wr_index", 0)
+            if bad_wr != ffi.NULL:
+                bad_wr[0] = ptrs[i]
+            return getattr(e, "error_code", None) or e.errno or EINVAL
+    if failed is not None:
+        if bad_wr != ffi.NULL:
+            bad_wr[0] = failed[1]
+        return failed[0]
+    return 0
+
+
+# ---- SRQs ------------------------------------------------------------------------------------
+
+def _srq_attr_to_c(a: Any, out: Any) -> None:
+    out.max_wr, out.max_sge, out.srq_limit = a.max_wr, a.max_sge, a.srq_limit
+
+
+# ---- async events ------------------------------------------------------------------------------
+
+_async: dict[int, tuple[EventFd, Any]] = {}  # context address -> (its events, listener)
+
+
+def _on_open(ctx: Any, c: Any) -> None:
+    """ibv_open_device made ``ctx``: its data path slots, its async_fd."""
+    lib = _lib
+    for slot, fn in (("poll_cq", lib.softrdma_poll_cq),
+                     ("req_notify_cq", lib.softrdma_req_notify_cq),
+                     ("post_send", lib.softrdma_post_send),
+                     ("post_recv", lib.softrdma_post_recv),
+                     ("post_srq_recv", lib.softrdma_post_srq_recv)):
+        devices.set_op(ctx, slot, fn)
+    events = EventFd()
+
+    def listener(ev: Any) -> None:
+        # as uverbs: a QP's, CQ's or SRQ's event to the context owning it; port and
+        # device events to every context
+        owner = getattr(ev.element, "context", None)
+        if owner is None or owner is c:
+            events.put(ev)
+
+    dev = c.device
+    with dev.lock:
+        dev.async_listeners.append(listener)
+    _async[_addr(ctx)] = (events, listener)
+    ctx.async_fd = events.fd
+
+
+def _on_close(ctx: Any, c: Any) -> None:
+    entry = _async.pop(_addr(ctx), None)
+    if entry is None:
+        return
+    events, listener = entry
+    dev = c.device
+    with dev.lock:
+        if listener in dev.async_listeners:
+            dev.async_listeners.remove(listener)
+    events.close()
+
+
+_lib: Any = None
+_strings: dict[str, Any] = {}
+
+
+def _cstr(s: str) -> Any:
+    """A C string that lives as long as the library (the *_str verbs return them)."""
+    p = _strings.get(s)
+    if p is None:
+        p = _strings[s] = shim.ffi.new("char[]", s.encode())
+    return p
+
+
+def install(ffi: Any, lib: Any) -> None:
+    """Define this part's functions and hook the context's creation."""
+    global _lib
+    _lib = lib
+    from ..verbs_api import SRQ, SrqAttr, SrqInitAttr
+    devices.ON_OPEN.append(_on_open)
+    devices.ON_CLOSE.append(_on_close)
+    NULL = ffi.NULL
+
+    # ---- CQs and channels ----------------------------------------------------------------
+    @ffi.def_extern(name="ibv_create_cq")
+    @guard(NULL)
+    def ibv_create_cq(ctx: Any, cqe: int, cq_context: Any, channel: Any, vec: int) -> Any:
+        return ffi.cast("struct ibv_cq *", create_cq(ctx, cqe, cq_context, channel, vec))
+
+    @ffi.def_extern(name="ibv_destroy_cq")
+    @guard("errno")
+    def ibv_destroy_cq(cq: Any) -> int:
+        return destroy_cq(cq)
+
+    @ffi.def_extern(name="ibv_resize_cq")
+    @guard("errno")
+    def ibv_resize_cq(cq: Any, cqe: int) -> int:
+        rec = cq_of(cq)
+        try:
+            rec.cq.resize(cqe)
+        except OSError as e:
+            raise _rdma_errno(e) from None
+        rec.struct.cqe = rec.cq.cqe
+        return 0
+
+    @ffi.def_extern(name="ibv_create_comp_channel")
+    @guard(NULL)
+    def ibv_create_comp_channel(ctx: Any) -> Any:
+        c = devices.context_of(ctx)
+        s = ffi.new("struct ibv_comp_channel *")
+        rec = ChannelRec(s, c)
+        s.context, s.fd, s.refcnt = ctx, rec.events.fd, 0
+        return handles.add("comp_channel", s, rec)
+
+    @ffi.def_extern(name="ibv_destroy_comp_channel")
+    @guard(-1)
+    def ibv_destroy_comp_channel(ch: Any) -> int:
+        rec = channel_of(ch)
+        if rec.cqs:
+            raise Errno(EBUSY, "ibv_destroy_comp_channel: CQs still use it")
+        handles.release("comp_channel", ch)
+        rec.events.close()
+        return 0
+
+    @ffi.def_extern(name="ibv_get_cq_event")
+    @guard(-1)
+    def ibv_get_cq_event(ch: Any, cq_out: Any, ctx_out: Any) -> int:
+        rec = channel_of(ch)
+        dev = rec.context.device
+        cq = rec.events.take("ibv_get_cq_event", lambda: dev.fatal is not None)
+        cq.unacked += 1
+        cq_out[0] = cq.struct
+        ctx_out[0] = cq.struct.cq_context
+        return 0
+
+    @ffi.def_extern(name="ibv_ack_cq_events")
+    @guard(None)
+    def ibv_ack_cq_events(cq: Any, n: int) -> None:
+        rec = cq_of(cq)
+        n = min(n, rec.unacked)
+        rec.unacked -= n
+        rec.struct.comp_events_completed += n
+
+    @ffi.def_extern(name="softrdma_req_notify_cq")
+    @guard("errno")
+    def req_notify_cq(cq: Any, solicited_only: int) -> int:
+        rec = cq_of(cq)
+        try:
+            rec.cq.req_notify(bool(solicited_only))
+        except OSError as e:
+            raise _rdma_errno(e) from None
+        return 0
+
+    @ffi.def_extern(name="softrdma_poll_cq")
+    @guard(-1)
+    def poll_cq(cq: Any, n: int, wc: Any) -> int:
+        rec = _cqs.get(int(ffi.cast("uintptr_t", cq)))
+        if rec is None:
+            raise Errno(EINVAL, "ibv_poll_cq: not a CQ of softrdma exec")
+        if n <= 0:
+            return 0
+        try:
+            got, wcs = rec.poll(n)
+        except OSError as e:
+            raise _rdma_errno(e) from None
+        for i in range(got):
+            fill_wc(wc[i], wcs[i])
+        return got
+
+    # ---- async events ----------------------------------------------------------------------
+    @ffi.def_extern(name="ibv_get_async_event")
+    @guard(-1)
+    def ibv_get_async_event(ctx: Any, out: Any) -> int:
+        c = devices.context_of(ctx)
+        events, _ = _async[_addr(ctx)]
+        ev = events.take("ibv_get_async_event", lambda: False)
+        el = ev.element
+        kind = type(el).__name__
+        if isinstance(el, int):
+            out.element.port_num = el
+        elif kind == "QP":
+            out.element.qp = ptr_of(el)
+        elif kind == "CQ":
+            out.element.cq = ptr_of(el)
+        elif kind == "SRQ":
+            out.element.srq = ptr_of(el)
+        else:
+            out.element.port_num = 0
+        out.event_type = int(ev.event_type)
+        del c
+        return 0
+
+    @ffi.def_extern(name="ibv_ack_async_event")
+    @guard(None)
+    def ibv_ack_async_event(event: Any) -> None:
+        pass  # nothing waits for the acks: destroying an object never blocks here
+
+    @ffi.def_extern(name="ibv_wc_status_str")
+    @guard(NULL)
+    def ibv_wc_status_str(status: int) -> Any:
+        return _cstr(_WC_STATUS[status] if 0 <= status < len(_WC_STATUS) else "unknown")
+
+    @ffi.def_extern(name="ibv_event_type_str")
+    @guard(NULL)
+    def ibv_event_type_str(ev: int) -> Any:
+        return _cstr(_EVENT_TYPE[ev] if 0 <= ev < len(_EVENT_TYPE) else "unknown")
+
+    # ---- QPs ----------------------------------------------------------------------------------
+    @ffi.def_extern(name="ibv_create_qp")
+    @guard(NULL)
+    def ibv_create_qp(pd: Any, attr: Any) -> Any:
+        return create_qp(pd, attr)
+
+    @ffi.def_extern(name="ibv_modify_qp")
+    @guard("errno")
+    def ibv_modify_qp(qp: Any, attr: Any, mask: int) -> int:
+        return modify_qp(qp, attr, mask)
+
+    @ffi.def_extern(name="ibv_query_qp")
+    @guard("errno")
+    def ibv_query_qp(qp: Any, attr: Any, mask: int, init_attr: Any) -> int:
+        return query_qp(qp, attr, mask, init_attr)
+
+    @ffi.def_extern(name="ibv_destroy_qp")
+    @guard("errno")
+    def ibv_destroy_qp(qp: Any) -> int:
+        return destroy_qp(qp)
+
+    @ffi.def_extern(name="softrdma_post_send")
+    @guard("errno")
+    def post_send(qp: Any, wr: Any, bad_wr: Any) -> int:
+        rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
+        if rec is None:
+            raise Errno(EINVAL, "ibv_post_send: not a QP of softrdma exec")
+        return _post(wr, bad_wr, lambda w: _send_wr(w, rec), rec.post_send)
+
+    @ffi.def_extern(name="softrdma_post_recv")
+    @guard("errno")
+    def post_recv(qp: Any, wr: Any, bad_wr: Any) -> int:
+        rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
+        if rec is None:
+            raise Errno(EINVAL, "ibv_post_recv: not a QP of softrdma exec")
+        m = rec.max_recv_sge if rec.struct.srq == NULL else 0
+        return _post(wr, bad_wr, lambda w: _recv_wr(w, max(m, 0), "ibv_post_recv"),
+                     rec.post_recv)
+
+    # ---- SRQs ----------------------------------------------------------------------------------
+    @ffi.def_extern(name="ibv_create_srq")
+    @guard(NULL)
+    def ibv_create_srq(pd_ptr: Any, init: Any) -> Any:
+        pd = pd_of(pd_ptr)
+        if init == NULL:
+            raise Errno(EINVAL, "ibv_create_srq: init_attr is NULL")
+        a = init.attr
+        try:
+            srq = SRQ(pd, SrqInitAttr(SrqAttr(a.max_wr, a.max_sge, a.srq_limit)))
+        except OSError as e:
+            raise _rdma_errno(e) from None
+        q = srq.query()
+        a.max_wr, a.max_sge = q.max_wr, q.max_sge  # what the device granted
+        s = ffi.new("struct ibv_srq *")
+        s.context, s.srq_context, s.pd = pd_ptr.context, init.srq_context, pd_ptr
+        s.handle = id(srq) & 0xFFFFFFFF
+        rec = SrqRec(srq, s)
+        _srqs[_addr(s)] = rec
+        remember(srq, s)
+        return handles.add("srq", s, rec)
+
+    @ffi.def_extern(name="ibv_modify_srq")
+    @guard("errno")
+    def ibv_modify_srq(srq: Any, attr: Any, mask: int) -> int:
+        rec = srq_of(srq)
+        try:
+            rec.srq.modify(SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit), mask)
+        except OSError as e:
+            raise _rdma_errno(e) from None
+        return 0
+
+    @ffi.def_extern(name="ibv_query_srq")
+    @guard("errno")
+    def ibv_query_srq(srq: Any, attr: Any) -> int:
+        rec = srq_of(srq)
+        try:
+            _srq_attr_to_c(rec.srq.query(), attr)
+        except OSError as e:
+            raise _rdma_errno(e) from None
+        return 0
+
+    @ffi.def_extern(name="ibv_destroy_srq")
+    @guard("errno")
+    def ibv_destroy_srq(srq: Any) -> int:
+        rec = srq_of(srq)
+        try:
+            rec.srq.close()  # EBUSY while a QP uses it
+        except OSError as e:
+            raise _rdma_errno(e) from None
+        del _srqs[_addr(srq)]
+        forget(rec.srq)
+        handles.release("srq", srq)
+        return 0
+
+    @ffi.def_extern(name="softrdma_post_srq_recv")
+    @guard("errno")
+    def post_srq_recv(srq: Any, wr: Any, bad_wr: Any) -> int:
+        rec = _srqs.get(int(ffi.cast("uintptr_t", srq)))
+        if rec is None:
+            raise Errno(EINVAL, "ibv_post_srq_recv: not an SRQ of softrdma exec")
+        return _post(wr, bad_wr, lambda w: _recv_wr(w, rec.max_sge, "ibv_post_srq_recv"),
+                     rec.srq.post_recv)
