@@ -252,3 +252,33 @@ def test_the_programs_own_trace_options_stay_its_own():
     env = dict(line.removeprefix("export ").split("=", 1) for line in r.stdout.splitlines())
     assert env["SOFTRDMA_TRACE"] == "packet"
     assert env["SOFTRDMA_PCAP"] == os.path.abspath("x.pcap")
+
+
+def test_the_ld_library_path_form_replaces_both_libraries_with_one_object(tmp_path):
+    """``--ld-library-path``: a directory whose libibverbs.so.1 and librdmacm.so.1 are
+    softrdma, built with the installed libraries' symbol versions (IBVERBS_1.x,
+    IBVERBS_PRIVATE_34, RDMACM_1.x), so Debian's ibv_devices and ibv_devinfo (which need
+    IBVERBS_1.0, 1.1 and the private version) load and answer as under the preload; a
+    process that asks for both names maps one object and never the real libraries."""
+    r = _run(SOFTRDMA + ["exec", "--ld-library-path", "--print-env"])
+    assert r.returncode == 0, r.stderr
+    env = {k: v.strip("'") for k, v in
+           (line.removeprefix("export ").split("=", 1) for line in r.stdout.splitlines())}
+    assert "LD_PRELOAD" not in env
+    libdir = env["LD_LIBRARY_PATH"].split(":")[0]
+    ip = "127.0.5.26"
+    run_env = {**os.environ, **env, "SOFTRDMA_IP": ip}
+    r = _run(["ibv_devices"], env=run_env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr  # no "no version information"
+    assert r.stdout == _devices(ip)
+    r = _run(["ibv_devinfo"], env=run_env)
+    assert r.returncode == 0 and "hca_id:\tsoftrdma0" in r.stdout, r.stderr
+    code = ("import ctypes; ctypes.CDLL('librdmacm.so.1'); ctypes.CDLL('libibverbs.so.1'); "
+            "import pyverbs.device as d; print([x.name.decode() for x in d.get_device_list()]);"
+            "print(sorted({l.split()[-1] for l in open('/proc/self/maps') "
+            "if 'libibverbs' in l or 'librdmacm' in l}))")
+    r = _run(["/usr/bin/python3", "-c", code], env=run_env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    names, maps = r.stdout.splitlines()
+    assert names == "['softrdma0']"
+    assert maps == str([os.path.join(libdir, "libibverbs.so.1")])

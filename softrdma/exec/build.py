@@ -103,7 +103,8 @@ def _key() -> str:
     import cffi
     from . import shim
     h = hashlib.sha256()
-    sources = [Path(__file__), Path(shim.__file__), Path(abi.__file__), Path(process.__file__)]
+    sources = [Path(__file__), Path(shim.__file__), Path(abi.__file__), Path(process.__file__),
+               Path(__file__).with_name("libdir.py")]
     sources += [Path(m.__file__) for m in parts()]
     for part in ([p.read_bytes() for p in sources] + [
                  VERBS_H.read_bytes() if VERBS_H.exists() else b"",
@@ -114,9 +115,10 @@ def _key() -> str:
     return h.hexdigest()[:16]
 
 
-def build_library(target: Path) -> Path:
+def build_library(target: Path, link_args: list[str] | None = None) -> Path:
     """Build the library at ``target`` (gcc, the installed headers, this Python's
-    libpython); OSError with the compiler's complaint if it cannot."""
+    libpython; ``link_args`` for the linker: :mod:`.libdir`'s version script); OSError
+    with the compiler's complaint if it cannot."""
     import cffi
     if not VERBS_H.exists():
         raise OSError(2, f"softrdma exec: {VERBS_H} is missing (Debian: libibverbs-dev)")
@@ -125,7 +127,9 @@ def build_library(target: Path) -> Path:
     ffi.cdef(types)
     ffi.embedding_api(exports)
     import _cffi_backend
-    ffi.set_source(MODULE, SOURCE + process.c_source(sys.executable, _cffi_backend.__file__))
+    ffi.set_source(MODULE, SOURCE + process.c_source(sys.executable, _cffi_backend.__file__),
+                   extra_compile_args=["-Wno-array-parameter"],  # verbs.h's eth_mac[6]
+                   extra_link_args=link_args or [])
     ffi.embedding_init_code(INIT)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f"build-{os.getpid()}"

@@ -12,7 +12,9 @@ what softrdma's devices read from the environment works for it too: ``--pcap`` (
 packet the program's device sends and receives), ``--fault`` and the tracing options are
 handed to it as SOFTRDMA_PCAP, SOFTRDMA_FAULTS and SOFTRDMA_TRACE*. ``--print-env``
 prints the environment instead, for launchers that start programs their own way (mpirun,
-test runners). docs/exec.md is the guide.
+test runners); ``--ld-library-path`` uses a directory of softrdma's libibverbs.so.1 and
+librdmacm.so.1 instead of the preload (:mod:`softrdma.exec.libdir`). docs/exec.md is the
+guide.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rebuild", action="store_true", help="build the preload library again")
     p.add_argument("--print-env", action="store_true",
                    help="print the variables to set (shell syntax) and exit")
+    p.add_argument("--ld-library-path", action="store_true",
+                   help="put softrdma's libibverbs.so.1 and librdmacm.so.1 first in "
+                        "LD_LIBRARY_PATH instead of preloading (the real ones are not "
+                        "loaded at all)")
     p.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
     p.set_defaults(func=run)
 
@@ -49,18 +55,25 @@ _TRACE_ENV = {"--trace": "SOFTRDMA_TRACE", "--trace-format": "SOFTRDMA_TRACE_FOR
 
 
 def exec_environment(addr: str | None = None, rebuild: bool = False,
-                     pcap: str | None = None) -> dict[str, str]:
+                     pcap: str | None = None, libdir: bool = False) -> dict[str, str]:
     """The variables that put softrdma under a program: the preload library (built on
-    first use) ahead of any other, the path the embedded interpreter imports softrdma
-    from, the device's address if chosen, and what the program's device should do that
-    the command line asked for (capture, faults, tracing)."""
+    first use) ahead of any other -- or, with ``libdir``, the directory whose
+    libibverbs.so.1 and librdmacm.so.1 are softrdma first in LD_LIBRARY_PATH -- the path
+    the embedded interpreter imports softrdma from, the device's address if chosen, and
+    what the program's device should do that the command line asked for (capture,
+    faults, tracing)."""
     from ..exec.build import library_path, package_root
+    from ..exec.libdir import library_dir
     try:
-        lib = str(library_path(rebuild=rebuild))
+        if libdir:
+            name, first = "LD_LIBRARY_PATH", str(library_dir(rebuild=rebuild))
+        else:
+            name, first = "LD_PRELOAD", str(library_path(rebuild=rebuild))
     except OSError as e:
         raise ToolError(str(e)) from None
-    pre = os.environ.get("LD_PRELOAD", "")
-    env = {"LD_PRELOAD": lib + (" " + pre if pre else ""),
+    before = os.environ.get(name, "")
+    sep = ":" if libdir else " "
+    env = {name: first + (sep + before if before else ""),
            "SOFTRDMA_EXEC_PATH": package_root(),
            "SOFTRDMA_BACKEND": "soft"}
     if addr:
@@ -78,7 +91,7 @@ def exec_environment(addr: str | None = None, rebuild: bool = False,
 
 def run(a: argparse.Namespace) -> int:
     prog = a.program[1:] if a.program[:1] == ["--"] else a.program
-    env = exec_environment(a.addr, a.rebuild, a.pcap)
+    env = exec_environment(a.addr, a.rebuild, a.pcap, a.ld_library_path)
     if a.print_env:
         for k, v in env.items():
             print(f"export {k}={shlex.quote(v)}")
