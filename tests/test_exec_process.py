@@ -259,7 +259,8 @@ def test_the_ld_library_path_form_replaces_both_libraries_with_one_object(tmp_pa
     softrdma, built with the installed libraries' symbol versions (IBVERBS_1.x,
     IBVERBS_PRIVATE_34, RDMACM_1.x), so Debian's ibv_devices and ibv_devinfo (which need
     IBVERBS_1.0, 1.1 and the private version) load and answer as under the preload; a
-    process that asks for both names maps one object and never the real libraries."""
+    process that asks for both names maps one object and never the real libraries, and
+    one that dlopens libibverbs.so.1 and looks its functions up gets softrdma's."""
     r = _run(SOFTRDMA + ["exec", "--ld-library-path", "--print-env"])
     assert r.returncode == 0, r.stderr
     env = {k: v.strip("'") for k, v in
@@ -273,7 +274,11 @@ def test_the_ld_library_path_form_replaces_both_libraries_with_one_object(tmp_pa
     assert r.stdout == _devices(ip)
     r = _run(["ibv_devinfo"], env=run_env)
     assert r.returncode == 0 and "hca_id:\tsoftrdma0" in r.stdout, r.stderr
-    code = ("import ctypes; ctypes.CDLL('librdmacm.so.1'); ctypes.CDLL('libibverbs.so.1'); "
+    # by soname through dlopen, as programs that load libibverbs at run time do (their
+    # dlsym on that handle never sees a preload: the preload form cannot serve them)
+    code = ("import ctypes; ctypes.CDLL('librdmacm.so.1'); l = ctypes.CDLL('libibverbs.so.1'); "
+            "f = l.ibv_get_device_list; f.restype = ctypes.c_void_p; n = ctypes.c_int(-1); "
+            "assert f(ctypes.byref(n)) and n.value == 1, n; "
             "import pyverbs.device as d; print([x.name.decode() for x in d.get_device_list()]);"
             "print(sorted({l.split()[-1] for l in open('/proc/self/maps') "
             "if 'libibverbs' in l or 'librdmacm' in l}))")
