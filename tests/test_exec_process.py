@@ -287,3 +287,53 @@ def test_the_ld_library_path_form_replaces_both_libraries_with_one_object(tmp_pa
     names, maps = r.stdout.splitlines()
     assert names == "['softrdma0']"
     assert maps == str([os.path.join(libdir, "libibverbs.so.1")])
+
+
+RACE = r"""
+/* several threads make the program's first call into the library at once */
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdio.h>
+
+static pthread_barrier_t go;
+
+static void *first_call(void *arg)
+{
+    int num = -1;
+    pthread_barrier_wait(&go);
+    struct ibv_device **list = ibv_get_device_list(&num);
+    return (void *)(long)(list != NULL && num == 1);
+}
+
+int main(void)
+{
+    enum { N = 8 };
+    pthread_t t[N];
+    long ok = 0;
+    pthread_barrier_init(&go, NULL, N);
+    for (int i = 0; i < N; i++)
+        pthread_create(&t[i], NULL, first_call, NULL);
+    for (int i = 0; i < N; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        ok += (long)r;
+    }
+    printf("%ld of %d threads found the device\n", ok, N);
+    return 0;
+}
+"""
+
+
+def test_threads_making_the_first_call_at_once_start_one_interpreter(tmp_path):
+    """Eight threads of a C program call ibv_get_device_list at the same moment, before
+    anything has started Python: the library starts the interpreter once (the others
+    wait for it) and every thread gets the device."""
+    src = tmp_path / "race.c"
+    src.write_text(RACE)
+    exe = tmp_path / "race"
+    subprocess.run(["gcc", "-pthread", str(src), "-o", str(exe), "-libverbs"],
+                   check=True, capture_output=True)
+    for _ in range(3):
+        r = _run(SOFTRDMA + ["exec", "--addr", "127.0.5.27", "--", str(exe)])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "8 of 8 threads found the device\n", r.stdout + r.stderr
