@@ -37,11 +37,11 @@ it runs once, at the program's first call into the library.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from . import abi
 
@@ -226,10 +226,12 @@ def python_version_of(program: str) -> tuple[int, int] | None:
     if not head.startswith(b"\x7fELF"):
         return None
     try:
-        data = Path(path).read_bytes()
-    except OSError:
-        return None
-    if b"Py_BytesMain" not in data:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            if m.find(b"Py_BytesMain") < 0:  # a C program (the usual case): done
+                return None
+            found = _PY_NAME.search(m)
+            named = (int(found.group(1)), int(found.group(2))) if found else None
+    except (OSError, ValueError):
         return None
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
     try:
@@ -239,8 +241,7 @@ def python_version_of(program: str) -> tuple[int, int] | None:
         major, minor = out.split()
         return int(major), int(minor)
     except (OSError, ValueError, subprocess.SubprocessError):
-        m = _PY_NAME.search(data)  # cannot ask it: its libpython's name says
-        return (int(m.group(1)), int(m.group(2))) if m else None
+        return named  # cannot ask it: its libpython's name says
 
 
 def python_mismatch(program: str) -> str | None:
