@@ -64,14 +64,21 @@ def test_a_python_program_without_cffi_gets_the_launchers_backend(tmp_path):
     as the program: the library's code runs in *its* interpreter, with softrdma's package
     root and the launcher's _cffi_backend and nothing else of the launcher's Python;
     ibv_get_device_list answers one device (before: the embedding could not start and
-    every call returned 0)."""
+    every call returned 0). softrdma is imported by location: its checkout's directory
+    does not join the program's sys.path."""
     r = _run(["/usr/bin/python3", "-S", "-c", _LIST + "; print(sorted(p for p in sys.path "
-              "if 'site-packages' in p or 'dist-packages' in p))"],
-             env={**os.environ, **_preload_only("127.0.5.21")}, cwd=str(tmp_path))
+              "if 'site-packages' in p or 'dist-packages' in p)); import importlib.util; "
+              "print(importlib.util.find_spec('tests'), sys.modules['softrdma'].__file__)"],
+             env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                  **_preload_only("127.0.5.21")}, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "True 1 0", r.stderr
     assert lines[1] == "[]"  # no other Python's packages reached the host's path
+    # softrdma itself, by location: its checkout's other packages (tests/, which
+    # rdma-core's suite is called too) stay out of the program's imports
+    root = Path(__file__).resolve().parents[1]
+    assert lines[2] == f"None {root / 'softrdma' / '__init__.py'}"
 
 
 def _other_python() -> Path:

@@ -77,16 +77,24 @@ def package_root() -> str:
 
 
 #: run by the embedded interpreter when the program first calls in (after
-#: :mod:`.process`'s glue started it, or found the program's own): softrdma's package
-#: root first on sys.path -- ``SOFTRDMA_EXEC_PATH``, else the root the library was built
-#: from, and nothing else (a Python host keeps its own path) -- then the shim defines
-#: every function
+#: :mod:`.process`'s glue started it, or found the program's own): the ``softrdma``
+#: package imported from its root -- ``SOFTRDMA_EXEC_PATH``, else the root the library was
+#: built from -- by location, so nothing else of that directory (its ``tests`` package:
+#: rdma-core's suite has one too) lands on a Python program's sys.path; then the shim
+#: defines every function
 INIT_TEMPLATE = """
-import os, sys
-paths = [p for p in os.environ.get("SOFTRDMA_EXEC_PATH", "").split(os.pathsep) if p]
-for p in reversed(paths or [{root!r}]):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import importlib.util, os, sys
+if "softrdma" not in sys.modules:
+    for root in [p for p in os.environ.get("SOFTRDMA_EXEC_PATH", "").split(os.pathsep)
+                 if p] or [{root!r}]:
+        pkg = os.path.join(root, "softrdma")
+        if os.path.exists(os.path.join(pkg, "__init__.py")):
+            spec = importlib.util.spec_from_file_location(
+                "softrdma", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules["softrdma"] = mod
+            spec.loader.exec_module(mod)
+            break
 from {module} import ffi, lib
 from softrdma.exec import shim
 shim.install(ffi, lib)

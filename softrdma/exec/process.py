@@ -13,9 +13,11 @@ The library's functions are Python, so the program needs an interpreter. Two cas
   The configuration is isolated (``PYTHON*`` variables meant for other Pythons are
   ignored, the program's locale and signals are left alone).
 * **A Python program** (Debian's ``python3`` running the compiled pyverbs): the program's
-  interpreter is already running and the library's code runs in it; only softrdma's
-  package root is added to ``sys.path`` (another Python's standard library on it crashed
-  the host), and ``_cffi_backend`` is loaded from the launcher's copy if the host has none.
+  interpreter is already running and the library's code runs in it; the ``softrdma``
+  package is imported by location (:data:`softrdma.exec.build.INIT`: nothing joins the
+  host's ``sys.path``; the launcher's whole path once put another Python's standard
+  library there and crashed the host), and ``_cffi_backend`` is loaded from the
+  launcher's copy if the host has none.
   The library's C was compiled for one ``major.minor`` of CPython's ABI: in a host of
   another version it hangs (3.12) or answers zeros (3.10), so the library refuses --
   one line on stderr, every function fails (NULL, -1 or ENOSYS) -- and ``softrdma exec``
