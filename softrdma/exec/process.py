@@ -208,7 +208,9 @@ _PY_NAME = re.compile(rb"python(\d)\.(\d+)")
 def python_version_of(program: str) -> tuple[int, int] | None:
     """The ``(major, minor)`` of CPython ``program`` runs as, or None if it is not a Python
     (an ELF that defines or imports ``Py_BytesMain``, or a script whose ``#!`` line names
-    one). The version is the interpreter's own answer, asked without softrdma."""
+    one). The version is the interpreter's own answer, asked without softrdma, for a
+    ``python*`` executable; for another program embedding Python, the ``pythonX.Y`` its
+    file names (its libpython, its library directory)."""
     path = _which(program)
     if path is None:
         return None
@@ -235,6 +237,8 @@ def python_version_of(program: str) -> tuple[int, int] | None:
             named = (int(found.group(1)), int(found.group(2))) if found else None
     except (OSError, ValueError):
         return None
+    if not os.path.basename(os.path.realpath(path)).startswith("python"):
+        return named  # embeds Python (uwsgi, ...): never run it, its libpython's name says
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
     try:
         out = subprocess.run([path, "-I", "-S", "-c",
