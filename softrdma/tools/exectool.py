@@ -3,7 +3,7 @@
     softrdma exec -- ibv_devices
     softrdma exec --addr 127.0.0.2 -- ibv_rc_pingpong -g 1
     softrdma exec --pcap rc.pcap --fault 'tx:loss=0.05' -- ib_write_bw -n 50
-    softrdma --trace packet exec -- ibv_rc_pingpong -g 1 127.0.0.2
+    softrdma exec --trace packet --addr 127.0.0.3 -- ibv_rc_pingpong -g 1 127.0.0.2
 
 The program runs with softrdma's preload library (:mod:`softrdma.exec`) in
 ``LD_PRELOAD``: its libibverbs and librdmacm calls are answered by softrdma in its own
