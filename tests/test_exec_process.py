@@ -349,3 +349,32 @@ def test_threads_making_the_first_call_at_once_start_one_interpreter(tmp_path):
         r = _run(SOFTRDMA + ["exec", "--addr", "127.0.5.27", "--", str(exe)])
         assert r.returncode == 0, r.stderr
         assert r.stdout == "8 of 8 threads found the device\n", r.stdout + r.stderr
+
+
+def test_the_ld_library_path_form_runs_perftest_which_links_providers_directly():
+    """perftest links libmlx5 and libefa itself (their direct verbs), and they bind, at
+    load, libibverbs' provider-private symbols (IBVERBS_PRIVATE_34: ibv_cmd_*,
+    verbs_register_driver_34): the library directory defines them, inert, so Debian's
+    ib_send_bw loads -- before, it died with "symbol lookup error" -- and two of them
+    complete a run under ``--ld-library-path``."""
+    base = SOFTRDMA + ["exec", "--ld-library-path"]
+    server = subprocess.Popen(base + ["--addr", "127.0.5.28", "--", "ib_send_bw", "-n", "5",
+                                      "-s", "4096", "-p", "18562"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(60):
+            client = _run(base + ["--addr", "127.0.5.29", "--", "ib_send_bw", "-n", "5",
+                                  "-s", "4096", "-p", "18562", "127.0.5.28"])
+            if client.returncode == 0 or "symbol lookup error" in client.stderr \
+                    or server.poll() is not None:
+                break
+            time.sleep(0.5)
+        out, err = server.communicate(timeout=120)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert client.returncode == 0, client.stdout + client.stderr
+    assert server.returncode == 0, out + err
+    for text in (out, client.stdout):
+        assert re.search(r"^\s*4096\s+5\s", text, re.M), text
