@@ -31,8 +31,8 @@ Public names for the other parts (the ``ext`` and ``cma`` helpers build on them)
   :func:`make_qp` with the attributes as Python values and ``ctype`` (``"struct
   ibv_qp_ex"``: starts with ``struct ibv_qp``); :func:`qp_of` -> :class:`QpRec`
   (``.qp`` the verbs_api QP); :func:`modify_qp` / :func:`query_qp` (the C verbs' bodies);
-* :func:`srq_of`, :func:`channel_of`; :func:`fill_wc` (one ``struct ibv_wc`` from a
-  softrdma WC).
+* :func:`srq_of`, :func:`channel_of`; :func:`fill_wcs` / :func:`fill_wc` (``struct
+  ibv_wc`` entries from softrdma WCs).
 
 Structures this part declares for cffi (no other part may declare them again):
 ``ibv_cq``, ``ibv_comp_channel``, ``ibv_wc``, ``ibv_sge``, ``ibv_send_wr``,
@@ -56,9 +56,15 @@ from .shim import Errno, guard, handles
 from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, pd_of, \
     ptr_of, remember
 
+# the verbs_api record classes the data path builds (bound by install: the launcher imports
+# this module for its names only, and should not load the whole stack)
+SendWR: Any = None
+RecvWR: Any = None
+SGE: Any = None
+
 __all__ = ["IMPLEMENTS", "TYPES", "CALLBACKS", "install", "EventFd", "CqRec", "QpRec",
            "create_cq", "cq_of", "create_qp", "make_qp", "qp_of", "modify_qp", "query_qp",
-           "srq_of", "channel_of", "fill_wc"]
+           "srq_of", "channel_of", "fill_wc", "fill_wcs"]
 
 IMPLEMENTS = ("ibv_create_cq", "ibv_destroy_cq", "ibv_resize_cq", "ibv_create_comp_channel",
               "ibv_destroy_comp_channel", "ibv_get_cq_event", "ibv_ack_cq_events",
@@ -395,23 +401,51 @@ def destroy_cq(ptr: Any) -> int:
     return 0
 
 
+#: struct ibv_wc's fields in the order :func:`fill_wcs` packs them, with their widths
+_WC_FIELDS = (("wr_id", "Q"), ("status", "I"), ("opcode", "I"), ("vendor_err", "I"),
+              ("byte_len", "I"), ("imm_data", "I"), ("qp_num", "I"), ("src_qp", "I"),
+              ("wc_flags", "I"), ("pkey_index", "H"), ("slid", "H"), ("sl", "B"),
+              ("dlid_path_bits", "B"))
+_wc_struct: Any = None  # a struct.Struct with the header's offsets (made by install)
+_WC_SIZE = 0
+
+
+def _wc_layout(ffi: Any) -> Any:
+    """A struct.Struct that writes a whole ``struct ibv_wc`` at once, its padding taken
+    from the installed header's offsets (one pack_into per completion, not 13 cffi
+    attribute stores)."""
+    import struct
+    fmt, at = "<", 0
+    for name, code in _WC_FIELDS:
+        off = ffi.offsetof("struct ibv_wc", name)
+        if off < at:
+            raise ValueError(f"struct ibv_wc.{name} at {off}: not in header order")
+        fmt += "x" * (off - at) + code
+        at = off + struct.calcsize("<" + code)
+    fmt += "x" * (ffi.sizeof("struct ibv_wc") - at)
+    return struct.Struct(fmt)
+
+
+def fill_wcs(wc: Any, wcs: list) -> None:
+    """Write softrdma WCs into the program's ``struct ibv_wc`` array (imm_data in network
+    order, as the program reads a __be32)."""
+    buf = shim.ffi.buffer(wc, _WC_SIZE * len(wcs))
+    pack = _wc_struct.pack_into
+    at = 0
+    for w in wcs:
+        flags = w.wc_flags
+        imm = w.imm_data
+        if flags & _WC_WITH_IMM:
+            imm = _bswap32(imm)
+        pack(buf, at, w.wr_id, w.status, w.opcode, w.vendor_err, w.byte_len, imm, w.qp_num,
+             w.src_qp, flags, w.pkey_index, w.slid, w.sl, w.dlid_path_bits)
+        at += _WC_SIZE
+
+
 def fill_wc(out: Any, w: Any) -> None:
-    """One ``struct ibv_wc`` from a softrdma WC (imm_data in network order, as the
-    program reads a __be32)."""
-    out.wr_id = w.wr_id
-    out.status = w.status
-    out.opcode = w.opcode
-    out.vendor_err = w.vendor_err
-    out.byte_len = w.byte_len
-    flags = w.wc_flags
-    out.imm_data = _bswap32(w.imm_data) if flags & _WC_WITH_IMM else w.imm_data
-    out.qp_num = w.qp_num
-    out.src_qp = w.src_qp
-    out.wc_flags = flags
-    out.pkey_index = w.pkey_index
-    out.slid = w.slid
-    out.sl = w.sl
-    out.dlid_path_bits = w.dlid_path_bits
+    """One ``struct ibv_wc`` (a pointer, or an element of an array) from a softrdma WC."""
+    ffi = shim.ffi
+    fill_wcs(out if ffi.typeof(out).kind == "pointer" else ffi.addressof(out), [w])
 
 
 # ---- QPs ------------------------------------------------------------------------------------
@@ -560,14 +594,19 @@ def destroy_qp(ptr: Any) -> int:
 # ---- work requests ------------------------------------------------------------------------
 
 def _sges(sg: Any, n: int) -> list:
-    from ..verbs_api import SGE
-    return [SGE(e.addr, e.length, e.lkey) for e in (sg[j] for j in range(n))]
+    if n == 1:  # the common case, without a loop
+        e = sg[0]
+        return [SGE(e.addr, e.length, e.lkey)]
+    out = []
+    for j in range(n):
+        e = sg[j]
+        out.append(SGE(e.addr, e.length, e.lkey))
+    return out
 
 
 def _send_wr(w: Any, rec: QpRec) -> Any:
     """One ``struct ibv_send_wr`` as a verbs_api SendWR (the SGE count checked before the
     program's array is read: a count past the QP's limit is EINVAL, as rxe says)."""
-    from ..verbs_api import SendWR
     n = w.num_sge
     if n < 0 or n > rec.max_send_sge:
         raise Errno(EINVAL, f"ibv_post_send: num_sge {n} exceeds max_send_sge "
@@ -593,15 +632,14 @@ def _send_wr(w: Any, rec: QpRec) -> Any:
     return wr
 
 
-def _recv_wr(w: Any, max_sge: int, what: str) -> Any:
-    from ..verbs_api import RecvWR
+def _recv_wr(w: Any, max_sge: int) -> Any:
     n = w.num_sge
     if n < 0 or n > max_sge:
-        raise Errno(EINVAL, f"{what}: num_sge {n} exceeds max_recv_sge {max_sge}")
+        raise Errno(EINVAL, f"post_recv: num_sge {n} exceeds the queue's max_sge {max_sge}")
     return RecvWR(w.wr_id, n, _sges(w.sg_list, n) if n else ())
 
 
-def _post(wr: Any, bad_wr: Any, convert: Any, post: Any) -> int:
+def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any) -> int:
     """Convert the chain until a WR fails, post what came before it; on a failure
     ``*bad_wr`` is the first WR not posted and the errno is returned."""
     ffi = shim.ffi
@@ -610,7 +648,7 @@ def _post(wr: Any, bad_wr: Any, convert: Any, post: Any) -> int:
     w = wr
     while w:
         try:
-            wrs.append(convert(w))
+            wrs.append(convert(w, arg))
         except Errno as e:
             failed = (e.error_code, w)
             break
@@ -693,9 +731,11 @@ def _cstr(s: str) -> Any:
 
 def install(ffi: Any, lib: Any) -> None:
     """Define this part's functions and hook the context's creation."""
-    global _lib
+    global _lib, SendWR, RecvWR, SGE, _wc_struct, _WC_SIZE
     _lib = lib
-    from ..verbs_api import SRQ, SrqAttr, SrqInitAttr
+    _wc_struct = _wc_layout(ffi)
+    _WC_SIZE = ffi.sizeof("struct ibv_wc")
+    from ..verbs_api import SRQ, SGE, RecvWR, SendWR, SrqAttr, SrqInitAttr
     devices.ON_OPEN.append(_on_open)
     devices.ON_CLOSE.append(_on_close)
     NULL = ffi.NULL
@@ -782,8 +822,8 @@ def install(ffi: Any, lib: Any) -> None:
             got, wcs = rec.poll(n)
         except OSError as e:
             raise _rdma_errno(e) from None
-        for i in range(got):
-            fill_wc(wc[i], wcs[i])
+        if got:
+            fill_wcs(wc, wcs)
         return got
 
     # ---- async events ----------------------------------------------------------------------
@@ -851,7 +891,7 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_send: not a QP of softrdma exec")
-        return _post(wr, bad_wr, lambda w: _send_wr(w, rec), rec.post_send)
+        return _post(wr, bad_wr, _send_wr, rec, rec.post_send)
 
     @ffi.def_extern(name="softrdma_post_recv")
     @guard("errno")
@@ -859,9 +899,8 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_recv: not a QP of softrdma exec")
-        m = rec.max_recv_sge if rec.struct.srq == NULL else 0
-        return _post(wr, bad_wr, lambda w: _recv_wr(w, max(m, 0), "ibv_post_recv"),
-                     rec.post_recv)
+        # (a QP with an SRQ has max_recv_sge 0: its receives go to the SRQ)
+        return _post(wr, bad_wr, _recv_wr, rec.max_recv_sge, rec.post_recv)
 
     # ---- SRQs ----------------------------------------------------------------------------------
     @ffi.def_extern(name="ibv_create_srq")
@@ -924,5 +963,4 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _srqs.get(int(ffi.cast("uintptr_t", srq)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_srq_recv: not an SRQ of softrdma exec")
-        return _post(wr, bad_wr, lambda w: _recv_wr(w, rec.max_sge, "ibv_post_srq_recv"),
-                     rec.srq.post_recv)
+        return _post(wr, bad_wr, _recv_wr, rec.max_sge, rec.srq.post_recv)
