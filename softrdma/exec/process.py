@@ -105,23 +105,32 @@ static const char softrdma_exec_refusals[] = """ + _c_string(refusals()) + r""";
 static pthread_once_t softrdma_exec_once = PTHREAD_ONCE_INIT;
 static int softrdma_exec_refused;
 static PyGILState_STATE softrdma_exec_fork_gil;
+static int softrdma_exec_fork_by_python;
 
 /* fork: hold the interpreter's lock across it; CPython re-initialises the child's
-   runtime and runs os.register_at_fork's hooks (softrdma's fresh devices) */
+   runtime and runs os.register_at_fork's hooks (softrdma's fresh devices). A fork made
+   by Python code (os.fork: its thread holds the lock) does all this itself. */
 static void softrdma_exec_before_fork(void)
 {
+    softrdma_exec_fork_by_python = PyGILState_Check();
+    if (softrdma_exec_fork_by_python)
+        return;
     softrdma_exec_fork_gil = PyGILState_Ensure();
     PyOS_BeforeFork();
 }
 
 static void softrdma_exec_after_fork_parent(void)
 {
+    if (softrdma_exec_fork_by_python)
+        return;
     PyOS_AfterFork_Parent();
     PyGILState_Release(softrdma_exec_fork_gil);
 }
 
 static void softrdma_exec_after_fork_child(void)
 {
+    if (softrdma_exec_fork_by_python)
+        return;
     PyOS_AfterFork_Child();
     PyGILState_Release(softrdma_exec_fork_gil);
 }
