@@ -90,7 +90,7 @@ def _other_python() -> Path:
     found += [Path(p) for p in (shutil.which(f"python3.{n}") for n in range(8, 20)
                                 if n != sys.version_info[1]) if p]
     # pyenv's shims are scripts that may refuse: only real interpreters
-    found = [p for p in found if p.resolve().open("rb").read(4) == b"\x7fELF"]
+    found = [p for p in found if p.resolve().read_bytes()[:4] == b"\x7fELF"]
     assert found, "no Python of another version beside " + sys.base_prefix
     return found[0]
 
