@@ -110,8 +110,10 @@ def test_verbs_checks_program(tmp_path):
     """A libibverbs program of our own (tests/programs/exec_verbs_checks.c), compiled
     against Debian's headers: its RDMA WRITE lands in, and its RDMA READ reads, the
     program's own malloc'd buffers (the MR is its memory, no copy); SEND_WITH_IMM carries
-    imm_data in network order; a chain whose second WR has too many SGEs fails with EINVAL
-    and bad_wr at that WR while the first is posted; a wrong lkey completes with
+    imm_data in network order; IBV_SEND_INLINE data comes from unregistered memory with
+    lkey 0 (libibverbs ignores an inline SGE's lkey); a chain whose second WR has too many SGEs fails with EINVAL
+    and bad_wr at that WR while the first is posted, and a chain looping on itself stops at
+    the queue's depth with ENOMEM instead of hanging; a wrong lkey completes with
     IBV_WC_LOC_PROT_ERR, as rxe; ibv_dealloc_pd with MRs and ibv_destroy_cq with QPs are
     EBUSY; qp->state follows ibv_modify_qp; the channel fd is a real descriptor
     (O_NONBLOCK makes ibv_get_cq_event EAGAIN, poll() sees an armed completion)."""
@@ -120,7 +122,7 @@ def test_verbs_checks_program(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     oks = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("OK ")]
     assert oks == ["reg_mr", "dealloc_pd_busy", "channel_nonblock", "qp_state", "rdma_write",
-                   "rdma_read", "send_imm", "atomics", "bad_wr", "cq_event", "resize_cq",
+                   "rdma_read", "send_imm", "inline", "atomics", "bad_wr", "cq_event", "resize_cq",
                    "rereg_mr", "srq_limit", "ud_ah_from_wc", "bad_lkey",
                    "destroy_busy", "teardown"], r.stdout + r.stderr
     assert "not supported by softrdma" not in r.stderr

@@ -68,7 +68,7 @@ PROTOTYPES = """
     struct ibv_device **ibv_get_device_list(int *num_devices);
     const char *ibv_get_device_name(struct ibv_device *device);
     int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey);
-    int ibv_get_sysfs_path(char *buf, size_t size);
+    const char *ibv_get_sysfs_path(void);
     struct ibv_context *ibv_import_device(int cmd_fd);
     struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle);
     struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle);
@@ -214,7 +214,7 @@ void ibv_copy_path_rec_from_kern(struct ibv_sa_path_rec *dst, struct ib_user_pat
 void ibv_copy_path_rec_to_kern(struct ib_user_path_rec *dst, struct ibv_sa_path_rec *src);
 int ibv_dofork_range(void *base, size_t size);
 int ibv_dontfork_range(void *base, size_t size);
-int ibv_get_sysfs_path(char *buf, size_t size);
+const char *ibv_get_sysfs_path(void);
 int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
 void ibv_register_driver(const char *name, void *init_func);
 int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,

@@ -45,17 +45,29 @@ TYPES = """
         char ibdev_path[...];
         ...;
     };
+    enum ibv_mw_type { IBV_MW_TYPE_1 = 1, IBV_MW_TYPE_2 = 2 };
     struct ibv_context_ops {
         int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *);
         int (*req_notify_cq)(struct ibv_cq *, int);
         int (*post_srq_recv)(struct ibv_srq *, struct ibv_recv_wr *, struct ibv_recv_wr **);
         int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
         int (*post_recv)(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+        struct ibv_mw *(*alloc_mw)(struct ibv_pd *, enum ibv_mw_type);
+        int (*bind_mw)(struct ibv_qp *, struct ibv_mw *, struct ibv_mw_bind *);
+        int (*dealloc_mw)(struct ibv_mw *);
         ...; };
     struct ibv_context { struct ibv_device *device; struct ibv_context_ops ops;
                          int cmd_fd; int async_fd;
                          int num_comp_vectors; void *abi_compat; ...; };
-    struct verbs_context { size_t sz; struct ibv_context context; ...; };
+    struct ibv_cq_ex; struct ibv_cq_init_attr_ex; struct ibv_query_device_ex_input;
+    struct ibv_device_attr_ex;
+    struct verbs_context {
+        int (*query_port)(struct ibv_context *, uint8_t, struct ibv_port_attr *, size_t);
+        struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *, struct ibv_cq_init_attr_ex *);
+        int (*query_device_ex)(struct ibv_context *, const struct ibv_query_device_ex_input *,
+                               struct ibv_device_attr_ex *, size_t);
+        struct ibv_qp *(*create_qp_ex)(struct ibv_context *, struct ibv_qp_init_attr_ex *);
+        size_t sz; struct ibv_context context; ...; };
     struct ibv_device_attr { char fw_ver[...]; unsigned long long node_guid;
         unsigned long long sys_image_guid; uint64_t max_mr_size; uint64_t page_size_cap;
         uint32_t vendor_id; uint32_t vendor_part_id; uint32_t hw_ver; int max_qp;

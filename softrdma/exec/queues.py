@@ -53,8 +53,8 @@ from typing import Any
 
 from . import devices, shim
 from .shim import Errno, guard, handles
-from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, pd_of, \
-    ptr_of, remember
+from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, inline_lkey, \
+    pd_of, ptr_of, remember
 
 # the verbs_api record classes the data path builds (bound by install: the launcher imports
 # this module for its names only, and should not load the whole stack)
@@ -70,7 +70,7 @@ IMPLEMENTS = ("ibv_create_cq", "ibv_destroy_cq", "ibv_resize_cq", "ibv_create_co
               "ibv_destroy_comp_channel", "ibv_get_cq_event", "ibv_ack_cq_events",
               "ibv_get_async_event", "ibv_ack_async_event", "ibv_create_qp", "ibv_modify_qp",
               "ibv_query_qp", "ibv_destroy_qp", "ibv_create_srq", "ibv_modify_srq",
-              "ibv_query_srq", "ibv_destroy_srq", "ibv_wc_status_str", "ibv_event_type_str")
+              "ibv_query_srq", "ibv_destroy_srq")
 
 TYPES = """
     struct ibv_wq;
@@ -99,6 +99,9 @@ TYPES = """
                      uint32_t rkey; } atomic;
             struct { struct ibv_ah *ah; uint32_t remote_qpn; uint32_t remote_qkey; } ud;
         } wr;
+        union { struct { struct ibv_mw *mw; uint32_t rkey; struct ibv_mw_bind_info bind_info; }
+                    bind_mw;
+                struct { void *hdr; uint16_t hdr_sz; uint16_t mss; } tso; };
         ...; };
     struct ibv_recv_wr { uint64_t wr_id; struct ibv_recv_wr *next; struct ibv_sge *sg_list;
                          int num_sge; };
@@ -149,6 +152,8 @@ _QP_STATE, _QP_AV, _QP_ALT_PATH, _QP_CAP = 1, 1 << 7, 1 << 14, 1 << 19
 _WC_WITH_IMM = 2
 _WR_SEND_WITH_INV, _WR_BIND_MW = 9, 8
 _IMM_OPS = frozenset({1, 3})  # IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND_WITH_IMM
+_INLINE_OPS = frozenset({0, 1, 2, 3, 9})  # WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, _INV
+_SEND_INLINE = 8
 
 _WC_STATUS = ("success", "local length error", "local QP operation error",
               "local EE context operation error", "local protection error",
@@ -297,15 +302,17 @@ class QpRec:
     SGE limits (checked before the program's SGE arrays are read)."""
 
     __slots__ = ("qp", "struct", "mem", "max_send_sge", "max_recv_sge", "ud", "post_send",
-                 "post_recv")
+                 "post_recv", "inline_lkey", "send_depth", "recv_depth")
 
     def __init__(self, qp: Any, struct: Any, mem: Any) -> None:
         self.qp, self.struct, self.mem = qp, struct, mem
         self.max_send_sge = qp.cap.max_send_sge
         self.max_recv_sge = qp.cap.max_recv_sge
+        self.send_depth, self.recv_depth = qp.cap.max_send_wr, qp.cap.max_recv_wr
         self.ud = int(qp.qp_type) == 4
         self.post_send = qp.impl.post_send
         self.post_recv = qp.impl.post_recv
+        self.inline_lkey: int | None = None  # (verbs.inline_lkey, on the first inline WR)
 
 
 class SrqRec:
@@ -604,6 +611,15 @@ def _sges(sg: Any, n: int) -> list:
     return out
 
 
+def _inline_sges(sg: Any, n: int, rec: "QpRec") -> list:
+    """An inline WR's SGEs, read through the PD's inline lkey (their own lkeys are
+    ignored, as libibverbs does)."""
+    key = rec.inline_lkey
+    if key is None:
+        key = rec.inline_lkey = inline_lkey(rec.qp.pd)
+    return [SGE(e.addr, e.length, key) for e in (sg[j] for j in range(n))]
+
+
 def _send_wr(w: Any, rec: QpRec) -> Any:
     """One ``struct ibv_send_wr`` as a verbs_api SendWR (the SGE count checked before the
     program's array is read: a count past the QP's limit is EINVAL, as rxe says)."""
@@ -615,10 +631,18 @@ def _send_wr(w: Any, rec: QpRec) -> Any:
     imm = w.imm_data
     if op in _IMM_OPS:
         imm = _bswap32(imm)  # __be32 in the program's memory
-    elif op == _WR_BIND_MW:
-        raise Errno(EOPNOTSUPP, "ibv_post_send: IBV_WR_BIND_MW is not supported by "
-                                "softrdma exec yet")
-    wr = SendWR(w.wr_id, op, n, imm, _sges(w.sg_list, n) if n else (), w.send_flags)
+    elif op == _WR_BIND_MW:  # a type 2 window's bind (softrdma.exec.extended)
+        from .extended import send_wr_of_bind
+        b = w.bind_mw
+        return send_wr_of_bind(b.mw, b.rkey, b.bind_info, w.wr_id, w.send_flags)
+    flags = w.send_flags
+    if not n:
+        sges: Any = ()
+    elif flags & _SEND_INLINE and op in _INLINE_OPS:
+        sges = _inline_sges(w.sg_list, n, rec)
+    else:
+        sges = _sges(w.sg_list, n)
+    wr = SendWR(w.wr_id, op, n, imm, sges, flags)
     u = w.wr
     if rec.ud:
         wr.ah = ah_of(u.ud.ah)
@@ -639,14 +663,19 @@ def _recv_wr(w: Any, max_sge: int) -> Any:
     return RecvWR(w.wr_id, n, _sges(w.sg_list, n) if n else ())
 
 
-def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any) -> int:
+def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -> int:
     """Convert the chain until a WR fails, post what came before it; on a failure
-    ``*bad_wr`` is the first WR not posted and the errno is returned."""
+    ``*bad_wr`` is the first WR not posted and the errno is returned. A chain longer
+    than the queue (``depth``; a cycle, say) stops there: that WR is ENOMEM, the queue
+    being full, as it would be once the earlier ones are in."""
     ffi = shim.ffi
     wrs, ptrs = [], []
     failed = None
     w = wr
     while w:
+        if len(wrs) > depth:
+            failed = (errno.ENOMEM, w)
+            break
         try:
             wrs.append(convert(w, arg))
         except Errno as e:
@@ -772,7 +801,7 @@ def install(ffi: Any, lib: Any) -> None:
         return handles.add("comp_channel", s, rec)
 
     @ffi.def_extern(name="ibv_destroy_comp_channel")
-    @guard(-1)
+    @guard("errno")
     def ibv_destroy_comp_channel(ch: Any) -> int:
         rec = channel_of(ch)
         if rec.cqs:
@@ -854,15 +883,7 @@ def install(ffi: Any, lib: Any) -> None:
     def ibv_ack_async_event(event: Any) -> None:
         pass  # nothing waits for the acks: destroying an object never blocks here
 
-    @ffi.def_extern(name="ibv_wc_status_str")
-    @guard(NULL)
-    def ibv_wc_status_str(status: int) -> Any:
-        return _cstr(_WC_STATUS[status] if 0 <= status < len(_WC_STATUS) else "unknown")
-
-    @ffi.def_extern(name="ibv_event_type_str")
-    @guard(NULL)
-    def ibv_event_type_str(ev: int) -> Any:
-        return _cstr(_EVENT_TYPE[ev] if 0 <= ev < len(_EVENT_TYPE) else "unknown")
+    # ibv_wc_status_str / ibv_event_type_str: softrdma.exec.misc (enum_strs.c's tables)
 
     # ---- QPs ----------------------------------------------------------------------------------
     @ffi.def_extern(name="ibv_create_qp")
@@ -891,7 +912,7 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_send: not a QP of softrdma exec")
-        return _post(wr, bad_wr, _send_wr, rec, rec.post_send)
+        return _post(wr, bad_wr, _send_wr, rec, rec.post_send, rec.send_depth)
 
     @ffi.def_extern(name="softrdma_post_recv")
     @guard("errno")
@@ -900,7 +921,7 @@ def install(ffi: Any, lib: Any) -> None:
         if rec is None:
             raise Errno(EINVAL, "ibv_post_recv: not a QP of softrdma exec")
         # (a QP with an SRQ has max_recv_sge 0: its receives go to the SRQ)
-        return _post(wr, bad_wr, _recv_wr, rec.max_recv_sge, rec.post_recv)
+        return _post(wr, bad_wr, _recv_wr, rec.max_recv_sge, rec.post_recv, rec.recv_depth)
 
     # ---- SRQs ----------------------------------------------------------------------------------
     @ffi.def_extern(name="ibv_create_srq")
@@ -963,4 +984,4 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _srqs.get(int(ffi.cast("uintptr_t", srq)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_srq_recv: not an SRQ of softrdma exec")
-        return _post(wr, bad_wr, _recv_wr, rec.max_sge, rec.srq.post_recv)
+        return _post(wr, bad_wr, _recv_wr, rec.max_sge, rec.srq.post_recv, rec.srq.max_wr)

@@ -30,7 +30,7 @@ from . import devices, shim
 from .shim import Errno, guard, handles
 
 __all__ = ["IMPLEMENTS", "TYPES", "install", "pd_of", "mr_of", "ah_of", "ptr_of",
-           "ah_attr_from_c", "ah_attr_to_c", "remember", "forget"]
+           "ah_attr_from_c", "ah_attr_to_c", "remember", "forget", "inline_lkey"]
 
 IMPLEMENTS = ("ibv_alloc_pd", "ibv_dealloc_pd", "ibv_reg_mr", "ibv_reg_mr_iova",
               "ibv_reg_mr_iova2", "ibv_rereg_mr", "ibv_dereg_mr", "ibv_create_ah",
@@ -72,6 +72,26 @@ def forget(obj: Any) -> None:
 def ptr_of(obj: Any) -> Any:
     """The structure handed out for a verbs_api object (NULL if none)."""
     return _ptrs.get(id(obj), shim.ffi.NULL)
+
+
+#: id(PD) -> the PD's local-only MR over the whole address space (see inline_lkey)
+_inline_mrs: dict[int, Any] = {}
+_ADDRESS_SPACE = (1 << 63) - 1  # the most a memoryview can span
+
+
+def inline_lkey(pd: Any) -> int:
+    """The lkey that makes any of the program's bytes an inline source: libibverbs
+    ignores the lkey of an IBV_SEND_INLINE WR's SGEs (rsocket and UCX post inline data
+    from unregistered memory with lkey 0), while the soft QP gathers inline data through
+    the key table. So each PD gets, on its first inline WR, one MR with no access rights
+    (no remote access, no local write) spanning the process's address space, and inline
+    SGEs are read through it. It reads nothing the program could not read itself."""
+    mr = _inline_mrs.get(id(pd))
+    if mr is None:
+        from ..verbs_api import MR
+        buf = shim.ffi.buffer(shim.ffi.cast("char *", 0), _ADDRESS_SPACE)
+        mr = _inline_mrs[id(pd)] = MR(pd, _ADDRESS_SPACE, 0, address=0, buffer=buf)
+    return mr.lkey
 
 
 def pd_of(ptr: Any) -> Any:
@@ -154,6 +174,10 @@ def install(ffi: Any, lib: Any) -> None:
     @guard("errno")
     def dealloc_pd(ptr: Any) -> int:
         pd = pd_of(ptr)
+        inl = _inline_mrs.get(id(pd))
+        if inl is not None and all(u is inl or u.closed for u in pd.users):
+            inl.close()  # the PD's own inline MR is no user of the program's
+            del _inline_mrs[id(pd)]
         try:
             pd.close()  # EBUSY while an MR, QP, SRQ or AH uses it
         except OSError as e:

@@ -755,9 +755,11 @@ class RdmaCmId:
             else:
                 raise _err(f"{what}: the connection is {cm.state.name}", errno.EINVAL)
 
-    def reject(self, private_data: bytes = b"") -> None:
-        """``rdma_reject``: REJ 28 (consumer defined) with up to 148 bytes of private
-        data; for UD a SIDR_REP with status REJECT."""
+    def reject(self, private_data: bytes = b"",
+               reason: int = RejectReason.CONSUMER_DEFINED) -> None:
+        """``rdma_reject``: REJ 28 (consumer defined; ``rdma_reject_ece`` gives 35, vendor
+        option not supported) with up to 148 bytes of private data; for UD a SIDR_REP
+        with status REJECT."""
         what = "rdma_reject"
         self._require(what, RdmaCmState.CONNECT)
         if self.listen_id is None and not (self.cm and self.cm.state in (
@@ -771,7 +773,7 @@ class RdmaCmId:
                     self.cdev.service.sidr_reply(self.cm, status=int(SidrStatus.REJECT),
                                                  private_data=data)
                 else:
-                    self.cdev.service.reject(self.cm, RejectReason.CONSUMER_DEFINED, data)
+                    self.cdev.service.reject(self.cm, reason, data)
             except CmStateError:
                 # the peer's REJ (or a timeout) ended the request first: ib_send_cm_rej's
                 # -EINVAL, not an exception from the CM's insides

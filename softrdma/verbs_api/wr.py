@@ -97,6 +97,9 @@ class SendWR:
         self.ah: Any = None
         self.remote_qpn = 0
         self.remote_qkey = 0
+        # the data of an IBV_SEND_INLINE WR given as bytes instead of SGEs (what
+        # ibv_wr_set_inline_data copies; the soft device only): None reads the SGEs
+        self.inline_data: bytes | None = None
         # bind_mw
         self.mw: Any = None
         self.bind_rkey = 0

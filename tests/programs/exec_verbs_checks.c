@@ -193,6 +193,27 @@ int main(void)
 		FAIL("send_imm", "completions %d", seen);
 	OK("send_imm");
 
+	/* inline data from memory no MR covers, with lkey 0: libibverbs ignores the lkey of
+	 * an IBV_SEND_INLINE WR */
+	char stackbuf[16];
+	for (int i = 0; i < 16; i++)
+		stackbuf[i] = (char)(0x40 + i);
+	rsge.addr = (uintptr_t)b;
+	rwr.wr_id = 22;
+	if ((r = ibv_post_recv(qb, &rwr, &rbad)))
+		FAIL("inline", "post_recv %d", r);
+	struct ibv_sge isge = { .addr = (uintptr_t)stackbuf, .length = 16, .lkey = 0 };
+	struct ibv_send_wr iwr = { .wr_id = 23, .sg_list = &isge, .num_sge = 1,
+		.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE };
+	if ((r = ibv_post_send(qa, &iwr, &bad)))
+		FAIL("inline", "post_send %d", r);
+	for (int k = 0; k < 2; k++)
+		if ((wc = wait_wc("inline")).status != IBV_WC_SUCCESS)
+			FAIL("inline", "status %d", wc.status);
+	if (memcmp(b, stackbuf, 16))
+		FAIL("inline", "the inline bytes did not arrive");
+	OK("inline");
+
 	/* FETCH_AND_ADD and CMP_AND_SWP on a 64-bit word of b: the old value lands in a */
 	uint64_t *word = (uint64_t *)(b + 256), *old = (uint64_t *)(a + 512);
 	*word = 5;
@@ -238,6 +259,23 @@ int main(void)
 		FAIL("bad_wr", "the WR before the bad one: wr_id %llu status %d",
 		     (unsigned long long)wc.wr_id, wc.status);
 	wr.next = NULL;
+	/* a chain that loops back on itself ends at the queue's depth: ENOMEM, no hang */
+	struct ibv_send_wr loop = wr;
+	loop.send_flags = 0;  /* unsignaled: what was posted completes silently */
+	loop.next = &loop;
+	bad = NULL;
+	r = ibv_post_send(qa, &loop, &bad);
+	if (r != ENOMEM || bad != &loop)
+		FAIL("bad_wr", "a cyclic chain returned %d (ENOMEM is %d)", r, ENOMEM);
+	/* the queue drains as the device moves (poll_cq drives it) */
+	wr.wr_id = 24;
+	for (long i = 0; (r = ibv_post_send(qa, &wr, &bad)) == ENOMEM; i++) {
+		ibv_poll_cq(cq, 1, &wc);
+		if (i > 100000000L)
+			FAIL("bad_wr", "the send queue never drained");
+	}
+	if (r || (wc = wait_wc("bad_wr")).wr_id != 24 || wc.status != IBV_WC_SUCCESS)
+		FAIL("bad_wr", "after the cyclic chain: %d", r);
 	OK("bad_wr");
 
 	/* a completion event: arm, post, the channel's fd becomes readable (poll), the event
