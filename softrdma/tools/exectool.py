@@ -4,13 +4,15 @@
     softrdma exec --addr 127.0.0.2 -- ibv_rc_pingpong -g 1
     softrdma exec --pcap rc.pcap --fault 'tx:loss=0.05' -- ib_write_bw -n 50
     softrdma exec --trace packet --addr 127.0.0.3 -- ibv_rc_pingpong -g 1 127.0.0.2
+    softrdma exec --profile srv.prof --addr 127.0.0.2 -- ib_write_bw -n 5000 -s 64
 
 The program runs with softrdma's preload library (:mod:`softrdma.exec`) in
 ``LD_PRELOAD``: its libibverbs and librdmacm calls are answered by softrdma in its own
 process, as an ordinary user, with no kernel module. The device lives in the program, so
 what softrdma's devices read from the environment works for it too: ``--pcap`` (every
 packet the program's device sends and receives), ``--fault`` and the tracing options are
-handed to it as SOFTRDMA_PCAP, SOFTRDMA_FAULTS and SOFTRDMA_TRACE*. ``--print-env``
+handed to it as SOFTRDMA_PCAP, SOFTRDMA_FAULTS and SOFTRDMA_TRACE*; ``--profile``
+runs cProfile in it (:mod:`softrdma.exec.profile`). ``--print-env``
 prints the environment instead, for launchers that start programs their own way (mpirun,
 test runners); ``--ld-library-path`` uses a directory of softrdma's libibverbs.so.1 and
 librdmacm.so.1 instead of the preload (:mod:`softrdma.exec.libdir`). docs/exec.md is the
@@ -38,6 +40,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--pcap", metavar="FILE", help="capture every packet of the program's "
                    "device in FILE (SOFTRDMA_PCAP; '{name}' in FILE becomes the device's name)")
     add_fault_option(p)
+    p.add_argument("--profile", metavar="FILE", help="run cProfile in the program's process "
+                   "and write its statistics to FILE at exit (SOFTRDMA_EXEC_PROFILE; "
+                   "'{pid}' in FILE becomes the process id; read with python -m pstats)")
     p.add_argument("--rebuild", action="store_true", help="build the preload library again")
     p.add_argument("--print-env", action="store_true",
                    help="print the variables to set (shell syntax) and exit")
@@ -55,7 +60,8 @@ _TRACE_ENV = {"--trace": "SOFTRDMA_TRACE", "--trace-format": "SOFTRDMA_TRACE_FOR
 
 
 def exec_environment(addr: str | None = None, rebuild: bool = False,
-                     pcap: str | None = None, libdir: bool = False) -> dict[str, str]:
+                     pcap: str | None = None, libdir: bool = False,
+                     profile: str | None = None) -> dict[str, str]:
     """The variables that put softrdma under a program: the preload library (built on
     first use) ahead of any other -- or, with ``libdir``, the directory whose
     libibverbs.so.1 and librdmacm.so.1 are softrdma first in LD_LIBRARY_PATH -- the path
@@ -80,6 +86,9 @@ def exec_environment(addr: str | None = None, rebuild: bool = False,
         env["SOFTRDMA_IP"] = addr
     if pcap:
         env["SOFTRDMA_PCAP"] = os.path.abspath(pcap)
+    if profile:
+        from ..exec.profile import ENV_PROFILE
+        env[ENV_PROFILE] = os.path.abspath(profile)
     from ..soft.faults import ENV_FAULTS
     if os.environ.get(ENV_FAULTS):  # --fault joined it (tools.common.apply_fault_options)
         env[ENV_FAULTS] = os.environ[ENV_FAULTS]
@@ -91,7 +100,7 @@ def exec_environment(addr: str | None = None, rebuild: bool = False,
 
 def run(a: argparse.Namespace) -> int:
     prog = a.program[1:] if a.program[:1] == ["--"] else a.program
-    env = exec_environment(a.addr, a.rebuild, a.pcap, a.ld_library_path)
+    env = exec_environment(a.addr, a.rebuild, a.pcap, a.ld_library_path, a.profile)
     if a.print_env:
         for k, v in env.items():
             print(f"export {k}={shlex.quote(v)}")
