@@ -16,11 +16,12 @@ SERVER_IP, CLIENT_IP = "127.0.5.11", "127.0.5.12"
 
 
 def test_bench_exec_prints_both_paths_at_both_sizes_and_their_ratios():
-    """Every round runs ib_write_bw with both ends under softrdma exec and softrdma perf
+    """A round runs ib_write_bw with both ends under softrdma exec and softrdma perf
     write with the same options, at 64 B and 64 KiB: four rows with a number per round
-    (the median first), and per size the ratio exec / perf inside its printed spread."""
+    (the median first), and per size the ratio exec / perf inside its printed spread
+    (one round here: the median is the round)."""
     r = subprocess.run([sys.executable, "-m", "softrdma", "bench", "exec", "--small-iters", "20",
-                        "--big-iters", "10", "--rounds", "2", "--port", "20560",
+                        "--big-iters", "10", "--rounds", "1", "--port", "20560",
                         "--addrs", SERVER_IP, CLIENT_IP],
                        cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -35,7 +36,7 @@ def test_bench_exec_prints_both_paths_at_both_sizes_and_their_ratios():
                                           "softrdma perf write") for s in ("64 B", "64 KiB")}
     for (_path, size), (median, unit, each) in rows.items():
         assert unit == ("msgs/s" if size == "64 B" else "MB/s")
-        assert len(each) == 2 and min(each) > 0 and min(each) <= median <= max(each)
+        assert len(each) == 1 and min(each) > 0 and min(each) <= median <= max(each)
     ratios = {m[1]: (float(m[2]), float(m[3]), float(m[4])) for m in
               re.finditer(r"^  (64 B|64 KiB)\s+([\d.]+)  ([\d.]+)-([\d.]+)$", r.stdout, re.M)}
     assert set(ratios) == {"64 B", "64 KiB"}, r.stdout
