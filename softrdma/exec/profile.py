@@ -24,7 +24,8 @@ A C program never finalizes the interpreter the library started, so Python's
 :mod:`atexit` would never run there: the statistics are written from a C ``exit``
 handler (``__cxa_atexit``, via :mod:`ctypes`) instead -- a program killed by a signal
 or leaving with ``_exit`` writes nothing. In a Python program (its own interpreter,
-which it finalizes) :mod:`atexit` does it.
+which it finalizes) :mod:`atexit` does it, and the statistics include the program's own
+Python as well.
 """
 
 from __future__ import annotations
