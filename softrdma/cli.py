@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 _TRACE_OPTS = ("--trace", "--trace-format", "--trace-file", "--trace-qpn")
 
+#: the tracing options the command line gave, by name (``softrdma exec`` hands them to its
+#: program as SOFTRDMA_TRACE* variables: the tracing happens in the program's process)
+trace_options: dict[str, str] = {}
+
 
 def _take_trace_options(argv: list[str]) -> list[str]:
     """Remove the tracing options from anywhere on the line (they belong to every tool)
@@ -72,6 +76,9 @@ def _take_trace_options(argv: list[str]) -> list[str]:
     i = 0
     while i < len(argv):
         a = argv[i]
+        if a == "--":  # the rest is a program's command line (softrdma exec -- PROG ...)
+            rest += argv[i:]
+            break
         name, eq, value = a.partition("=")
         if name in _TRACE_OPTS:
             if not eq:
@@ -91,6 +98,7 @@ def _take_trace_options(argv: list[str]) -> list[str]:
         i += 1
     if not found:
         return argv
+    trace_options.update(found)
     from . import trace
     fmt = found.get("--trace-format", "text")
     if fmt not in ("text", "json"):

@@ -7,6 +7,10 @@ the same run:
   ``zlib.crc32`` over the same bytes;
 - :mod:`.qps`: memory and creation time of idle RC QPs, beside the targets;
 - :mod:`.udp`: ``softrdma perf`` between two processes on loopback, beside bare Python UDP;
+- :mod:`.verbs`: one pyverbs RDMA WRITE loop through softrdma and Debian's pyverbs, beside
+  ib_write_bw, on one device;
+- :mod:`.cexec`: ib_write_bw under ``softrdma exec`` (both ends) beside ``softrdma perf
+  write``: the cost of crossing from C into Python;
 - :mod:`.scale`: 1,000 QPs streaming beside one, 65,536 QPs' memory, timer and dispatch
   costs with 65,536 QPs beside one, idle CPU with 1,000 QPs beside none.
 

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import abi
+from . import abi, process
 
 __all__ = ["PARTS", "MODULE", "library_path", "build_library", "cache_dir", "implemented"]
 
@@ -70,17 +70,36 @@ def cdefs() -> tuple[str, str]:
 SOURCE = ("".join(f"#include <{h}>\n" for h in abi.HEADERS)
           + "".join(f"#undef {m}\n" for m in abi.MACROS) + abi.EXTRA_C)
 
-#: run by the embedded interpreter when the program first calls in: make softrdma
-#: importable (the launcher's sys.path), then let the shim define every function
-INIT = f"""
-import os, sys
-for p in reversed([p for p in os.environ.get("SOFTRDMA_EXEC_PATH", "").split(os.pathsep) if p]):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-from {MODULE} import ffi, lib
+
+def package_root() -> str:
+    """The directory softrdma is imported from (what ``SOFTRDMA_EXEC_PATH`` names)."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+#: run by the embedded interpreter when the program first calls in (after
+#: :mod:`.process`'s glue started it, or found the program's own): the ``softrdma``
+#: package imported from its root -- ``SOFTRDMA_EXEC_PATH``, else the root the library was
+#: built from -- by location, so nothing else of that directory (its ``tests`` package:
+#: rdma-core's suite has one too) lands on a Python program's sys.path; then the shim
+#: defines every function
+INIT_TEMPLATE = """
+import importlib.util, os, sys
+if "softrdma" not in sys.modules:
+    for root in [p for p in os.environ.get("SOFTRDMA_EXEC_PATH", "").split(os.pathsep)
+                 if p] or [{root!r}]:
+        pkg = os.path.join(root, "softrdma")
+        if os.path.exists(os.path.join(pkg, "__init__.py")):
+            spec = importlib.util.spec_from_file_location(
+                "softrdma", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules["softrdma"] = mod
+            spec.loader.exec_module(mod)
+            break
+from {module} import ffi, lib
 from softrdma.exec import shim
 shim.install(ffi, lib)
 """
+INIT = INIT_TEMPLATE.format(root=package_root(), module=MODULE)
 
 
 def cache_dir() -> Path:
@@ -92,18 +111,22 @@ def _key() -> str:
     import cffi
     from . import shim
     h = hashlib.sha256()
-    sources = [Path(__file__), Path(shim.__file__), Path(abi.__file__)]
+    sources = [Path(__file__), Path(shim.__file__), Path(abi.__file__), Path(process.__file__),
+               Path(__file__).with_name("libdir.py")]
     sources += [Path(m.__file__) for m in parts()]
     for part in ([p.read_bytes() for p in sources] + [
                  VERBS_H.read_bytes() if VERBS_H.exists() else b"",
-                 sys.version.encode(), cffi.__version__.encode()]):
+                 sys.version.encode(), cffi.__version__.encode(),
+                 # baked into the library: the Python a C host starts, softrdma's root
+                 sys.executable.encode(), package_root().encode()]):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:16]
 
 
-def build_library(target: Path) -> Path:
+def build_library(target: Path, link_args: list[str] | None = None) -> Path:
     """Build the library at ``target`` (gcc, the installed headers, this Python's
-    libpython); OSError with the compiler's complaint if it cannot."""
+    libpython; ``link_args`` for the linker: :mod:`.libdir`'s version script); OSError
+    with the compiler's complaint if it cannot."""
     import cffi
     if not VERBS_H.exists():
         raise OSError(2, f"softrdma exec: {VERBS_H} is missing (Debian: libibverbs-dev)")
@@ -111,7 +134,10 @@ def build_library(target: Path) -> Path:
     types, exports = cdefs()
     ffi.cdef(types)
     ffi.embedding_api(exports)
-    ffi.set_source(MODULE, SOURCE)
+    import _cffi_backend
+    ffi.set_source(MODULE, SOURCE + process.c_source(sys.executable, _cffi_backend.__file__),
+                   extra_compile_args=["-Wno-array-parameter"],  # verbs.h's eth_mac[6]
+                   extra_link_args=link_args or [])
     ffi.embedding_init_code(INIT)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f"build-{os.getpid()}"

@@ -132,6 +132,8 @@ def install(lib_ffi: Any, lib: Any) -> None:
     global ffi
     ffi = lib_ffi
     os.environ.setdefault("SOFTRDMA_BACKEND", "soft")  # never load libibverbs: it is us
+    from .profile import start_from_environment
+    start_from_environment()  # SOFTRDMA_EXEC_PROFILE: cProfile from this first call on
     from .build import implemented, parts
     for mod in parts():
         mod.install(lib_ffi, lib)

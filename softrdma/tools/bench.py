@@ -1,4 +1,4 @@
-"""``softrdma bench wire|engines|qps|udp|socket|verbs|scale``: the benchmarks of
+"""``softrdma bench wire|engines|qps|udp|socket|verbs|exec|scale``: the benchmarks of
 :mod:`softrdma.bench`, each printing its numbers beside a baseline measured in the same run."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..bench.cexec import run_exec_bench
 from ..bench.engines import run_engine_bench
 from ..bench.socket import run_socket_bench
 from ..bench.qps import QP_TARGET_BYTES, QP_TARGET_COUNT, QP_TARGET_SECONDS, run_qp_bench
@@ -19,8 +20,8 @@ __all__ = ["add_parser"]
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks beside their baselines: wire, engines, qps, "
-                                     "udp, socket, verbs, scale", description=__doc__)
-    b = p.add_subparsers(dest="bench_cmd", metavar="{wire,engines,qps,udp,socket,verbs,scale}",
+                                     "udp, socket, verbs, exec, scale", description=__doc__)
+    b = p.add_subparsers(dest="bench_cmd", metavar="{wire,engines,qps,udp,socket,verbs,exec,scale}",
                          required=True)
 
     w = b.add_parser("wire", help="parse/build + ICRC beside bare zlib.crc32",
@@ -99,6 +100,27 @@ def add_parser(sub: Any) -> None:
                    help="64 KiB writes (default 1000)")
     v.set_defaults(func=_verbs)
 
+    x = b.add_parser("exec", help="ib_write_bw under softrdma exec beside softrdma perf",
+                     description="perftest's ib_write_bw (Debian's binary, unmodified) "
+                                 "with both ends under softrdma exec, beside softrdma perf "
+                                 "write with the same options, 64 B (msgs/s) and 64 KiB "
+                                 "(MB/s), between two processes on two loopback addresses, "
+                                 "in interleaved rounds: the cost of crossing from C into "
+                                 "Python (ratios: median and spread of the rounds).")
+    x.add_argument("--small-iters", type=int_range(5, None), default=5000,
+                   help="64-byte writes per run (default 5000)")
+    x.add_argument("--big-iters", type=int_range(5, None), default=1000,
+                   help="64 KiB writes per run (default 1000)")
+    x.add_argument("--rounds", type=int_range(1, None), default=3,
+                   help="rounds; medians and spreads are reported (default 3)")
+    x.add_argument("--port", type=int_range(1, 65000), default=20800,
+                   help="first TCP port of the exchanges, two per round and size "
+                        "(default 20800)")
+    x.add_argument("--addrs", nargs=2, metavar=("SERVER", "CLIENT"),
+                   default=("127.0.0.244", "127.0.0.245"),
+                   help="the two devices' addresses (default 127.0.0.244 127.0.0.245)")
+    x.set_defaults(func=_exec)
+
     s = b.add_parser("scale", help="1,000 QPs streaming, 65,536 QPs, timers, idle CPU",
                      description="Issue 18's scale and idle goals, each beside its baseline, in "
                                  "rounds (median and spread): N QPs streaming RDMA WRITEs vs "
@@ -136,6 +158,11 @@ def _scale(a: argparse.Namespace) -> int:
 def _verbs(a: argparse.Namespace) -> int:
     r = run_verbs_bench(a.device, a.gid_index, a.small_iters, a.big_iters)
     return 1 if any("error" in x for x in r["softrdma"].values()) else 0
+
+
+def _exec(a: argparse.Namespace) -> int:
+    run_exec_bench(a.small_iters, a.big_iters, a.rounds, a.port, tuple(a.addrs))
+    return 0
 
 
 def _socket(a: argparse.Namespace) -> int:

@@ -107,11 +107,15 @@ def _ensure_default() -> None:
         if mode not in ("thread", "manual"):
             raise PyverbsRDMAError(f"SOFTRDMA_PROGRESS={mode!r}: expected 'thread' or 'manual'",
                                    errno.EINVAL)
+        # a forked child's default device starts at the pinned address but moves on if
+        # it is taken: the parent, still alive, holds it (softrdma exec -- a forking program)
         _registry[DEFAULT_NAME] = SoftDevice(DEFAULT_NAME, pinned or "127.0.0.1",
-                                             live=mode == "thread", auto_address=not pinned)
+                                             live=mode == "thread",
+                                             auto_address=not pinned or _forked)
 
 
 _made: dict[str, dict[str, Any]] = {}  # name -> how add_device made it (for forks)
+_forked = False  # this process is a forked child (of a process that had softrdma)
 
 
 def _after_fork_in_child() -> None:
@@ -120,8 +124,9 @@ def _after_fork_in_child() -> None:
     survive the fork) stays the parent's. The child's copies of the parent's sockets are
     closed; each device is made again as it was made, and goes live (on the next free
     loopback address for the default one) when the child opens it."""
-    global _registry_lock
+    global _registry_lock, _forked
     _registry_lock = threading.Lock()
+    _forked = True
     old = dict(_registry)
     _registry.clear()
     for name, dev in old.items():

@@ -1,0 +1,86 @@
+"""``softrdma bench exec`` (ib_write_bw under softrdma exec beside softrdma perf) and
+``softrdma exec --profile`` (cProfile inside a C program): both run Debian's perftest
+binary, unmodified, at tiny iteration counts; no assertion on speed."""
+
+from __future__ import annotations
+
+import pstats
+import re
+import subprocess
+import sys
+import time
+
+from .conftest import ROOT
+
+SERVER_IP, CLIENT_IP = "127.0.5.11", "127.0.5.12"
+
+
+def test_bench_exec_prints_both_paths_at_both_sizes_and_their_ratios():
+    """A round runs ib_write_bw with both ends under softrdma exec and softrdma perf
+    write with the same options, at 64 B and 64 KiB: four rows with a number per round
+    (the median first), and per size the ratio exec / perf inside its printed spread
+    (one round here: the median is the round)."""
+    r = subprocess.run([sys.executable, "-m", "softrdma", "bench", "exec", "--small-iters", "20",
+                        "--big-iters", "10", "--rounds", "1", "--port", "20560",
+                        "--addrs", SERVER_IP, CLIENT_IP],
+                       cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"^(ib_write_bw under softrdma exec|softrdma perf write), (64 B|64 KiB)"
+                     r"\s+([\d,.]+) (msgs/s|MB/s)\s*\(([^)]*)\)$", line)
+        if m:
+            each = [float(v.replace(",", "")) for v in m[5].split(", ")]
+            rows[m[1], m[2]] = (float(m[3].replace(",", "")), m[4], each)
+    assert set(rows) == {(p, s) for p in ("ib_write_bw under softrdma exec",
+                                          "softrdma perf write") for s in ("64 B", "64 KiB")}
+    for (_path, size), (median, unit, each) in rows.items():
+        assert unit == ("msgs/s" if size == "64 B" else "MB/s")
+        assert len(each) == 1 and min(each) > 0 and min(each) <= median <= max(each)
+    ratios = {m[1]: (float(m[2]), float(m[3]), float(m[4])) for m in
+              re.finditer(r"^  (64 B|64 KiB)\s+([\d.]+)  ([\d.]+)-([\d.]+)$", r.stdout, re.M)}
+    assert set(ratios) == {"64 B", "64 KiB"}, r.stdout
+    for ratio, low, high in ratios.values():
+        assert 0 < low <= ratio <= high
+
+
+def _listening(port: int) -> bool:
+    want = f":{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return any(line.split()[1].endswith(want) and line.split()[3] == "0A"
+                   for line in f.readlines()[1:])
+
+
+def test_exec_profile_writes_the_programs_statistics_at_exit(tmp_path):
+    """softrdma exec --profile: the C program's process writes cProfile statistics when
+    it exits ('{pid}' in the name becomes its pid); they count the verbs it called --
+    the data path's post_send once per write, poll_cq -- and the device's progress
+    thread (received packets) as well as the program's own."""
+    argv = ["ib_write_bw", "-d", "softrdma0", "-s", "64", "-n", "40", "-p", "20570", "-F"]
+    base = [sys.executable, "-m", "softrdma", "exec"]
+    prof = tmp_path / "client-{pid}.prof"
+    srv = subprocess.Popen(base + ["--addr", SERVER_IP, "--"] + argv, cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not _listening(20570) and srv.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cli = subprocess.run(base + ["--profile", str(prof), "--addr", CLIENT_IP, "--"] + argv
+                             + [SERVER_IP], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+        srv.communicate(timeout=120)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    files = list(tmp_path.glob("client-*.prof"))
+    assert len(files) == 1 and re.fullmatch(r"client-\d+\.prof", files[0].name), files
+    stats = pstats.Stats(str(files[0])).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    calls: dict[str, int] = {}
+    for (file, _line, name), (_cc, nc, *_rest) in stats.items():
+        if file.endswith("softrdma/exec/queues.py") or name == "receive_ready":
+            calls[name] = calls.get(name, 0) + nc
+    assert calls.get("post_send", 0) >= 40, calls  # one call per 64-byte write
+    assert calls.get("poll_cq", 0) >= 1, calls
+    assert calls.get("receive_ready", 0) >= 1, calls  # the progress thread's (ACKs)
