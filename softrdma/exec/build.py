@@ -38,7 +38,7 @@ VERBS_H = Path("/usr/include/infiniband/verbs.h")
 #: the modules that answer the ABI, each with ``IMPLEMENTS`` (function names of
 #: :data:`softrdma.exec.abi.ABI_NAMES`), optional ``TYPES`` and ``CALLBACKS`` (cffi
 #: declarations) and ``install(ffi, lib)``; what none implements gets a stub
-PARTS = ("devices",)
+PARTS = ("devices", "rsocket")
 
 
 def parts() -> list[Any]:

@@ -19,7 +19,9 @@ has three parts:
 from __future__ import annotations
 
 import errno
+import select
 import time
+from socket import MSG_PEEK
 from typing import Any
 
 from ..errors import PyverbsRDMAError
@@ -145,8 +147,9 @@ class RSocket(SocketBase):
         n = self.recv_into(buf)
         return bytes(buf[:n])
 
-    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
-        """rrecv: up to ``nbytes`` (or len(buffer)) bytes; 0 at the peer's orderly close."""
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        """rrecv: up to ``nbytes`` (or len(buffer)) bytes; 0 at the peer's orderly close.
+        ``flags`` MSG_PEEK: copy them and leave them queued."""
         conn = self._connected()
         view = memoryview(buffer).cast("B")
         if nbytes:
@@ -158,6 +161,8 @@ class RSocket(SocketBase):
             self._wait_for(conn, lambda: conn.have_rdata() or not conn.state & RS_READABLE,
                            deadline, "recv")
         with self._hub.lock:
+            if flags & MSG_PEEK:
+                return conn.peek(view)
             n = conn.read(view)
             conn.update_credits()
         if n == 0:
@@ -291,6 +296,29 @@ class RSocket(SocketBase):
         """Handle what completed (for callers polling riomapped memory)."""
         if self._hub is not None:
             self._hub.progress()
+
+    def poll(self, events: int) -> int:
+        """librdmacm's rs_poll_rs: handle what completed (without blocking), then the
+        poll(2) events of ``events`` the socket has -- POLLIN for data or the peer's
+        close (or, listening, a connection to accept), POLLOUT for room to send -- plus
+        POLLHUP once disconnected and POLLERR once broken, asked for or not."""
+        if self._closed:
+            return select.POLLNVAL
+        if self._listening:
+            return select.POLLIN & events if self.accept_ready() else 0
+        conn = self._conn
+        if conn is None:
+            return 0
+        self._hub.progress()
+        revents = 0
+        state = conn.state
+        if events & select.POLLIN and (conn.have_rdata() or not state & RS_READABLE):
+            revents |= select.POLLIN
+        if events & select.POLLOUT and conn.can_send():
+            revents |= select.POLLOUT
+        if not state & RS_CONNECTED:
+            revents |= select.POLLHUP if state & RS_DISCONNECTED else select.POLLERR
+        return revents
 
     # ---- the end --------------------------------------------------------------------
 
