@@ -97,7 +97,7 @@ class _Entry:
 
     __slots__ = ("sock", "fd", "family", "fs_flags", "fd_flags", "err", "connecting",
                  "maps", "so_opts", "tcp_opts", "ipv6_opts", "keepalive_time", "tos",
-                 "closed")
+                 "closed", "lock")
 
     def __init__(self, sock: Any, fd: int, family: int) -> None:
         self.sock, self.fd, self.family = sock, fd, family
@@ -112,6 +112,8 @@ class _Entry:
         self.keepalive_time = 0
         self.tos = 0
         self.closed = False
+        # a listener's: its service thread and the program's calls take turns
+        self.lock = threading.RLock()
 
     @property
     def nonblocking(self) -> bool:
@@ -259,6 +261,33 @@ def _connect_in_background(e: _Entry, host: str, port: int) -> None:
     t.start()
 
 
+def _listen_service(e: _Entry) -> None:
+    """librdmacm's listen service: a listener answers connection requests and completes
+    handshakes while the program is busy elsewhere (a peer's rconnect returns before
+    raccept is called, as TCP's connect does), up to its backlog."""
+    from ..readiness import readable
+    sock = e.sock
+
+    def run() -> None:
+        try:
+            while not e.closed:
+                with e.lock:
+                    if e.closed:
+                        return
+                    fds = sock.wait_fds()
+                ready = set(readable(fds, WAKE_INTERVAL))
+                with e.lock:
+                    if e.closed:
+                        return
+                    sock.took(ready)
+                    sock.accept_ready()
+        except Exception as exc:  # (closed under it: nothing to say)
+            if not e.closed:
+                log.error("softrdma exec: rsocket listen service: %r", exc, exc_info=exc)
+
+    threading.Thread(target=run, name=f"rlisten-{e.fd}", daemon=True).start()
+
+
 # ---- rpoll ------------------------------------------------------------------------------
 
 def _revents(e: _Entry, events: int) -> int:
@@ -269,7 +298,8 @@ def _revents(e: _Entry, events: int) -> int:
             return 0
         if e.err:  # rs_connect_error: what was asked, and POLLERR
             return (events & (POLLIN | POLLOUT)) | POLLERR
-    return e.sock.poll(events)
+    with e.lock:
+        return e.sock.poll(events)
 
 
 def _poll(fds: list[tuple[int, int]], timeout_ms: int) -> list[int]:
@@ -314,7 +344,9 @@ def _poll(fds: list[tuple[int, int]], timeout_ms: int) -> list[int]:
         wake: dict[int, list[_Entry]] = {}
         for e in ours:
             if e is not None and e.connecting is None:
-                for fd in e.sock.wait_fds():
+                with e.lock:
+                    fds_e = e.sock.wait_fds()
+                for fd in fds_e:
                     wake.setdefault(fd, []).append(e)
         for fd in wake:
             waiter.register(fd, select.POLLIN)
@@ -332,7 +364,8 @@ def _poll(fds: list[tuple[int, int]], timeout_ms: int) -> list[int]:
             for e in wake[fd]:
                 if id(e) not in taken:
                     taken.add(id(e))
-                    e.sock.took(ready)
+                    with e.lock:
+                        e.sock.took(ready)
 
 
 # ---- the calls ----------------------------------------------------------------------------
@@ -386,16 +419,21 @@ def install(ffi: Any, lib: Any) -> None:
     @_rguard(-1)
     def rlisten(fd: int, backlog: int) -> int:
         e = lookup(fd)
-        e.sock.listen(backlog)
+        with e.lock:
+            listening = e.sock.listening
+            e.sock.listen(backlog)
+        if not listening:
+            _listen_service(e)
         return 0
 
     @ffi.def_extern(name="raccept")
     @_rguard(-1)
     def raccept(fd: int, addr: Any, addrlen: Any) -> int:
         e = lookup(fd)
-        if not e.sock._listening:
+        if not e.sock.listening:
             raise shim.Errno(errno.EBADF, "raccept: not listening")  # rsocket.c's answer
-        new, (host, port) = e.sock.accept()
+        with e.lock:
+            new, (host, port) = e.sock.accept()
         new.settimeout(None)  # a new rsocket is blocking, whatever its listener is
         nfd = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         ne = _Entry(new, nfd, e.family)
@@ -432,12 +470,14 @@ def install(ffi: Any, lib: Any) -> None:
         if how not in (0, 1, 2):
             raise shim.Errno(errno.EINVAL, "rshutdown: how")
         sock = _ready(e)
-        if sock._conn is None:  # rsocket.c: nothing to do unless connected
+        if not sock.connected:  # rsocket.c: nothing to do unless connected
             return 0
         saved = sock.gettimeout()
         sock.settimeout(None)  # (rsocket.c waits for the sends, blocking)
         try:
-            sock.shutdown(how)
+            # the TIME_WAIT softrdma adds (rsocket.c has none) is rclose's, in the
+            # background: a program that shuts down both ends at once waits for nothing
+            sock.shutdown(how, linger=False)
         finally:
             sock.settimeout(saved)
         return 0
@@ -447,11 +487,25 @@ def install(ffi: Any, lib: Any) -> None:
     def rclose(fd: int) -> int:
         e = lookup(fd)
         del _socks[fd]
-        e.closed = True
         try:
-            if e.connecting is None or not e.connecting.is_alive():
-                e.sock.settimeout(None)
-                e.sock.close()  # else the connect's thread closes it when it ends
+            with e.lock:
+                e.closed = True
+                sock = e.sock
+                if e.connecting is not None and e.connecting.is_alive():
+                    return 0  # the connect's thread closes it when it ends
+                sock.settimeout(None)
+                if not sock.connected:
+                    sock.close()
+                    return 0
+                # rsocket.c's rclose: rshutdown(SHUT_RDWR), which returns once every
+                # send completed (what was sent has arrived), then free. The free waits
+                # out softrdma's TIME_WAIT (the peer's last ACK), so it runs on a thread
+                # of its own: the program goes on (or exits) at once.
+                try:
+                    sock.shutdown(2, linger=False)
+                except OSError:
+                    pass
+                threading.Thread(target=sock.close, name=f"rclose-{fd}", daemon=True).start()
         finally:
             os.close(fd)
         return 0
@@ -665,7 +719,7 @@ def install(ffi: Any, lib: Any) -> None:
 
     def opening(e: _Entry) -> bool:
         # rsocket.c's rs_opening and later; a listener's settings are its connections'
-        return e.connecting is not None or e.sock._conn is not None
+        return e.connecting is not None or e.sock.connected
 
     @ffi.def_extern(name="rsetsockopt")
     @_rguard(-1)
@@ -677,10 +731,10 @@ def install(ffi: Any, lib: Any) -> None:
             if name in (SO_REUSEADDR, SO_OOBINLINE):
                 on = int_at(val, vlen)
             elif name == SO_RCVBUF:
-                if e.sock._conn is None:
+                if not e.sock.connected:
                     o.rbuf_size = uint_at(val, vlen) << 1
             elif name == SO_SNDBUF:
-                if e.sock._conn is None:
+                if not e.sock.connected:
                     o.sbuf_size = max(uint_at(val, vlen) << 1, RS_SNDLOWAT << 1)
             elif name == SO_LINGER:
                 if val == NULL or vlen < 8:
@@ -740,15 +794,14 @@ def install(ffi: Any, lib: Any) -> None:
         if val == NULL or vlen == NULL:
             raise shim.Errno(errno.EFAULT, "rgetsockopt: no room")
         o = e.sock.options
-        conn = e.sock._conn
         v: int | None = None
         if level == SOL_SOCKET:
             if name in (SO_REUSEADDR, SO_KEEPALIVE, SO_OOBINLINE):
                 v = int(bool(e.so_opts & (1 << name)))
             elif name == SO_RCVBUF:
-                v = conn.rbuf_size if conn is not None else o.rbuf_size
+                v = o.rbuf_size
             elif name == SO_SNDBUF:
-                v = conn.sbuf_size if conn is not None else o.sbuf_size
+                v = o.sbuf_size
             elif name == SO_ERROR:
                 if e.connecting is None or not e.connecting.is_alive():
                     v, e.err = e.err, 0
@@ -769,7 +822,7 @@ def install(ffi: Any, lib: Any) -> None:
             elif name == TCP_KEEPIDLE:
                 v = e.keepalive_time
             elif name == TCP_MAXSEG:
-                v = 1024 if conn is not None else 2048  # the path's MTU (softrdma's: 1024)
+                v = 1024 if e.sock.connected else 2048  # the path's MTU (softrdma's: 1024)
             elif name in (TCP_CONGESTION, TCP_KEEPCNT, TCP_KEEPINTVL):
                 v = 1
         elif level == IPPROTO_IP and name == IP_TOS:
@@ -813,7 +866,7 @@ def install(ffi: Any, lib: Any) -> None:
     def riomap(fd: int, buf: Any, length: int, prot: int, flags: int, offset: int) -> int:
         e = lookup(fd)
         sock = _ready(e)
-        if sock._conn is None or prot & ~PROT_WRITE:  # rsocket.c: no PD yet is EINVAL
+        if not sock.connected or prot & ~PROT_WRITE:  # rsocket.c: no PD yet is EINVAL
             raise shim.Errno(errno.EINVAL, "riomap: not connected, or prot")
         if buf == NULL or length <= 0:
             raise shim.Errno(errno.EINVAL, "riomap: no buffer")

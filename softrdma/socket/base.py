@@ -444,6 +444,17 @@ class SocketBase:
             return self._channel.fd
         return -1
 
+    @property
+    def listening(self) -> bool:
+        """``listen`` was called and the socket is not closed."""
+        return self._listening and not self._closed
+
+    @property
+    def connected(self) -> bool:
+        """The socket has a connection (connected or accepted; perhaps closed by the
+        peer since) and is not closed."""
+        return self._conn is not None and not self._closed
+
     def accept_ready(self) -> bool:
         """A listening socket: answer the requests and drive the handshakes waiting
         (without blocking), and say whether ``accept`` would return a connection at once

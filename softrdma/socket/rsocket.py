@@ -169,9 +169,11 @@ class RSocket(SocketBase):
             self._raise_error(conn)
         return n
 
-    def shutdown(self, how: int) -> None:
+    def shutdown(self, how: int, linger: bool = True) -> None:
         """rshutdown: SHUT_RD (0), SHUT_WR (1: a SHUTDOWN message, or DISCONNECT when not
-        readable either) or SHUT_RDWR (2: DISCONNECT); waits for outstanding sends."""
+        readable either) or SHUT_RDWR (2: DISCONNECT); waits for outstanding sends.
+        ``linger`` False: once disconnected, leave the TIME_WAIT (and the QP's move to
+        ERROR) to :meth:`close`, for a caller that closes on a thread of its own."""
         conn = self._connected()
         hub = self._hub
         if conn.state & RS_CONNECTED:
@@ -200,7 +202,7 @@ class RSocket(SocketBase):
                 if conn.all_sends_done():
                     break
                 hub.wait(deadline)
-        if conn.state & RS_DISCONNECTED:
+        if conn.state & RS_DISCONNECTED and linger:
             if conn.peer_closed:
                 conn.time_wait()
             conn.qp_to_error()
@@ -301,7 +303,8 @@ class RSocket(SocketBase):
         """librdmacm's rs_poll_rs: handle what completed (without blocking), then the
         poll(2) events of ``events`` the socket has -- POLLIN for data or the peer's
         close (or, listening, a connection to accept), POLLOUT for room to send -- plus
-        POLLHUP once disconnected and POLLERR once broken, asked for or not."""
+        POLLHUP once disconnected and every byte read, POLLERR once broken, asked for
+        or not."""
         if self._closed:
             return select.POLLNVAL
         if self._listening:
@@ -317,7 +320,13 @@ class RSocket(SocketBase):
         if events & select.POLLOUT and conn.can_send():
             revents |= select.POLLOUT
         if not state & RS_CONNECTED:
-            revents |= select.POLLHUP if state & RS_DISCONNECTED else select.POLLERR
+            # POLLHUP waits until what arrived was read (rsocket.c says it at once: a
+            # poller that takes POLLHUP for the end, as rstream -T a does, would lose
+            # the tail the peer sent just before its DISCONNECT)
+            if not state & RS_DISCONNECTED:
+                revents |= select.POLLERR
+            elif not conn.have_rdata():
+                revents |= select.POLLHUP
         return revents
 
     # ---- the end --------------------------------------------------------------------
