@@ -517,6 +517,8 @@ def install(ffi: Any, lib: Any) -> None:
         sock = _ready(e)
         if not length:
             return 0
+        if buf == NULL:
+            raise shim.Errno(errno.EFAULT, "rrecv: no buffer")
         view = buffer(buf, length)
         with _Mode(e, flags):
             if not flags & MSG_WAITALL or flags & MSG_PEEK:
@@ -540,12 +542,16 @@ def install(ffi: Any, lib: Any) -> None:
         sock = _ready(e)
         if not length:
             return 0
+        if buf == NULL:
+            raise shim.Errno(errno.EFAULT, "rsend: no buffer")
         with _Mode(e, flags):
             return sock.send(buffer(buf, length))
 
     def iov_bytes(iov: Any, cnt: int) -> bytes:
         if cnt < 0 or (cnt and iov == NULL):
             raise shim.Errno(errno.EINVAL, "iovec")
+        if any(iov[i].iov_base == NULL and iov[i].iov_len for i in range(cnt)):
+            raise shim.Errno(errno.EFAULT, "iovec: no buffer")
         return b"".join(buffer(iov[i].iov_base, iov[i].iov_len)[:] for i in range(cnt)
                         if iov[i].iov_len)
 
@@ -899,5 +905,7 @@ def install(ffi: Any, lib: Any) -> None:
         sock = _ready(e)
         if not count:
             return 0
+        if buf == NULL:
+            raise shim.Errno(errno.EFAULT, "riowrite: no buffer")
         with _Mode(e, flags):
             return sock.riowrite(buffer(buf, count), offset)

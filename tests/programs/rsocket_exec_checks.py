@@ -139,6 +139,7 @@ def main() -> int:
     s = ok(lib.rsocket(AF_INET, SOCK_STREAM, 0), "rsocket")
     assert os.fstat(s)  # a real descriptor holds the number: it is nobody else's
     fails(lib.rsend(s, b, 8, 0), errno.ENOTCONN, "rsend unconnected")
+    fails(lib.rbind(s, None, 16), errno.EINVAL, "rbind without an address")
     a = sockaddr(IP, PORT + 9)  # nobody listens there
     fails(lib.rconnect(s, a, len(a)), errno.ECONNREFUSED, "rconnect to no listener")
     ok(lib.rclose(s), "rclose")
@@ -245,6 +246,9 @@ def main() -> int:
     assert lib.rrecvfrom(srv, got, 3, 0, frm, ctypes.byref(flen)) == 3
     assert got.raw[:3] == b"efg" and flen.value == 16 and addr_of(frm.raw)[0] == IP
     fails(lib.rsendto(s, b"z", 1, 0, a, len(a)), errno.EISCONN, "rsendto with an address")
+    fails(lib.rsend(s, None, 8, 0), errno.EFAULT, "rsend from NULL")  # never a crash
+    fails(lib.rrecv(srv, None, 8, 0), errno.EFAULT, "rrecv into NULL")
+    fails(lib.rpoll(None, 1, 0), errno.EFAULT, "rpoll without pollfds")
     say("vectors")
 
     # options: what was set reads back; SOL_RDMA is for before the connection
