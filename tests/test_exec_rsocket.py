@@ -136,6 +136,33 @@ def test_riostream_both_ends_under_exec(topts):
         assert _perf_line(out, 65536, 10).split()[1:5] == ["64k", "10", "1", "1.2m"]
 
 
+def test_rcopy_copies_a_file_both_ends_under_exec(tmp_path):
+    """rcopy (rdmacm-utils): the client mmaps a 3 MB file and rsends it whole from the
+    mapping, the server rrecvs it into a mapping of the destination file (its server
+    binds the wildcard address and serves until killed); the copy is the file."""
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src.write_bytes(random.randbytes(3_000_000))
+    port = str(_port())
+    srv = _start(_exec(SERVER, "rcopy", "-p", port), SERVER)
+    try:
+        cli = _client(_exec(CLIENT, "rcopy", str(src), f"{SERVER}:{dst}", "-p", port),
+                      CLIENT, srv)
+        # the server says what it did when it waits for the next client (its fflush)
+        out, deadline = "", time.monotonic() + 60
+        while out.count("waiting for connection") < 2 and time.monotonic() < deadline \
+                and srv.poll() is None:
+            if select.select([srv.stdout], [], [], 0.5)[0]:
+                out += os.read(srv.stdout.fileno(), 4096).decode()
+    finally:
+        srv.kill()
+        rest, err = srv.communicate()
+        out += rest
+    assert cli.returncode == 0, cli.stderr + cli.stdout
+    assert "3000000 bytes in" in cli.stdout and "done" in cli.stdout
+    assert "transferring...3000000 bytes...closing...done" in out, err + out
+    assert dst.read_bytes() == src.read_bytes()
+
+
 def test_rstream_without_softrdma_has_no_device():
     """The same binary without softrdma exec finds no RDMA device on this machine: what
     the tests above see is softrdma's."""

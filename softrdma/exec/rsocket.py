@@ -18,7 +18,15 @@ its own, ``rpoll`` says POLLOUT when it is done and ``rgetsockopt(SO_ERROR)`` ho
 completed (``RSocket.poll``); ordinary descriptors are asked with poll(2) at once. When
 nothing is ready it waits, in one poll(2), on the ordinary descriptors and on every
 rsocket's completion and CM channels, at most :data:`WAKE_INTERVAL` at a time (keepalive
-and handshake timers run in between), and looks again.
+and handshake timers run in between), and looks again. POLLHUP comes once the data that
+arrived before the peer's close has been read (rsocket.c says it at once, and rstream -T a
+then loses the tail).
+
+Threads, as librdmacm has them: a listener has a service thread that answers connection
+requests while the program is busy elsewhere (a peer's rconnect completes before raccept
+is called); ``rclose`` returns once every send completed (rsocket.c's rshutdown) and
+leaves softrdma's TIME_WAIT (re-acknowledging a lost last ACK; rsocket.c has none) and
+the freeing to a thread, so a program that closes both ends at once waits for nothing.
 
 Not here: SOCK_DGRAM rsockets (librdmacm's UDP over UD QPs; EOPNOTSUPP), AF_IB addresses,
 ``RDMA_ROUTE``.
