@@ -105,13 +105,14 @@ class _Entry:
 
     __slots__ = ("sock", "fd", "family", "fs_flags", "fd_flags", "err", "connecting",
                  "maps", "so_opts", "tcp_opts", "ipv6_opts", "keepalive_time", "tos",
-                 "closed", "lock")
+                 "closed", "lock", "failed")
 
     def __init__(self, sock: Any, fd: int, family: int) -> None:
         self.sock, self.fd, self.family = sock, fd, family
         self.fs_flags = 0          # F_GETFL/F_SETFL (O_NONBLOCK)
         self.fd_flags = 0          # F_GETFD/F_SETFD
         self.err = 0               # SO_ERROR: a non-blocking connect's outcome
+        self.failed = 0            # why the connect failed, for every call after it
         self.connecting: threading.Thread | None = None
         self.maps: dict[tuple[int, int], Any] = {}  # (address, length) -> MR or None
         self.so_opts = 0           # option bits as rsocket.c keeps them (1 << optname)
@@ -237,6 +238,8 @@ def _ready(e: _Entry) -> Any:
         if e.connecting.is_alive():
             raise shim.Errno(errno.EAGAIN, "connecting")
         e.connecting = None
+    if e.failed:  # (softrdma's socket is closed by its failed connect: not EBADF)
+        raise shim.Errno(e.failed, "the connect failed")
     return e.sock
 
 
@@ -249,10 +252,10 @@ def _connect_in_background(e: _Entry, host: str, port: int) -> None:
             sock.settimeout(None)
             sock.connect((host, port))
         except OSError as exc:
-            e.err = exc.errno or errno.ECONNREFUSED
+            e.err = e.failed = exc.errno or errno.ECONNREFUSED
         except Exception as exc:  # softrdma's failure: said once, the program sees EIO
             log.error("softrdma exec: rconnect failed: %r", exc, exc_info=exc)
-            e.err = errno.EIO
+            e.err = e.failed = errno.EIO
         finally:
             if e.closed:
                 sock.close()
@@ -304,8 +307,8 @@ def _revents(e: _Entry, events: int) -> int:
     if t is not None:
         if t.is_alive():
             return 0
-        if e.err:  # rs_connect_error: what was asked, and POLLERR
-            return (events & (POLLIN | POLLOUT)) | POLLERR
+    if e.failed:  # rs_connect_error: what was asked, and POLLERR
+        return (events & (POLLIN | POLLOUT)) | POLLERR
     with e.lock:
         return e.sock.poll(events)
 
@@ -455,20 +458,23 @@ def install(ffi: Any, lib: Any) -> None:
     @_rguard(-1)
     def rconnect(fd: int, addr: Any, addrlen: int) -> int:
         e = lookup(fd)
-        if e.connecting is not None:
-            if e.connecting.is_alive():
-                raise shim.Errno(errno.EALREADY, "rconnect: under way")
-            e.connecting = None
-            if e.err:
-                err, e.err = e.err, 0
-                raise shim.Errno(err, "rconnect failed")
+        if e.connecting is not None and e.connecting.is_alive():
+            raise shim.Errno(errno.EALREADY, "rconnect: under way")
+        if e.failed:
+            e.err = 0
+            raise shim.Errno(e.failed, "rconnect failed")
+        if e.connecting is not None or e.sock.connected:
             raise shim.Errno(errno.EISCONN, "rconnect: connected")
         host, port = _read_addr(ffi, addr, addrlen, e.family)
         if e.nonblocking:
             e.err = 0
             _connect_in_background(e, host, port)
             raise shim.Errno(errno.EINPROGRESS, "rconnect: under way")
-        e.sock.connect((host, port))
+        try:
+            e.sock.connect((host, port))
+        except OSError as exc:
+            e.failed = exc.errno or errno.ECONNREFUSED
+            raise
         return 0
 
     @ffi.def_extern(name="rshutdown")

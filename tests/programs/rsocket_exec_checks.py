@@ -142,6 +142,7 @@ def main() -> int:
     fails(lib.rbind(s, None, 16), errno.EINVAL, "rbind without an address")
     a = sockaddr(IP, PORT + 9)  # nobody listens there
     fails(lib.rconnect(s, a, len(a)), errno.ECONNREFUSED, "rconnect to no listener")
+    fails(lib.rsend(s, b, 8, 0), errno.ECONNREFUSED, "rsend after the refusal")
     ok(lib.rclose(s), "rclose")
     fails(lib.rclose(s), errno.EBADF, "rclose twice")
     say("errnos")
@@ -157,6 +158,8 @@ def main() -> int:
     err, ln = ctypes.c_int(-1), ctypes.c_uint(4)
     ok(lib.rgetsockopt(s, SOL_SOCKET, SO_ERROR, ctypes.byref(err), ctypes.byref(ln)), "SO_ERROR")
     assert err.value == errno.ECONNREFUSED, err.value
+    n, rev = rpoll([(s, POLLIN)], 0)  # still an error, not a closed descriptor
+    assert rev == [POLLIN | 8], rev  # POLLERR
     lib.rclose(s)
     say("nonblocking-connect-refused")
 
