@@ -45,6 +45,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..readiness import readable
 from . import shim
 
 __all__ = ["IMPLEMENTS", "TYPES", "install", "lookup", "WAKE_INTERVAL"]
@@ -276,7 +277,6 @@ def _listen_service(e: _Entry) -> None:
     """librdmacm's listen service: a listener answers connection requests and completes
     handshakes while the program is busy elsewhere (a peer's rconnect returns before
     raccept is called, as TCP's connect does), up to its backlog."""
-    from ..readiness import readable
     sock = e.sock
 
     def run() -> None:
@@ -383,6 +383,8 @@ def _poll(fds: list[tuple[int, int]], timeout_ms: int) -> list[int]:
 
 def install(ffi: Any, lib: Any) -> None:
     """Define the rsocket calls."""
+    # imported here, not above: softrdma's verbs must not load before shim.install has
+    # chosen the soft backend (the real libibverbs, in this process, is us)
     from ..socket.rsconn import RSOptions
     from ..socket.rsocket import RSocket
     from ..socket.rswire import scale_to_value, value_to_scale
