@@ -444,6 +444,61 @@ class SocketBase:
             return self._channel.fd
         return -1
 
+    @property
+    def listening(self) -> bool:
+        """``listen`` was called and the socket is not closed."""
+        return self._listening and not self._closed
+
+    @property
+    def connected(self) -> bool:
+        """The socket has a connection (connected or accepted; perhaps closed by the
+        peer since) and is not closed."""
+        return self._conn is not None and not self._closed
+
+    def accept_ready(self) -> bool:
+        """A listening socket: answer the requests and drive the handshakes waiting
+        (without blocking), and say whether ``accept`` would return a connection at once
+        (poll's POLLIN on a listener). False for any other socket."""
+        if self._closed or not self._listening:
+            return False
+        self._listener_progress()
+        return bool(self._accept_queue)
+
+    def wait_fds(self) -> list[int]:
+        """Descriptors that become readable when the socket may have news (a completion,
+        a CM event, a connection request), completions armed first: for a caller that
+        waits on many sockets and descriptors in one poll(2). Hand the readable ones to
+        :meth:`took` after the wait."""
+        if self._closed:
+            return []
+        if self._listening:
+            hubs = [e.extra for e in self._half_open or ()]
+            hubs += [s._hub for s in self._accept_queue]
+            fds = [self._channel.fd]
+        elif self._hub is not None:
+            hubs, fds = [self._hub], []
+        else:
+            return [self._channel.fd] if self._channel is not None else []
+        for hub in hubs:
+            hub.arm()
+            fds.append(hub.fileno())
+            if hub.channel is not None:
+                fds.append(hub.channel.fd)
+        return fds
+
+    def took(self, ready: Any) -> None:
+        """After a wait on :meth:`wait_fds`: acknowledge the completion events of the
+        descriptors in ``ready`` (a container of descriptors), so the next wait blocks."""
+        if self._closed:
+            return
+        hubs = [self._hub] if self._hub is not None else []
+        if self._listening:
+            hubs += [e.extra for e in self._half_open or ()]
+            hubs += [s._hub for s in self._accept_queue]
+        for hub in hubs:
+            if hub.fileno() in ready:
+                hub.take_cq_event()
+
     # ---- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:

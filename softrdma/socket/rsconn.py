@@ -518,6 +518,19 @@ class RSConn:
             self.rbuf_bytes_avail += rsize
         return pos
 
+    def peek(self, out: memoryview) -> int:
+        """rs_peek: copy what :meth:`read` would take, taking nothing (MSG_PEEK)."""
+        pos, off, rsz, rmem = 0, self.rbuf_offset, self.rbuf_size, self.rmem
+        for _, size in self.rmsg:
+            if pos == len(out):
+                break
+            size = min(size, len(out) - pos)
+            while size:
+                k = min(size, rsz - off)
+                out[pos:pos + k] = rmem[off:off + k]
+                pos, size, off = pos + k, size - k, (off + k) % rsz
+        return pos
+
     # ---- iomap ----------------------------------------------------------------------
 
     def target_iomap(self, i: int) -> tuple[int, int, int, int]:

@@ -19,7 +19,9 @@ has three parts:
 from __future__ import annotations
 
 import errno
+import select
 import time
+from socket import MSG_PEEK
 from typing import Any
 
 from ..errors import PyverbsRDMAError
@@ -145,8 +147,9 @@ class RSocket(SocketBase):
         n = self.recv_into(buf)
         return bytes(buf[:n])
 
-    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
-        """rrecv: up to ``nbytes`` (or len(buffer)) bytes; 0 at the peer's orderly close."""
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        """rrecv: up to ``nbytes`` (or len(buffer)) bytes; 0 at the peer's orderly close.
+        ``flags`` MSG_PEEK: copy them and leave them queued."""
         conn = self._connected()
         view = memoryview(buffer).cast("B")
         if nbytes:
@@ -158,15 +161,19 @@ class RSocket(SocketBase):
             self._wait_for(conn, lambda: conn.have_rdata() or not conn.state & RS_READABLE,
                            deadline, "recv")
         with self._hub.lock:
+            if flags & MSG_PEEK:
+                return conn.peek(view)
             n = conn.read(view)
             conn.update_credits()
         if n == 0:
             self._raise_error(conn)
         return n
 
-    def shutdown(self, how: int) -> None:
+    def shutdown(self, how: int, linger: bool = True) -> None:
         """rshutdown: SHUT_RD (0), SHUT_WR (1: a SHUTDOWN message, or DISCONNECT when not
-        readable either) or SHUT_RDWR (2: DISCONNECT); waits for outstanding sends."""
+        readable either) or SHUT_RDWR (2: DISCONNECT); waits for outstanding sends.
+        ``linger`` False: once disconnected, leave the TIME_WAIT (and the QP's move to
+        ERROR) to :meth:`close`, for a caller that closes on a thread of its own."""
         conn = self._connected()
         hub = self._hub
         if conn.state & RS_CONNECTED:
@@ -195,7 +202,7 @@ class RSocket(SocketBase):
                 if conn.all_sends_done():
                     break
                 hub.wait(deadline)
-        if conn.state & RS_DISCONNECTED:
+        if conn.state & RS_DISCONNECTED and linger:
             if conn.peer_closed:
                 conn.time_wait()
             conn.qp_to_error()
@@ -291,6 +298,36 @@ class RSocket(SocketBase):
         """Handle what completed (for callers polling riomapped memory)."""
         if self._hub is not None:
             self._hub.progress()
+
+    def poll(self, events: int) -> int:
+        """librdmacm's rs_poll_rs: handle what completed (without blocking), then the
+        poll(2) events of ``events`` the socket has -- POLLIN for data or the peer's
+        close (or, listening, a connection to accept), POLLOUT for room to send -- plus
+        POLLHUP once disconnected and every byte read, POLLERR once broken, asked for
+        or not."""
+        if self._closed:
+            return select.POLLNVAL
+        if self._listening:
+            return select.POLLIN & events if self.accept_ready() else 0
+        conn = self._conn
+        if conn is None:
+            return 0
+        self._hub.progress()
+        revents = 0
+        state = conn.state
+        if events & select.POLLIN and (conn.have_rdata() or not state & RS_READABLE):
+            revents |= select.POLLIN
+        if events & select.POLLOUT and conn.can_send():
+            revents |= select.POLLOUT
+        if not state & RS_CONNECTED:
+            # POLLHUP waits until what arrived was read (rsocket.c says it at once: a
+            # poller that takes POLLHUP for the end, as rstream -T a does, would lose
+            # the tail the peer sent just before its DISCONNECT)
+            if not state & RS_DISCONNECTED:
+                revents |= select.POLLERR
+            elif not conn.have_rdata():
+                revents |= select.POLLHUP
+        return revents
 
     # ---- the end --------------------------------------------------------------------
 

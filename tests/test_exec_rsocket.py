@@ -1,0 +1,231 @@
+"""``softrdma exec``'s rsocket calls (softrdma/exec/rsocket.py): Debian's librdmacm tools
+``rstream`` and ``riostream`` (rdmacm-utils 44, unmodified), their rsocket calls answered
+by softrdma's rsocket protocol -- both ends under ``softrdma exec``, and one end against
+softrdma's own Python rsocket (tests/programs/rsocket_stream.py, which verifies every byte
+against rstream's counter), in both roles; and rsocket(7)'s errnos, rpoll/rselect, rfcntl
+and threads through the calls themselves (tests/programs/rsocket_exec_checks.py).
+
+Each process has its own device: servers on 127.0.4.1, clients on 127.0.4.2, the
+single-process checks on 127.0.4.5."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STREAM = str(ROOT / "tests" / "programs" / "rsocket_stream.py")
+CHECKS = str(ROOT / "tests" / "programs" / "rsocket_exec_checks.py")
+SERVER, CLIENT, SINGLE = "127.0.4.1", "127.0.4.2", "127.0.4.5"
+LIMIT = 120  # seconds a tool may take: small transfers finish in well under 10
+
+
+def _env(ip: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTRDMA_")}
+    env["PYTHONPATH"] = str(ROOT)
+    if ip:
+        env["SOFTRDMA_IP"] = ip
+    return env
+
+
+def _exec(ip: str, *argv: str) -> list[str]:
+    return [sys.executable, "-m", "softrdma", "exec", "--addr", ip, "--", *argv]
+
+
+def _port() -> int:
+    return random.randint(20000, 40000)
+
+
+def _start(argv: list[str], ip: str) -> subprocess.Popen:
+    return subprocess.Popen(argv, env=_env(ip), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+
+
+def _client(argv: list[str], ip: str, server: subprocess.Popen) -> subprocess.CompletedProcess:
+    """Run the client until the server listens: a client that finds nobody listening
+    (the server still starting; its stdout is a pipe, so it says nothing before it
+    ends) says so and is run again."""
+    deadline = time.monotonic() + 60
+    while True:
+        r = subprocess.run(argv, env=_env(ip), capture_output=True, text=True, timeout=LIMIT,
+                           cwd=ROOT)
+        refused = "Connection refused" in r.stderr or "ConnectionRefused" in r.stderr
+        if r.returncode == 0 or not refused or time.monotonic() > deadline \
+                or server.poll() is not None:
+            return r
+        time.sleep(0.5)
+
+
+def _wait_listening(p: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([p.stdout], [], [], 0.5)
+        if r and "listening" in p.stdout.readline():
+            return
+        if p.poll() is not None:
+            break
+    p.kill()
+    raise AssertionError("the server never listened: " + p.communicate()[1])
+
+
+def _finish(p: subprocess.Popen) -> tuple[int, str, str]:
+    try:
+        out, err = p.communicate(timeout=LIMIT)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    return p.returncode, out, err
+
+
+def _pair(tool: str, args: list[str]) -> tuple[subprocess.CompletedProcess, tuple]:
+    """``tool`` as server and client, both under softrdma exec."""
+    port = str(_port())
+    srv = _start(_exec(SERVER, tool, "-b", SERVER, "-p", port, *args), SERVER)
+    try:
+        cli = _client(_exec(CLIENT, tool, "-s", SERVER, "-p", port, *args), CLIENT, srv)
+    finally:
+        res = _finish(srv)
+    return cli, res
+
+
+def _perf_line(out: str, size: int, count: int) -> str:
+    """rstream/riostream's result line: custom, size, transfers, 1 iteration, the total
+    both ways (rstream's size_str: 1000-byte units below 1 KiB, k/m above)."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("custom")]
+    assert len(lines) == 1, out
+    fields = lines[0].split()
+    assert fields[2:4] == [str(count), "1"], lines[0]
+    return lines[0]
+
+
+# ---- both ends under softrdma exec ---------------------------------------------------------
+
+@pytest.mark.parametrize("topts", [["-T", "v"], ["-T", "a", "-T", "b", "-T", "v"]],
+                         ids=["nonblocking", "rpoll-blocking"])
+def test_rstream_both_ends_under_exec(topts):
+    """rstream's custom test (a 16-byte sync, then 20 transfers of 10000 bytes each way,
+    every byte checked against rstream's counter, -T v): non-blocking (rfcntl O_NONBLOCK,
+    a non-blocking rconnect finished through rpoll and SO_ERROR, raccept/rsend/rrecv
+    answering EAGAIN) and with rpoll blocking (-T a -T b: rpoll's wait, MSG_WAITALL)."""
+    cli, (src, sout, serr) = _pair("rstream", ["-S", "10000", "-C", "20", *topts])
+    assert cli.returncode == 0, cli.stderr + cli.stdout
+    assert src == 0, serr + sout
+    for out in (cli.stdout, sout):
+        assert _perf_line(out, 10000, 20).split()[1:5] == ["9.7k", "20", "1", "390k"]
+
+
+@pytest.mark.parametrize("topts", [["-T", "v"], ["-T", "a", "-T", "v"]],
+                         ids=["nonblocking", "rpoll"])
+def test_riostream_both_ends_under_exec(topts):
+    """riostream: each side riomaps its own buffer (an MR over the program's memory, at
+    its address), the peer riowrites into it by RDMA WRITE, and the program spins on the
+    buffer's last byte in C -- no rsocket call -- until softrdma's progress thread has
+    placed the peer's marker there; -T v checks every byte written."""
+    cli, (src, sout, serr) = _pair("riostream", ["-S", "65536", "-C", "10", *topts])
+    assert cli.returncode == 0, cli.stderr + cli.stdout
+    assert src == 0, serr + sout
+    for out in (cli.stdout, sout):
+        assert _perf_line(out, 65536, 10).split()[1:5] == ["64k", "10", "1", "1.2m"]
+
+
+def test_rcopy_copies_a_file_both_ends_under_exec(tmp_path):
+    """rcopy (rdmacm-utils): the client mmaps a 3 MB file and rsends it whole from the
+    mapping, the server rrecvs it into a mapping of the destination file (its server
+    binds the wildcard address and serves until killed); the copy is the file."""
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src.write_bytes(random.randbytes(3_000_000))
+    port = str(_port())
+    srv = _start(_exec(SERVER, "rcopy", "-p", port), SERVER)
+    try:
+        cli = _client(_exec(CLIENT, "rcopy", str(src), f"{SERVER}:{dst}", "-p", port),
+                      CLIENT, srv)
+        # the server says what it did when it waits for the next client (its fflush)
+        out, deadline = "", time.monotonic() + 60
+        while out.count("waiting for connection") < 2 and time.monotonic() < deadline \
+                and srv.poll() is None:
+            if select.select([srv.stdout], [], [], 0.5)[0]:
+                out += os.read(srv.stdout.fileno(), 4096).decode()
+    finally:
+        srv.kill()
+        rest, err = srv.communicate()
+        out += rest
+    assert cli.returncode == 0, cli.stderr + cli.stdout
+    assert "3000000 bytes in" in cli.stdout and "done" in cli.stdout
+    assert "transferring...3000000 bytes...closing...done" in out, err + out
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def test_rstream_without_softrdma_has_no_device():
+    """The same binary without softrdma exec finds no RDMA device on this machine: what
+    the tests above see is softrdma's."""
+    r = subprocess.run(["rstream", "-s", SERVER, "-p", str(_port()), "-C", "1", "-S", "10"],
+                       capture_output=True, text=True, timeout=60, env=_env())
+    assert r.returncode != 0
+    assert "No RDMA devices were detected" in r.stderr
+
+
+# ---- one end against softrdma's Python rsocket --------------------------------------------
+
+@pytest.mark.parametrize("tool", ["rstream", "riostream"])
+@pytest.mark.parametrize("c_role", ["client", "server"])
+def test_tool_against_softrdma_python_rsocket(tool, c_role):
+    """The C tool under softrdma exec on one end, softrdma.socket's RSocket (a Python
+    program doing rstream's or riostream's exchange and checking every byte against the
+    tool's counter) on the other: the preload library speaks the rsocket protocol on
+    the wire, as librdmacm does, in both roles."""
+    port = str(_port())
+    size, count = ("10000", "20") if tool == "rstream" else ("65536", "10")
+    py = [sys.executable, STREAM, None, SERVER, port, "-S", size, "-C", count, "--verify",
+          "-B", str(1 << 19)] + (["--rio"] if tool == "riostream" else [])
+    c_args = ["-p", port, "-S", size, "-C", count, "-T", "v"]
+    if c_role == "client":
+        srv = _start([x if x else "server" for x in py], SERVER)
+        try:
+            _wait_listening(srv)
+            cli = subprocess.run(_exec(CLIENT, tool, "-s", SERVER, *c_args), env=_env(CLIENT),
+                                 capture_output=True, text=True, timeout=LIMIT, cwd=ROOT)
+        finally:
+            src, sout, serr = _finish(srv)
+        c_out, c_rc, c_err, py_out, py_rc, py_err = (cli.stdout, cli.returncode, cli.stderr,
+                                                      sout, src, serr)
+    else:
+        srv = _start(_exec(SERVER, tool, "-b", SERVER, *c_args), SERVER)
+        try:
+            cli = _client([x if x else "client" for x in py], CLIENT, srv)
+        finally:
+            src, sout, serr = _finish(srv)
+        c_out, c_rc, c_err, py_out, py_rc, py_err = (sout, src, serr, cli.stdout,
+                                                      cli.returncode, cli.stderr)
+    assert c_rc == 0, c_err + c_out
+    assert py_rc == 0, py_err + py_out
+    total = 2 * int(size) * int(count)
+    assert re.search(rf"{tool} ok {total} bytes .* verified", py_out), py_out
+    _perf_line(c_out, int(size), int(count))
+
+
+# ---- the calls themselves -------------------------------------------------------------------
+
+def test_rsocket_calls_errnos_rpoll_rselect_threads():
+    """rsocket(7)'s calls as a program makes them (ctypes in a Python program under
+    softrdma exec, one device): the errnos (EBADF for a number that is no rsocket,
+    ECONNREFUSED, EAGAIN, EINPROGRESS, EISCONN, EINVAL, EOPNOTSUPP, ENOTCONN, EPIPE),
+    rfcntl's O_NONBLOCK, rpoll and rselect over rsockets and a pipe together (and the
+    pipe alone, as poll(2)), MSG_PEEK/MSG_WAITALL/MSG_DONTWAIT, the vector calls, names
+    and options, a blocking rrecv and raccept in one thread while another sends and
+    connects, a connection completed before raccept, EOF and POLLHUP after rshutdown."""
+    r = subprocess.run(_exec(SINGLE, "/usr/bin/python3", "-X", "faulthandler", CHECKS, SINGLE,
+                             str(_port())), env=_env(SINGLE), capture_output=True, text=True,
+                       timeout=LIMIT, cwd=ROOT)
+    assert r.returncode == 0, r.stderr + r.stdout
+    said = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("OK ")]
+    assert said == ["errnos", "nonblocking-connect-refused",
+                    "nonblocking-connect-accept-names", "rpoll-peek", "rselect", "vectors",
+                    "options", "threads", "backlog", "close"], r.stdout
