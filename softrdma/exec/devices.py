@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from . import shim
-from .shim import Errno, be64, guard, handles
+from .shim import be64, guard, handles
 
 __all__ = ["IMPLEMENTS", "TYPES", "install", "context_of", "set_op", "verbs_context_of",
            "ON_OPEN", "ON_CLOSE"]

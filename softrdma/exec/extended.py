@@ -230,8 +230,8 @@ def qp_ex_state(ptr: Any) -> QpExState:
 def _prune() -> None:
     """Forget the states of CQs and QPs ibv_destroy_* has destroyed since (their
     structures then go with them): queues' records are the truth."""
-    for states, live in ((_cq_ex, queues._cqs), (_qp_ex, queues._qps)):
-        for addr in [a for a, st in states.items() if live.get(a) is not st.rec]:
+    for states, live in ((_cq_ex, queues.live_cq), (_qp_ex, queues.live_qp)):
+        for addr in [a for a, st in states.items() if live(a) is not st.rec]:
             del states[addr]
 
 
@@ -352,7 +352,7 @@ def install(ffi: Any, lib: Any) -> None:
     def qp_to_qp_ex(qp: Any) -> Any:
         # libibverbs: the qp_ex of a QP made by ibv_create_qp_ex, NULL for any other
         st = qp_states.get(addr_of(qp))
-        if st is None or queues._qps.get(addr_of(qp)) is not st.rec:
+        if st is None or queues.live_qp(addr_of(qp)) is not st.rec:
             return NULL
         return st.struct
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sysconfig
 from pathlib import Path

@@ -59,8 +59,8 @@ from collections import deque
 from typing import Any
 
 from . import devices, shim
-from .shim import Errno, guard, handles
-from .verbs import _rdma_errno, ah_attr_from_c, ah_attr_to_c, ah_of, forget, inline_lkey, \
+from .shim import Errno, errno_of, guard, handles
+from .verbs import ah_attr_from_c, ah_attr_to_c, ah_of, forget, inline_lkey, \
     pd_of, ptr_of, remember
 
 # the verbs_api record classes the data path builds (bound by install: the launcher imports
@@ -342,6 +342,16 @@ def cq_of(ptr: Any) -> CqRec:
     return rec
 
 
+def live_cq(addr: int) -> CqRec | None:
+    """The record of the CQ at ``addr`` if it is still alive (None once destroyed)."""
+    return _cqs.get(addr)
+
+
+def live_qp(addr: int) -> QpRec | None:
+    """The record of the QP at ``addr`` if it is still alive (None once destroyed)."""
+    return _qps.get(addr)
+
+
 def qp_of(ptr: Any) -> QpRec:
     rec = _qps.get(_addr(ptr))
     if rec is None:
@@ -373,7 +383,7 @@ def create_cq(ctx: Any, cqe: int, cq_context: Any, channel: Any, comp_vector: in
     try:
         cq = CQ(c, cqe, None, None, comp_vector)
     except OSError as e:
-        raise _rdma_errno(e) from None
+        raise errno_of(e) from None
     mem = ffi.new(ctype + " *")
     s = ffi.cast("struct ibv_cq *", mem)
     s.context, s.channel, s.cq_context = ctx, channel, cq_context
@@ -398,7 +408,7 @@ def destroy_cq(ptr: Any) -> int:
     try:
         rec.cq.close()  # EBUSY while a QP uses it
     except OSError as e:
-        raise _rdma_errno(e) from None
+        raise errno_of(e) from None
     if rec.channel is not None:
         rec.channel.cqs -= 1
         rec.channel.struct.refcnt -= 1
@@ -483,7 +493,7 @@ def make_qp(pd_ptr: Any, qp_type: int, send_cq: Any, recv_cq: Any, srq: Any,
                                srq=None if s_rec is None else s_rec.srq, cap=qcap,
                                sq_sig_all=1 if sq_sig_all else 0))
     except OSError as e:
-        raise _rdma_errno(e) from None
+        raise errno_of(e) from None
     g = qp.cap
     cap.max_send_wr, cap.max_recv_wr = g.max_send_wr, g.max_recv_wr
     cap.max_send_sge, cap.max_recv_sge = g.max_send_sge, g.max_recv_sge
@@ -542,7 +552,7 @@ def modify_qp(ptr: Any, attr: Any, mask: int) -> int:
     try:
         rec.qp.modify(a, mask)
     except OSError as e:
-        raise _rdma_errno(e) from None
+        raise errno_of(e) from None
     if mask & _QP_STATE:
         rec.struct.state = attr.qp_state
     return 0
@@ -556,7 +566,7 @@ def query_qp(ptr: Any, attr: Any, mask: int, init_attr: Any) -> int:
     try:
         a, ia = rec.qp.query(mask)
     except OSError as e:
-        raise _rdma_errno(e) from None
+        raise errno_of(e) from None
     if attr != ffi.NULL:
         ffi.memmove(attr, b"\0" * ffi.sizeof("struct ibv_qp_attr"),
                     ffi.sizeof("struct ibv_qp_attr"))
@@ -592,7 +602,7 @@ def destroy_qp(ptr: Any) -> int:
     try:
         rec.qp.close()
     except OSError as e:
-        raise _rdma_errno(e) from None
+        raise errno_of(e) from None
     del _qps[_addr(ptr)]
     forget(rec.qp)
     handles.release("qp", ptr)
@@ -785,7 +795,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             rec.cq.resize(cqe)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         rec.struct.cqe = rec.cq.cqe
         return 0
 
@@ -834,7 +844,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             rec.cq.req_notify(bool(solicited_only))
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         return 0
 
     @ffi.def_extern(name="softrdma_poll_cq")
@@ -848,7 +858,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             got, wcs = rec.poll(n)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         if got:
             fill_wcs(wc, wcs)
         return got
@@ -932,7 +942,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             srq = SRQ(pd, SrqInitAttr(SrqAttr(a.max_wr, a.max_sge, a.srq_limit)))
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         q = srq.query()
         a.max_wr, a.max_sge = q.max_wr, q.max_sge  # what the device granted
         s = ffi.new("struct ibv_srq *")
@@ -950,7 +960,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             rec.srq.modify(SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit), mask)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         return 0
 
     @ffi.def_extern(name="ibv_query_srq")
@@ -960,7 +970,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             _srq_attr_to_c(rec.srq.query(), attr)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         return 0
 
     @ffi.def_extern(name="ibv_destroy_srq")
@@ -970,7 +980,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             rec.srq.close()  # EBUSY while a QP uses it
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         del _srqs[_addr(srq)]
         forget(rec.srq)
         handles.release("srq", srq)

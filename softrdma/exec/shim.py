@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from . import abi
 
-__all__ = ["install", "guard", "Errno", "Handles", "handles", "be64", "address", "ffi"]
+__all__ = ["install", "guard", "Errno", "errno_of", "Handles", "handles", "be64", "address", "ffi"]
 
 log = logging.getLogger("softrdma.exec")
 
@@ -40,6 +40,12 @@ class Errno(OSError):
     def __init__(self, code: int, msg: str) -> None:
         super().__init__(code, msg)
         self.error_code = code
+
+
+def errno_of(e: BaseException) -> Errno:
+    """A softrdma error (PyverbsRDMAError, OSError) as the Errno the verb reports
+    (EINVAL if it carries none)."""
+    return Errno(getattr(e, "error_code", None) or getattr(e, "errno", None) or 22, str(e))
 
 
 def guard(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import devices, shim
-from .shim import Errno, guard, handles
+from .shim import Errno, errno_of, guard, handles
 
 __all__ = ["IMPLEMENTS", "TYPES", "install", "pd_of", "mr_of", "ah_of", "ptr_of",
            "ah_attr_from_c", "ah_attr_to_c", "remember", "forget", "inline_lkey"]
@@ -107,11 +107,6 @@ def ah_of(ptr: Any) -> Any:
     return handles.get("ah", ptr)
 
 
-def _rdma_errno(e: BaseException) -> Errno:
-    """A verbs_api error as the errno the verb reports."""
-    return Errno(getattr(e, "error_code", None) or getattr(e, "errno", None) or 22, str(e))
-
-
 def ah_attr_from_c(a: Any) -> Any:
     """A ``struct ibv_ah_attr`` as a verbs_api AHAttr."""
     from ..verbs_api import AHAttr, GID, GlobalRoute
@@ -163,7 +158,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             pd = PD(c)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         s = ffi.new("struct ibv_pd *")
         s.context = ctx
         s.handle = id(pd) & 0xFFFFFFFF
@@ -181,7 +176,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             pd.close()  # EBUSY while an MR, QP, SRQ or AH uses it
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         forget(pd)
         handles.release("pd", ptr)
         return 0
@@ -197,7 +192,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             return MR(pd, length, access, address=iova, buffer=buf)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
 
     def new_mr(pd_ptr: Any, addr: Any, length: int, iova: int, access: int) -> Any:
         mr = register(pd_ptr, addr, length, iova, access)
@@ -274,7 +269,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             mr.close()  # EINVAL while memory windows are bound to it (as rxe)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         forget(mr)
         handles.release("mr", ptr)
         return 0
@@ -285,7 +280,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             ah = AH(pd, attr)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         s = ffi.new("struct ibv_ah *")
         s.context, s.pd, s.handle = pd_ptr.context, pd_ptr, id(ah) & 0xFFFFFFFF
         remember(ah, s)
@@ -305,7 +300,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             ah.close()
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         forget(ah)
         handles.release("ah", ptr)
         return 0
@@ -321,7 +316,7 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             return ah_attr_from_wc(_wc_from_c(wc), bytes(ffi.buffer(grh, 40)), table, port)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
 
     @ffi.def_extern(name="ibv_init_ah_from_wc")
     @guard("errno")
@@ -341,6 +336,6 @@ def install(ffi: Any, lib: Any) -> None:
         try:
             v = devices.context_of(ctx).query_pkey(port, index)
         except OSError as e:
-            raise _rdma_errno(e) from None
+            raise errno_of(e) from None
         pkey[0] = ((v & 0xFF) << 8) | (v >> 8)  # __be16
         return 0
