@@ -542,6 +542,55 @@ def conn_param(p: Any) -> ConnParams | None:
                       srq=p.srq, qp_num=p.qp_num)
 
 
+# ---- the end of the program ----------------------------------------------------------------
+
+#: how long leaving the CM may hold up the program's exit
+EXIT_LEAVE_TIMEOUT = 1.0
+_exit_keep: list[Any] = []  # the C exit handler's ctypes thunk, alive until exit
+
+
+def _leave_all() -> None:
+    """The program ends with ids it never destroyed: leave the CM as the kernel does when
+    the rdma_cm file closes with the process (ucma_close: each id destroyed, so an
+    established peer gets a DREQ and sees DISCONNECTED now, a pending request a REJ),
+    within :data:`EXIT_LEAVE_TIMEOUT` (a device lock held elsewhere never hangs the
+    exit). A program killed by a signal leaves nothing, as no code of it runs."""
+    import threading
+    ids = [rec for rec in handles.of_kind("cm_id") if not rec.cid.destroyed]
+    if not ids:
+        return
+
+    def leave() -> None:
+        for rec in ids:
+            try:
+                rec.cid.destroy()
+            except Exception:
+                pass
+    t = threading.Thread(target=leave, name="softrdma-cm-exit", daemon=True)
+    t.start()
+    t.join(EXIT_LEAVE_TIMEOUT)
+
+
+def _at_exit() -> None:
+    """Run :func:`_leave_all` when the program exits: Python's atexit in a Python program
+    (it finalizes its interpreter), a C exit handler in a C one (nothing finalizes the
+    interpreter the library started)."""
+    if getattr(sys, "orig_argv", None):
+        import atexit
+        atexit.register(_leave_all)
+        return
+    import ctypes
+
+    def handler(_arg: Any) -> None:
+        try:
+            _leave_all()
+        except BaseException:
+            pass
+    thunk = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(handler)
+    _exit_keep.append(thunk)
+    ctypes.CDLL(None).__cxa_atexit(thunk, None, None)
+
+
 def _event_names() -> dict[int, Any]:
     return {int(e): ffi.new("char[]", e.name.encode()) for e in E}
 
@@ -559,6 +608,7 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
         ffi.sizeof("struct rdma_cm_event"), "struct rdma_cm_event is not as expected"
     names = _event_names()
     unknown = ffi.new("char[]", b"UNKNOWN EVENT")
+    _at_exit()
 
     @ffi.def_extern(name="rdma_create_event_channel")
     @cm_call(ffi.NULL)

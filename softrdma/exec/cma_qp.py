@@ -241,10 +241,6 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
     """Define this part's functions."""
     global ffi, lib
     ffi, lib = lib_ffi, the_lib
-    # the program's inline sends read its memory, registered or not, as rxe's provider
-    # does (rdma_client sends a static buffer inline); TODO: the verbs part's, for all QPs
-    from ..verbs_api import soft_qp
-    soft_qp.INLINE_FROM_PROCESS_MEMORY = True
 
     @ffi.def_extern(name="rdma_create_qp")
     @cm_call(-1)
