@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import require_tool
+
 SERVER, CLIENT = "127.0.3.11", "127.0.3.12"
 PROGRAM = str(Path(__file__).parent / "programs" / "exec_cm_ctypes.py")
 #: a generous bound for one tool's whole run (a handful of messages on loopback)
@@ -256,3 +258,36 @@ def test_rping_against_softrdmas_own_rping(exec_role):
     pings = _ping_lines(cli.stdout, "ping data: ")
     assert len(pings) == 3 and pings[0].startswith("rdma-ping-0: ABCDEFG"), cli.stdout
     assert _ping_lines(out, "server ping data: ") == pings, out
+
+
+@pytest.mark.parametrize("host", ["c", "python"])
+def test_a_program_exiting_with_a_live_connection_disconnects_its_peer(host, tmp_path):
+    """A client that connects and exits without rdma_destroy_id (a C program calling
+    exit(), a Python one returning): its ids leave the CM at exit as the kernel's do when
+    the process's rdma_cm file closes, so the server sees ESTABLISHED then DISCONNECTED
+    at once (nothing else would ever tell it: an idle connection has no keepalive)."""
+    port = "7488" if host == "c" else "7489"
+    if host == "c":
+        exe = tmp_path / "exec_cm_exit"
+        r = subprocess.run([require_tool("gcc"), "-O1", "-Wall", "-o", str(exe),
+                            str(Path(PROGRAM).with_name("exec_cm_exit.c")), "-lrdmacm"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        client = [str(exe), SERVER, port]
+    else:
+        client = ["/usr/bin/python3", PROGRAM, "client-exit", SERVER, port]
+    srv = _start(SERVER, "/usr/bin/python3", PROGRAM, "server", SERVER, port)
+    try:
+        _wait_listening(srv)
+        cli = _run(CLIENT, *client)
+        # the server's wait for each event is 60 s: the DREQ must come long before
+        out, err = srv.communicate(timeout=30)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert cli.returncode == 0, (cli.stdout, cli.stderr)
+    assert "exiting without rdma_destroy_id" in cli.stdout
+    assert srv.returncode == 0, (out, err)
+    assert out.splitlines()[-3:] == ["event RDMA_CM_EVENT_ESTABLISHED 0  0 0",
+                                     "event RDMA_CM_EVENT_DISCONNECTED 0  0 0", "done"]
