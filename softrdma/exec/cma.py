@@ -260,7 +260,6 @@ class Id:
         self.remote_ece = (0, 0)
         self.qp: Any = None  # the QpRec of the QP the CM moves (rdma_create_qp)
         self.qp_struct: Any = None  # its struct ibv_qp *
-        self.owned_cqs: list[Any] = []  # made by rdma_create_qp for the id
         # the route's path record, when the structure is declared (by the misc part)
         self.path = ffi.new("struct ibv_sa_path_rec *") if PATH_REC else None
         s = self.struct = ffi.new("struct rdma_cm_id *")
