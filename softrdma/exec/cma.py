@@ -546,6 +546,7 @@ def conn_param(p: Any) -> ConnParams | None:
 #: how long leaving the CM may hold up the program's exit
 EXIT_LEAVE_TIMEOUT = 1.0
 _exit_keep: list[Any] = []  # the C exit handler's ctypes thunk, alive until exit
+_exit_pid = [0]  # the process whose ids the handler destroys
 
 
 def _leave_all() -> None:
@@ -555,6 +556,8 @@ def _leave_all() -> None:
     within :data:`EXIT_LEAVE_TIMEOUT` (a device lock held elsewhere never hangs the
     exit). A program killed by a signal leaves nothing, as no code of it runs."""
     import threading
+    if os.getpid() != _exit_pid[0]:
+        return  # a forked child's copies are the parent's ids: its file stays open there
     ids = [rec for rec in handles.of_kind("cm_id") if not rec.cid.destroyed]
     if not ids:
         return
@@ -574,6 +577,7 @@ def _at_exit() -> None:
     """Run :func:`_leave_all` when the program exits: Python's atexit in a Python program
     (it finalizes its interpreter), a C exit handler in a C one (nothing finalizes the
     interpreter the library started)."""
+    _exit_pid[0] = os.getpid()
     if getattr(sys, "orig_argv", None):
         import atexit
         atexit.register(_leave_all)
