@@ -25,6 +25,14 @@ PROGRAM = str(Path(__file__).parent / "programs" / "exec_cm_ctypes.py")
 TIMEOUT = 120
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _library_built():
+    """The preload library built once, here, before any pair starts (two launchers
+    building at once both succeed, but the first server would wait on its build)."""
+    from softrdma.exec.build import library_path
+    library_path()
+
+
 def _exec(addr: str, *argv: str) -> list[str]:
     return [sys.executable, "-m", "softrdma", "exec", "--addr", addr, "--", *argv]
 
