@@ -118,13 +118,16 @@ def test_event_channel_is_a_real_descriptor_and_o_nonblock_is_the_programs():
     """``channel->fd`` is a descriptor poll/select work on: not readable while no event
     waits, readable once rdma_resolve_addr queued ADDR_RESOLVED, not after it was taken,
     closed by rdma_destroy_event_channel. It starts blocking; the program's
-    fcntl(O_NONBLOCK) makes rdma_get_cm_event fail with EAGAIN instead of waiting."""
+    fcntl(O_NONBLOCK) makes rdma_get_cm_event fail with EAGAIN instead of waiting. Each
+    event is an edge for epoll's EPOLLET, even one queued behind another not yet taken
+    (as each event wakes an rdma_cm file's waiters)."""
     r = _run(SERVER, "/usr/bin/python3", PROGRAM, "channel", SERVER)
     assert r.returncode == 0, r.stderr
     first, *rest = r.stdout.splitlines()
     assert first.startswith("fd ") and first.endswith(" blocking True readable False")
     assert rest == ["empty get -1 EAGAIN", "readable after resolve True",
                     "got RDMA_CM_EVENT_ADDR_RESOLVED", "readable after get False",
+                    "epoll edge 1", "epoll edge 1", "epoll after draining 0",
                     "fd closed after destroy"]
 
 

@@ -201,6 +201,23 @@ def channel(addr):
     print("got", lib.rdma_event_str(ev.contents.event).decode(), flush=True)
     print("readable after get", bool(select.select([fd], [], [], 0)[0]), flush=True)
     check(lib.rdma_ack_cm_event(ev), "rdma_ack_cm_event")
+    # edge-triggered epoll: each event is an edge, even onto a queue not yet drained
+    ep = select.epoll()
+    ep.register(fd, select.EPOLLIN | select.EPOLLET)
+    ids = []
+    for _ in range(2):
+        i = V()
+        check(lib.rdma_create_id(V(ch), ctypes.byref(i), None, 0x106), "rdma_create_id")
+        check(lib.rdma_resolve_addr(i, None, sin(addr, 1), 2000), "rdma_resolve_addr")
+        print("epoll edge", len(ep.poll(10)), flush=True)
+        ids.append(i)
+    for _ in ids:
+        check(lib.rdma_get_cm_event(V(ch), ctypes.byref(ev)), "rdma_get_cm_event")
+        check(lib.rdma_ack_cm_event(ev), "rdma_ack_cm_event")
+    print("epoll after draining", len(ep.poll(0)), flush=True)
+    for i in ids:
+        check(lib.rdma_destroy_id(i), "rdma_destroy_id")
+    ep.close()
     check(lib.rdma_destroy_id(cid), "rdma_destroy_id")
     lib.rdma_destroy_event_channel(V(ch))
     try:
