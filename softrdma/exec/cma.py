@@ -57,8 +57,10 @@ from .cma_addr import read_sockaddr, sockaddr_bytes, sockaddr_len, sockaddr_port
 from .shim import Errno, guard, handles
 from .verbs import ah_attr_to_c
 
-__all__ = ["IMPLEMENTS", "TYPES", "install", "Id", "Channel", "Event", "id_of", "cm_call",
-           "complete", "query_route", "RDMA_PS_UDP", "RDMA_PS_IPOIB"]
+__all__ = ["IMPLEMENTS", "TYPES", "install", "Id", "Channel", "Event", "CmaDev", "id_of",
+           "cm_call", "cma_dev", "create_id", "destroy_id", "bind_addr", "resolve_addr",
+           "resolve_route", "query_route", "complete", "get_event", "migrate", "conn_param",
+           "sync_qp_state", "TRACE"]
 
 IMPLEMENTS = (
     "rdma_create_event_channel", "rdma_destroy_event_channel", "rdma_create_id",

@@ -23,7 +23,8 @@ from .cma import Id, cm_call, id_of
 from .shim import Errno
 from .verbs import ah_attr_to_c
 
-__all__ = ["IMPLEMENTS", "install", "create_qp", "destroy_qp", "create_qp_for_request"]
+__all__ = ["IMPLEMENTS", "install", "create_qp", "destroy_qp", "create_qp_for_request",
+           "init_qp_attr", "create_ep", "destroy_ep"]
 
 IMPLEMENTS = ("rdma_create_qp", "rdma_create_qp_ex", "rdma_destroy_qp", "rdma_create_srq",
               "rdma_create_srq_ex", "rdma_destroy_srq", "rdma_init_qp_attr", "rdma_create_ep",
