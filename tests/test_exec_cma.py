@@ -1,5 +1,5 @@
 """``softrdma exec``: librdmacm's ``rdma_*`` calls answered by softrdma's rdma_cm
-(softrdma/exec/cma.py, cma_addr.py, cma_qp.py).
+(softrdma/exec/cma.py, cma_conn.py, cma_qp.py, cma_addr.py).
 
 Two kinds of program, each in processes of its own on this helper's loopback addresses:
 Debian's librdmacm tools, unmodified (rping, ucmatose, udaddy, rdma_server/rdma_client),
