@@ -44,6 +44,7 @@ import fcntl
 import functools
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -196,26 +197,33 @@ def _ibv_device(name: str) -> Any:
     return dev
 
 
+#: librdmacm's ``mut``: one context and one PD per device even when two threads find the
+#: device at once (rping's CM thread and its main thread)
+_devs_lock = threading.Lock()
+
+
 def cma_dev(name: str) -> CmaDev:
     """``ucma_init_device``: the device's context, opened on first use."""
-    d = _devs.get(name)
-    if d is None:
-        ctx = lib.ibv_open_device(_ibv_device(name))
-        if ctx == ffi.NULL:
-            raise Errno(ffi.errno or errno.ENODEV, f"cannot open {name}")
-        d = _devs[name] = CmaDev(name, ctx)
-    return d
+    with _devs_lock:
+        d = _devs.get(name)
+        if d is None:
+            ctx = lib.ibv_open_device(_ibv_device(name))
+            if ctx == ffi.NULL:
+                raise Errno(ffi.errno or errno.ENODEV, f"cannot open {name}")
+            d = _devs[name] = CmaDev(name, ctx)
+        return d
 
 
 def _get_device(rec: "Id") -> None:
     """``ucma_get_device``: the id's device is known: its context, the device's PD (made
     with the first id) and port in the id."""
     d = cma_dev(rec.cid.device.name)
-    if d.pd == ffi.NULL:
-        d.pd = lib.ibv_alloc_pd(d.verbs)
+    with _devs_lock:
         if d.pd == ffi.NULL:
-            raise Errno(ffi.errno or errno.ENOMEM, "cannot allocate the device's PD")
-    d.refcnt += 1
+            d.pd = lib.ibv_alloc_pd(d.verbs)
+            if d.pd == ffi.NULL:
+                raise Errno(ffi.errno or errno.ENOMEM, "cannot allocate the device's PD")
+        d.refcnt += 1
     rec.dev = d
     s = rec.struct
     s.verbs, s.pd, s.port_num = d.verbs, d.pd, 1
@@ -224,10 +232,11 @@ def _get_device(rec: "Id") -> None:
 def _put_device(d: CmaDev) -> None:
     """``ucma_put_device``: the device's PD goes with its last id (if the program freed
     what it made on it: otherwise it stays, as librdmacm ignores the failure)."""
-    d.refcnt -= 1
-    if d.refcnt == 0 and d.pd != ffi.NULL:
-        if lib.ibv_dealloc_pd(d.pd) == 0:
-            d.pd = ffi.NULL
+    with _devs_lock:
+        d.refcnt -= 1
+        if d.refcnt == 0 and d.pd != ffi.NULL:
+            if lib.ibv_dealloc_pd(d.pd) == 0:
+                d.pd = ffi.NULL
 
 
 # ---- ids ---------------------------------------------------------------------------------
@@ -549,7 +558,6 @@ def _leave_all() -> None:
     established peer gets a DREQ and sees DISCONNECTED now, a pending request a REJ),
     within :data:`EXIT_LEAVE_TIMEOUT` (a device lock held elsewhere never hangs the
     exit). A program killed by a signal leaves nothing, as no code of it runs."""
-    import threading
     if os.getpid() != _exit_pid[0]:
         return  # a forked child's copies are the parent's ids: its file stays open there
     ids = [rec for rec in handles.of_kind("cm_id") if not rec.cid.destroyed]
