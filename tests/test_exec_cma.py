@@ -302,3 +302,50 @@ def test_a_program_exiting_with_a_live_connection_disconnects_its_peer(host, tmp
     assert srv.returncode == 0, (out, err)
     assert out.splitlines()[-3:] == ["event RDMA_CM_EVENT_ESTABLISHED 0  0 0",
                                      "event RDMA_CM_EVENT_DISCONNECTED 0  0 0", "done"]
+
+
+_PY_TOOLS = {  # tool: (Debian's binary, server args, client args) with {addr} {port}
+    "cmatose": ("ucmatose", ["-b", "{addr}", "-p", "{port}", "-C", "3"],
+                ["-s", "{addr}", "-p", "{port}", "-C", "3"]),
+    "udaddy": ("udaddy", ["-b", "{addr}", "-C", "3"], ["-s", "{addr}", "-C", "3"]),
+}
+
+
+@pytest.mark.parametrize("exec_role", ["client", "server"])
+@pytest.mark.parametrize("tool", sorted(_PY_TOOLS))
+def test_cmatose_and_udaddy_against_softrdmas_own(tool, exec_role):
+    """Debian's ucmatose / udaddy under softrdma exec against softrdma's Python cmatose /
+    udaddy (same protocol, same messages), in both roles: each side says 'return status
+    0'. The C client is started again while the Python server has not listened yet (it
+    says nothing when it does): a request before listen() is refused at once."""
+    binary, sargs, cargs = _PY_TOOLS[tool]
+    port = {"cmatose": {"client": "7491", "server": "7492"},
+            "udaddy": {"client": "7174", "server": "7174"}}[tool][exec_role]
+    fill = lambda args: [a.format(addr=SERVER, port=port) for a in args]  # noqa: E731
+    py = [sys.executable, "-m", "softrdma", tool]
+    if exec_role == "client":
+        srv = subprocess.Popen(py + fill(sargs), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               env={**_env(), "SOFTRDMA_IP": SERVER})
+    else:
+        srv = _start(SERVER, binary, *fill(sargs))
+    try:
+        if exec_role == "client":
+            deadline = time.monotonic() + 60
+            while True:
+                cli = _run(CLIENT, binary, *fill(cargs))
+                if cli.returncode == 0 or time.monotonic() > deadline or srv.poll() is not None:
+                    break
+                time.sleep(0.2)
+        else:
+            _wait_listening(srv)
+            cli = subprocess.run(py + fill(cargs), capture_output=True, text=True,
+                                 timeout=TIMEOUT, env={**_env(), "SOFTRDMA_IP": CLIENT})
+        out, err = srv.communicate(timeout=TIMEOUT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert cli.returncode == 0, (cli.stdout, cli.stderr)
+    assert srv.returncode == 0, (out, err)
+    assert "return status 0" in cli.stdout and "return status 0" in out, (cli.stdout, out)
