@@ -1,5 +1,5 @@
 """``softrdma exec``: librdmacm's ``rdma_*`` calls answered by softrdma's rdma_cm
-(softrdma/exec/cma.py, cma_addr.py, cma_qp.py).
+(softrdma/exec/cma.py, cma_conn.py, cma_qp.py, cma_addr.py).
 
 Two kinds of program, each in processes of its own on this helper's loopback addresses:
 Debian's librdmacm tools, unmodified (rping, ucmatose, udaddy, rdma_server/rdma_client),
@@ -17,10 +17,20 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import require_tool
+
 SERVER, CLIENT = "127.0.3.11", "127.0.3.12"
 PROGRAM = str(Path(__file__).parent / "programs" / "exec_cm_ctypes.py")
 #: a generous bound for one tool's whole run (a handful of messages on loopback)
 TIMEOUT = 120
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library_built():
+    """The preload library built once, here, before any pair starts (two launchers
+    building at once both succeed, but the first server would wait on its build)."""
+    from softrdma.exec.build import library_path
+    library_path()
 
 
 def _exec(addr: str, *argv: str) -> list[str]:
@@ -108,13 +118,16 @@ def test_event_channel_is_a_real_descriptor_and_o_nonblock_is_the_programs():
     """``channel->fd`` is a descriptor poll/select work on: not readable while no event
     waits, readable once rdma_resolve_addr queued ADDR_RESOLVED, not after it was taken,
     closed by rdma_destroy_event_channel. It starts blocking; the program's
-    fcntl(O_NONBLOCK) makes rdma_get_cm_event fail with EAGAIN instead of waiting."""
+    fcntl(O_NONBLOCK) makes rdma_get_cm_event fail with EAGAIN instead of waiting. Each
+    event is an edge for epoll's EPOLLET, even one queued behind another not yet taken
+    (as each event wakes an rdma_cm file's waiters)."""
     r = _run(SERVER, "/usr/bin/python3", PROGRAM, "channel", SERVER)
     assert r.returncode == 0, r.stderr
     first, *rest = r.stdout.splitlines()
     assert first.startswith("fd ") and first.endswith(" blocking True readable False")
     assert rest == ["empty get -1 EAGAIN", "readable after resolve True",
                     "got RDMA_CM_EVENT_ADDR_RESOLVED", "readable after get False",
+                    "epoll edge 1", "epoll edge 1", "epoll after draining 0",
                     "fd closed after destroy"]
 
 
@@ -256,3 +269,83 @@ def test_rping_against_softrdmas_own_rping(exec_role):
     pings = _ping_lines(cli.stdout, "ping data: ")
     assert len(pings) == 3 and pings[0].startswith("rdma-ping-0: ABCDEFG"), cli.stdout
     assert _ping_lines(out, "server ping data: ") == pings, out
+
+
+@pytest.mark.parametrize("host", ["c", "python"])
+def test_a_program_exiting_with_a_live_connection_disconnects_its_peer(host, tmp_path):
+    """A client that connects and exits without rdma_destroy_id (a C program calling
+    exit(), a Python one returning): its ids leave the CM at exit as the kernel's do when
+    the process's rdma_cm file closes, so the server sees ESTABLISHED then DISCONNECTED
+    at once (nothing else would ever tell it: an idle connection has no keepalive)."""
+    port = "7488" if host == "c" else "7489"
+    if host == "c":
+        exe = tmp_path / "exec_cm_exit"
+        r = subprocess.run([require_tool("gcc"), "-O1", "-Wall", "-o", str(exe),
+                            str(Path(PROGRAM).with_name("exec_cm_exit.c")), "-lrdmacm"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        client = [str(exe), SERVER, port]
+    else:
+        client = ["/usr/bin/python3", PROGRAM, "client-exit", SERVER, port]
+    srv = _start(SERVER, "/usr/bin/python3", PROGRAM, "server", SERVER, port)
+    try:
+        _wait_listening(srv)
+        cli = _run(CLIENT, *client)
+        # the server's wait for each event is 60 s: the DREQ must come long before
+        out, err = srv.communicate(timeout=30)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert cli.returncode == 0, (cli.stdout, cli.stderr)
+    assert "exiting without rdma_destroy_id" in cli.stdout
+    assert srv.returncode == 0, (out, err)
+    assert out.splitlines()[-3:] == ["event RDMA_CM_EVENT_ESTABLISHED 0  0 0",
+                                     "event RDMA_CM_EVENT_DISCONNECTED 0  0 0", "done"]
+
+
+_PY_TOOLS = {  # tool: (Debian's binary, server args, client args) with {addr} {port}
+    "cmatose": ("ucmatose", ["-b", "{addr}", "-p", "{port}", "-C", "3"],
+                ["-s", "{addr}", "-p", "{port}", "-C", "3"]),
+    "udaddy": ("udaddy", ["-b", "{addr}", "-C", "3"], ["-s", "{addr}", "-C", "3"]),
+}
+
+
+@pytest.mark.parametrize("exec_role", ["client", "server"])
+@pytest.mark.parametrize("tool", sorted(_PY_TOOLS))
+def test_cmatose_and_udaddy_against_softrdmas_own(tool, exec_role):
+    """Debian's ucmatose / udaddy under softrdma exec against softrdma's Python cmatose /
+    udaddy (same protocol, same messages), in both roles: each side says 'return status
+    0'. The C client is started again while the Python server has not listened yet (it
+    says nothing when it does): a request before listen() is refused at once."""
+    binary, sargs, cargs = _PY_TOOLS[tool]
+    port = {"cmatose": {"client": "7491", "server": "7492"},
+            "udaddy": {"client": "7174", "server": "7174"}}[tool][exec_role]
+    fill = lambda args: [a.format(addr=SERVER, port=port) for a in args]  # noqa: E731
+    py = [sys.executable, "-m", "softrdma", tool]
+    if exec_role == "client":
+        srv = subprocess.Popen(py + fill(sargs), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               env={**_env(), "SOFTRDMA_IP": SERVER})
+    else:
+        srv = _start(SERVER, binary, *fill(sargs))
+    try:
+        if exec_role == "client":
+            deadline = time.monotonic() + 60
+            while True:
+                cli = _run(CLIENT, binary, *fill(cargs))
+                if cli.returncode == 0 or time.monotonic() > deadline or srv.poll() is not None:
+                    break
+                time.sleep(0.2)
+        else:
+            _wait_listening(srv)
+            cli = subprocess.run(py + fill(cargs), capture_output=True, text=True,
+                                 timeout=TIMEOUT, env={**_env(), "SOFTRDMA_IP": CLIENT})
+        out, err = srv.communicate(timeout=TIMEOUT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert cli.returncode == 0, (cli.stdout, cli.stderr)
+    assert srv.returncode == 0, (out, err)
+    assert "return status 0" in cli.stdout and "return status 0" in out, (cli.stdout, out)

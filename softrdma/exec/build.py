@@ -38,8 +38,8 @@ VERBS_H = Path("/usr/include/infiniband/verbs.h")
 #: the modules that answer the ABI, each with ``IMPLEMENTS`` (function names of
 #: :data:`softrdma.exec.abi.ABI_NAMES`), optional ``TYPES`` and ``CALLBACKS`` (cffi
 #: declarations) and ``install(ffi, lib)``; what none implements gets a stub
-PARTS = ("devices", "verbs", "queues", "misc", "extended", "cma_addr", "cma", "cma_qp",
-         "rsocket")
+PARTS = ("devices", "verbs", "queues", "misc", "extended", "cma_addr", "cma", "cma_conn",
+         "cma_qp", "rsocket")
 
 
 def parts() -> list[Any]:

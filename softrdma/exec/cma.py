@@ -25,9 +25,10 @@ What librdmacm keeps in user space is kept here, in the program's structures:
   another thread destroys the channel, it waits on, as a ``read()`` of the closed rdma_cm
   file does on Linux.
 
-The QP of an id (:mod:`.cma_qp`) is the verbs part's QP the program posts to, and the
-very QP softrdma's CM moves through INIT, RTR, RTS and ERR, as librdmacm does with
-``ibv_modify_qp``.
+The connection calls are :mod:`.cma_conn`'s, the QP ones :mod:`.cma_qp`'s, addresses and
+``rdma_getaddrinfo`` :mod:`.cma_addr`'s. The QP of an id is the verbs part's QP the
+program posts to, and the very QP softrdma's CM moves through INIT, RTR, RTS and ERR, as
+librdmacm does with ``ibv_modify_qp``.
 
 Errors are the errno librdmacm gives (EINVAL for a call the id's state does not allow,
 ENODEV for an address no device holds, ...); a pointer that is not one of ours is EINVAL
@@ -43,6 +44,7 @@ import fcntl
 import functools
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -52,23 +54,20 @@ from ..rdmacm.channel import EventChannel
 from ..rdmacm.cm_id import RdmaCmId
 from ..rdmacm.enums import rdma_cm_event_type as E
 from ..rdmacm.events import ConnParams, RdmaCmEvent
-from .cma_addr import read_sockaddr, sockaddr_bytes, sockaddr_len, sockaddr_port, \
-    write_sockaddr, SOCKADDR_STORAGE
+from .cma_addr import read_sockaddr, sockaddr_bytes, sockaddr_len, write_sockaddr, \
+    SOCKADDR_STORAGE
 from .shim import Errno, guard, handles
 from .verbs import ah_attr_to_c
 
-__all__ = ["IMPLEMENTS", "TYPES", "install", "Id", "Channel", "Event", "id_of", "cm_call",
-           "complete", "query_route", "RDMA_PS_UDP", "RDMA_PS_IPOIB"]
+__all__ = ["IMPLEMENTS", "TYPES", "install", "Id", "Channel", "Event", "CmaDev", "id_of",
+           "cm_call", "cma_dev", "create_id", "destroy_id", "bind_addr", "resolve_addr",
+           "resolve_route", "query_route", "complete", "get_event", "migrate", "conn_param",
+           "sync_qp_state", "route_addr", "TRACE"]
 
 IMPLEMENTS = (
     "rdma_create_event_channel", "rdma_destroy_event_channel", "rdma_create_id",
     "rdma_destroy_id", "rdma_bind_addr", "rdma_resolve_addr", "rdma_resolve_route",
-    "rdma_listen", "rdma_get_request", "rdma_accept", "rdma_reject", "rdma_reject_ece",
-    "rdma_connect", "rdma_establish", "rdma_disconnect", "rdma_get_cm_event",
-    "rdma_ack_cm_event", "rdma_event_str", "rdma_set_option", "rdma_migrate_id",
-    "rdma_notify", "rdma_get_src_port", "rdma_get_dst_port", "rdma_get_devices",
-    "rdma_free_devices", "rdma_set_local_ece", "rdma_get_remote_ece",
-    "rdma_join_multicast", "rdma_join_multicast_ex", "rdma_leave_multicast",
+    "rdma_get_cm_event", "rdma_ack_cm_event", "rdma_event_str", "rdma_migrate_id",
 )
 
 TYPES = """
@@ -97,12 +96,6 @@ TYPES = """
 
 RDMA_PS_IPOIB, RDMA_PS_TCP, RDMA_PS_UDP = 0x0002, 0x0106, 0x0111
 IBV_QPT_RC, IBV_QPT_UD = 2, 4
-RDMA_OPTION_ID, RDMA_OPTION_IB = 0, 1
-RDMA_OPTION_ID_TOS, RDMA_OPTION_ID_REUSEADDR = 0, 1
-RDMA_OPTION_ID_AFONLY, RDMA_OPTION_ID_ACK_TIMEOUT = 2, 3
-IBV_EVENT_COMM_EST = 4
-#: IBTA's reject reasons: rdma_reject's (consumer defined) and rdma_reject_ece's
-REJ_CONSUMER_DEFINED, REJ_VENDOR_OPTION_NOT_SUPPORTED = 28, 35
 ffi: Any = None
 lib: Any = None
 #: ``SOFTRDMA_EXEC_CM_TRACE=1``: one line on stderr per rdma_* call and its outcome (what
@@ -204,26 +197,33 @@ def _ibv_device(name: str) -> Any:
     return dev
 
 
+#: librdmacm's ``mut``: one context and one PD per device even when two threads find the
+#: device at once (rping's CM thread and its main thread)
+_devs_lock = threading.Lock()
+
+
 def cma_dev(name: str) -> CmaDev:
     """``ucma_init_device``: the device's context, opened on first use."""
-    d = _devs.get(name)
-    if d is None:
-        ctx = lib.ibv_open_device(_ibv_device(name))
-        if ctx == ffi.NULL:
-            raise Errno(ffi.errno or errno.ENODEV, f"cannot open {name}")
-        d = _devs[name] = CmaDev(name, ctx)
-    return d
+    with _devs_lock:
+        d = _devs.get(name)
+        if d is None:
+            ctx = lib.ibv_open_device(_ibv_device(name))
+            if ctx == ffi.NULL:
+                raise Errno(ffi.errno or errno.ENODEV, f"cannot open {name}")
+            d = _devs[name] = CmaDev(name, ctx)
+        return d
 
 
 def _get_device(rec: "Id") -> None:
     """``ucma_get_device``: the id's device is known: its context, the device's PD (made
     with the first id) and port in the id."""
     d = cma_dev(rec.cid.device.name)
-    if d.pd == ffi.NULL:
-        d.pd = lib.ibv_alloc_pd(d.verbs)
+    with _devs_lock:
         if d.pd == ffi.NULL:
-            raise Errno(ffi.errno or errno.ENOMEM, "cannot allocate the device's PD")
-    d.refcnt += 1
+            d.pd = lib.ibv_alloc_pd(d.verbs)
+            if d.pd == ffi.NULL:
+                raise Errno(ffi.errno or errno.ENOMEM, "cannot allocate the device's PD")
+        d.refcnt += 1
     rec.dev = d
     s = rec.struct
     s.verbs, s.pd, s.port_num = d.verbs, d.pd, 1
@@ -232,10 +232,11 @@ def _get_device(rec: "Id") -> None:
 def _put_device(d: CmaDev) -> None:
     """``ucma_put_device``: the device's PD goes with its last id (if the program freed
     what it made on it: otherwise it stays, as librdmacm ignores the failure)."""
-    d.refcnt -= 1
-    if d.refcnt == 0 and d.pd != ffi.NULL:
-        if lib.ibv_dealloc_pd(d.pd) == 0:
-            d.pd = ffi.NULL
+    with _devs_lock:
+        d.refcnt -= 1
+        if d.refcnt == 0 and d.pd != ffi.NULL:
+            if lib.ibv_dealloc_pd(d.pd) == 0:
+                d.pd = ffi.NULL
 
 
 # ---- ids ---------------------------------------------------------------------------------
@@ -260,7 +261,6 @@ class Id:
         self.remote_ece = (0, 0)
         self.qp: Any = None  # the QpRec of the QP the CM moves (rdma_create_qp)
         self.qp_struct: Any = None  # its struct ibv_qp *
-        self.owned_cqs: list[Any] = []  # made by rdma_create_qp for the id
         # the route's path record, when the structure is declared (by the misc part)
         self.path = ffi.new("struct ibv_sa_path_rec *") if PATH_REC else None
         s = self.struct = ffi.new("struct rdma_cm_id *")
@@ -306,7 +306,9 @@ def destroy_id(rec: Id) -> None:
         rec.channel.close()
 
 
-def _addr_base(s: Any) -> Any:
+def route_addr(s: Any) -> Any:
+    """``id->route.addr`` as a ``char *``: the source address, then the destination at
+    :data:`SOCKADDR_STORAGE`."""
     return ffi.cast("char *", ffi.addressof(s.route, "addr"))
 
 
@@ -318,7 +320,7 @@ def query_route(rec: Id) -> None:
         return
     if rec.dev is None and cid.cdev is not None:
         _get_device(rec)
-    base = _addr_base(s)
+    base = route_addr(s)
     local = cid.local_ip
     write_sockaddr(base, sockaddr_bytes(local, cid.src_port, rec.family))
     if cid.dst_ip is not None:
@@ -512,7 +514,7 @@ def resolve_addr(rec: Id, src: Any, dst: Any, timeout_ms: int) -> None:
     rec.dst_family = dfam
     rec.cid.resolve_addr(sip, dip, dport, timeout_ms)
     data = bytes(ffi.buffer(ffi.cast("char *", dst), sockaddr_len(dst)))
-    write_sockaddr(_addr_base(rec.struct) + SOCKADDR_STORAGE, data)
+    write_sockaddr(route_addr(rec.struct) + SOCKADDR_STORAGE, data)
     complete(rec)
 
 
@@ -542,6 +544,58 @@ def conn_param(p: Any) -> ConnParams | None:
                       srq=p.srq, qp_num=p.qp_num)
 
 
+# ---- the end of the program ----------------------------------------------------------------
+
+#: how long leaving the CM may hold up the program's exit
+EXIT_LEAVE_TIMEOUT = 1.0
+_exit_keep: list[Any] = []  # the C exit handler's ctypes thunk, alive until exit
+_exit_pid = [0]  # the process whose ids the handler destroys
+
+
+def _leave_all() -> None:
+    """The program ends with ids it never destroyed: leave the CM as the kernel does when
+    the rdma_cm file closes with the process (ucma_close: each id destroyed, so an
+    established peer gets a DREQ and sees DISCONNECTED now, a pending request a REJ),
+    within :data:`EXIT_LEAVE_TIMEOUT` (a device lock held elsewhere never hangs the
+    exit). A program killed by a signal leaves nothing, as no code of it runs."""
+    if os.getpid() != _exit_pid[0]:
+        return  # a forked child's copies are the parent's ids: its file stays open there
+    ids = [rec for rec in handles.of_kind("cm_id") if not rec.cid.destroyed]
+    if not ids:
+        return
+
+    def leave() -> None:
+        for rec in ids:
+            try:
+                rec.cid.destroy()
+            except Exception:
+                pass
+    t = threading.Thread(target=leave, name="softrdma-cm-exit", daemon=True)
+    t.start()
+    t.join(EXIT_LEAVE_TIMEOUT)
+
+
+def _at_exit() -> None:
+    """Run :func:`_leave_all` when the program exits: Python's atexit in a Python program
+    (it finalizes its interpreter), a C exit handler in a C one (nothing finalizes the
+    interpreter the library started)."""
+    _exit_pid[0] = os.getpid()
+    if getattr(sys, "orig_argv", None):
+        import atexit
+        atexit.register(_leave_all)
+        return
+    import ctypes
+
+    def handler(_arg: Any) -> None:
+        try:
+            _leave_all()
+        except BaseException:
+            pass
+    thunk = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(handler)
+    _exit_keep.append(thunk)
+    ctypes.CDLL(None).__cxa_atexit(thunk, None, None)
+
+
 def _event_names() -> dict[int, Any]:
     return {int(e): ffi.new("char[]", e.name.encode()) for e in E}
 
@@ -559,6 +613,7 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
         ffi.sizeof("struct rdma_cm_event"), "struct rdma_cm_event is not as expected"
     names = _event_names()
     unknown = ffi.new("char[]", b"UNKNOWN EVENT")
+    _at_exit()
 
     @ffi.def_extern(name="rdma_create_event_channel")
     @cm_call(ffi.NULL)
@@ -603,119 +658,6 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
         resolve_route(id_of(id), timeout_ms)
         return 0
 
-    @ffi.def_extern(name="rdma_listen")
-    @cm_call(-1)
-    def rdma_listen(id: Any, backlog: int) -> int:
-        rec = id_of(id)
-        rec.cid.listen(backlog)
-        query_route(rec)
-        return 0
-
-    @ffi.def_extern(name="rdma_get_request")
-    @cm_call(-1)
-    def rdma_get_request(listen: Any, id_out: Any) -> int:
-        rec = id_of(listen)
-        if not rec.sync or id_out == ffi.NULL:
-            raise Errno(errno.EINVAL, "rdma_get_request: not a synchronous listener")
-        rec.set_event(None)
-        ev = get_event(rec.channel, True)
-        s = ev.struct
-        if s.event == E.RDMA_CM_EVENT_REJECTED or s.status or \
-                s.event != E.RDMA_CM_EVENT_CONNECT_REQUEST:
-            rec.set_event(ev)
-            code = errno.ECONNREFUSED if s.event == E.RDMA_CM_EVENT_REJECTED else \
-                (abs(s.status) or errno.EINVAL)
-            raise Errno(code, f"rdma_get_request: {E(s.event).name}")
-        if rec.qp_init_attr is not None:
-            from .cma_qp import create_qp_for_request
-            try:
-                create_qp_for_request(ev.id, rec)
-            except BaseException:
-                rec.set_event(ev)
-                raise
-        id_out[0] = s.id
-        ev.id.set_event(ev)
-        return 0
-
-    @ffi.def_extern(name="rdma_connect")
-    @cm_call(-1)
-    def rdma_connect(id: Any, param: Any) -> int:
-        rec = id_of(id)
-        p = conn_param(param)
-        if rec.connect:  # rdma_addrinfo's ai_connect goes first (ucma_copy_conn_param)
-            p = p or ConnParams(responder_resources=0xFF, initiator_depth=0xFF,
-                                retry_count=7, rnr_retry_count=7)
-            p.private_data = rec.connect + p.private_data
-            rec.connect = b""
-        rec.cid.connect(p)
-        complete(rec)
-        return 0
-
-    @ffi.def_extern(name="rdma_accept")
-    @cm_call(-1)
-    def rdma_accept(id: Any, param: Any) -> int:
-        rec = id_of(id)
-        p = conn_param(param)
-        if rec.struct.qp == ffi.NULL and p is None:
-            raise Errno(errno.EINVAL, "rdma_accept: no QP and no conn_param")
-        rec.cid.accept(p)
-        sync_qp_state(rec)
-        if not rec.cid.is_ud:
-            complete(rec)
-        return 0
-
-    def reject(id: Any, data: Any, length: int, reason: int) -> int:
-        rec = id_of(id)
-        pd = bytes(ffi.buffer(ffi.cast("char *", data), length)) \
-            if data != ffi.NULL and length else b""
-        rec.cid.reject(pd, reason=reason)
-        return 0
-
-    @ffi.def_extern(name="rdma_reject")
-    @cm_call(-1)
-    def rdma_reject(id: Any, data: Any, length: int) -> int:
-        return reject(id, data, length, REJ_CONSUMER_DEFINED)
-
-    @ffi.def_extern(name="rdma_reject_ece")
-    @cm_call(-1)
-    def rdma_reject_ece(id: Any, data: Any, length: int) -> int:
-        return reject(id, data, length, REJ_VENDOR_OPTION_NOT_SUPPORTED)
-
-    @ffi.def_extern(name="rdma_establish")
-    @cm_call(-1)
-    def rdma_establish(id: Any) -> int:
-        rec = id_of(id)
-        if rec.struct.qp != ffi.NULL:
-            raise Errno(errno.EINVAL, "rdma_establish: the id has a QP (the CM moved it)")
-        rec.cid.establish()
-        return 0
-
-    @ffi.def_extern(name="rdma_notify")
-    @cm_call(-1)
-    def rdma_notify(id: Any, event: int) -> int:
-        from ..cm.state import CmState
-        rec = id_of(id)
-        cm = rec.cid.cm
-        if event != IBV_EVENT_COMM_EST or cm is None:
-            raise Errno(errno.EINVAL, "rdma_notify: only IBV_EVENT_COMM_EST, on a connection")
-        if cm.state == CmState.ESTABLISHED:
-            raise Errno(errno.EISCONN, "rdma_notify: already established")
-        if cm.state not in (CmState.REP_SENT, CmState.MRA_REP_RCVD):
-            raise Errno(errno.EINVAL, f"rdma_notify: the connection is {cm.state.name}")
-        rec.cid.establish()
-        return 0
-
-    @ffi.def_extern(name="rdma_disconnect")
-    @cm_call(-1)
-    def rdma_disconnect(id: Any) -> int:
-        rec = id_of(id)
-        if rec.struct.verbs == ffi.NULL:  # ucma_shutdown
-            raise Errno(errno.EINVAL, "rdma_disconnect: the id has no device")
-        rec.cid.disconnect()
-        sync_qp_state(rec)
-        complete(rec)
-        return 0
-
     @ffi.def_extern(name="rdma_get_cm_event")
     @cm_call(-1)
     def rdma_get_cm_event(channel: Any, event: Any) -> int:
@@ -738,130 +680,9 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
     def rdma_event_str(event: int) -> Any:
         return names.get(event, unknown)
 
-    @ffi.def_extern(name="rdma_set_option")
-    @cm_call(-1)
-    def rdma_set_option(id: Any, level: int, optname: int, optval: Any, optlen: int) -> int:
-        rec = id_of(id)
-        cid = rec.cid
-        if optval == ffi.NULL:
-            raise Errno(errno.EFAULT, "rdma_set_option: optval is NULL")
-        if level == RDMA_OPTION_ID:
-            size = 1 if optname in (RDMA_OPTION_ID_TOS, RDMA_OPTION_ID_ACK_TIMEOUT) else 4
-            if optname > RDMA_OPTION_ID_ACK_TIMEOUT:
-                raise Errno(errno.ENOSYS, f"rdma_set_option: option {optname}")
-            if optlen != size:
-                raise Errno(errno.EINVAL, f"rdma_set_option: optlen {optlen}, not {size}")
-            v = ffi.cast("uint8_t *" if size == 1 else "int *", optval)[0]
-            if optname == RDMA_OPTION_ID_TOS:
-                cid.tos = v
-            elif optname == RDMA_OPTION_ID_ACK_TIMEOUT:
-                if cid.qp_type != IBV_QPT_RC:  # rdma_set_ack_timeout: RC (XRC) only
-                    raise Errno(errno.EINVAL, "rdma_set_option: ACK timeout of a non-RC id")
-                cid.ack_timeout = v
-            elif optname == RDMA_OPTION_ID_REUSEADDR:
-                from ..rdmacm.enums import RdmaCmState as S
-                if not (cid.state == S.IDLE or (v and cid.state != S.LISTEN)):
-                    raise Errno(errno.EINVAL, "rdma_set_option: REUSEADDR too late")
-                cid.reuseaddr = bool(v)
-            else:
-                from ..rdmacm.enums import RdmaCmState as S
-                if cid.state != S.IDLE:
-                    raise Errno(errno.EINVAL, "rdma_set_option: AFONLY after bind")
-            return 0
-        if level == RDMA_OPTION_IB:
-            # path records (RDMA_OPTION_IB_PATH) come from ibacm or the SA: RoCE makes
-            # its own; the kernel refuses a record before the address is resolved
-            raise Errno(errno.EINVAL if optname == 1 else errno.ENOSYS,
-                        f"rdma_set_option: IB option {optname}")
-        raise Errno(errno.ENOSYS, f"rdma_set_option: level {level}")
-
     @ffi.def_extern(name="rdma_migrate_id")
     @cm_call(-1)
     def rdma_migrate_id(id: Any, channel: Any) -> int:
         rec = id_of(id)
         migrate(rec, None if channel == ffi.NULL else handles.get("cm_channel", channel))
         return 0
-
-    @ffi.def_extern(name="rdma_get_src_port")
-    @cm_call(0)
-    def rdma_get_src_port(id: Any) -> int:
-        return sockaddr_port(_addr_base(id_of(id).struct))
-
-    @ffi.def_extern(name="rdma_get_dst_port")
-    @cm_call(0)
-    def rdma_get_dst_port(id: Any) -> int:
-        return sockaddr_port(_addr_base(id_of(id).struct) + SOCKADDR_STORAGE)
-
-    @ffi.def_extern(name="rdma_get_devices")
-    @cm_call(ffi.NULL)
-    def rdma_get_devices(num: Any) -> Any:
-        from ..rdmacm.addr import soft_devices
-        devs = []
-        for d in soft_devices():
-            try:
-                devs.append(cma_dev(d.name))
-            except Errno:
-                continue  # ucma_init_device failed: "dead", not listed
-        for d in devs:
-            d.refcnt += 1
-        lst = ffi.new("struct ibv_context *[]", [d.verbs for d in devs] + [ffi.NULL])
-        handles.add("cm_devices", lst, devs)
-        if num != ffi.NULL:
-            num[0] = len(devs)
-        return lst
-
-    @ffi.def_extern(name="rdma_free_devices")
-    @cm_call(None)
-    def rdma_free_devices(lst: Any) -> None:
-        for d in handles.release("cm_devices", lst):
-            d.refcnt -= 1
-
-    @ffi.def_extern(name="rdma_set_local_ece")
-    @cm_call(-1)
-    def rdma_set_local_ece(id: Any, ece: Any) -> int:
-        rec = id_of(id)
-        e = ffi.cast("uint32_t *", ece)  # struct ibv_ece: vendor_id, options, comp_mask
-        if rec.struct.qp != ffi.NULL or ece == ffi.NULL or not e[0] or e[2]:
-            raise Errno(errno.EINVAL, "rdma_set_local_ece: a QP exists, or a bad ece")
-        rec.local_ece = (int(e[0]), int(e[1]))
-        return 0
-
-    @ffi.def_extern(name="rdma_get_remote_ece")
-    @cm_call(-1)
-    def rdma_get_remote_ece(id: Any, ece: Any) -> int:
-        rec = id_of(id)
-        if rec.struct.qp != ffi.NULL or ece == ffi.NULL:
-            raise Errno(errno.EINVAL, "rdma_get_remote_ece: a QP exists, or ece is NULL")
-        e = ffi.cast("uint32_t *", ece)
-        e[0], e[1], e[2] = rec.remote_ece[0], rec.remote_ece[1], 0
-        return 0
-
-    # multicast: softrdma's rdma_cm has no multicast groups (no SA, no IGMP)
-    @ffi.def_extern(name="rdma_join_multicast")
-    @cm_call(-1)
-    def rdma_join_multicast(id: Any, addr: Any, context: Any) -> int:
-        id_of(id)
-        if not sockaddr_len(addr):
-            raise Errno(errno.EINVAL, "rdma_join_multicast: not an IP address")
-        raise Errno(errno.EOPNOTSUPP, "rdma_join_multicast: softrdma has no multicast")
-
-    @ffi.def_extern(name="rdma_join_multicast_ex")
-    @cm_call(-1)
-    def rdma_join_multicast_ex(id: Any, attr: Any, context: Any) -> int:
-        id_of(id)
-        if attr == ffi.NULL:
-            raise Errno(errno.EINVAL, "rdma_join_multicast_ex: attr is NULL")
-        if attr.comp_mask >= 4:  # RDMA_CM_JOIN_MC_ATTR_RESERVED
-            raise Errno(errno.EOPNOTSUPP, "rdma_join_multicast_ex: unknown comp_mask")
-        if not attr.comp_mask & 1 or not attr.comp_mask & 2 or attr.join_flags >= 2 or \
-                not sockaddr_len(attr.addr):
-            raise Errno(errno.EINVAL, "rdma_join_multicast_ex: bad attributes")
-        raise Errno(errno.EOPNOTSUPP, "rdma_join_multicast_ex: softrdma has no multicast")
-
-    @ffi.def_extern(name="rdma_leave_multicast")
-    @cm_call(-1)
-    def rdma_leave_multicast(id: Any, addr: Any) -> int:
-        id_of(id)
-        if not sockaddr_len(addr):
-            raise Errno(errno.EINVAL, "rdma_leave_multicast: not an IP address")
-        raise Errno(errno.EADDRNOTAVAIL, "rdma_leave_multicast: no such group joined")

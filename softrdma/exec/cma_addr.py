@@ -24,7 +24,7 @@ from . import shim
 from .shim import Errno, guard, handles
 
 __all__ = ["IMPLEMENTS", "TYPES", "install", "AF_IB", "SOCKADDR_STORAGE", "sockaddr_len",
-           "read_sockaddr", "write_sockaddr", "sockaddr_bytes", "sockaddr_port"]
+           "read_sockaddr", "write_sockaddr", "sockaddr_bytes", "sockaddr_port", "getaddrinfo"]
 
 IMPLEMENTS = ("rdma_getaddrinfo", "rdma_freeaddrinfo")
 

@@ -23,7 +23,8 @@ from .cma import Id, cm_call, id_of
 from .shim import Errno
 from .verbs import ah_attr_to_c
 
-__all__ = ["IMPLEMENTS", "install", "create_qp", "destroy_qp", "create_qp_for_request"]
+__all__ = ["IMPLEMENTS", "install", "create_qp", "destroy_qp", "create_qp_for_request",
+           "init_qp_attr", "create_ep", "destroy_ep"]
 
 IMPLEMENTS = ("rdma_create_qp", "rdma_create_qp_ex", "rdma_destroy_qp", "rdma_create_srq",
               "rdma_create_srq_ex", "rdma_destroy_srq", "rdma_init_qp_attr", "rdma_create_ep",
@@ -241,10 +242,6 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
     """Define this part's functions."""
     global ffi, lib
     ffi, lib = lib_ffi, the_lib
-    # the program's inline sends read its memory, registered or not, as rxe's provider
-    # does (rdma_client sends a static buffer inline); TODO: the verbs part's, for all QPs
-    from ..verbs_api import soft_qp
-    soft_qp.INLINE_FROM_PROCESS_MEMORY = True
 
     @ffi.def_extern(name="rdma_create_qp")
     @cm_call(-1)

@@ -2,8 +2,8 @@
 channels and async events: the fd is readable exactly while events are pending, so it
 works with select, poll, epoll and asyncio.
 
-The fd is a non-blocking pipe used as a level flag: one byte while the queue is not empty,
-drained when it empties. Neither end ever blocks, so a program that never reads its
+The fd is a non-blocking pipe used as a level flag: a byte per event put, drained when the
+queue empties (so each event is also an edge, for epoll's EPOLLET). Neither end ever blocks, so a program that never reads its
 events can never stall the stack that produces them.
 """
 
@@ -47,10 +47,11 @@ class EventQueue:
         with self._lock:
             if self.closed:
                 return
-            was_empty = not self._items
             self._items.append(item)
-            if was_empty:
-                self._raise_flag()
+            # a byte per event: each event is an edge for an EPOLLET waiter, as each event
+            # wakes the waiters of a uverbs or rdma_cm event file (get() drains them all
+            # when the queue empties; a full pipe is a raised flag all the same)
+            self._raise_flag()
 
     def get(self) -> Any | None:
         """The oldest event, or None if there is none (never blocks)."""

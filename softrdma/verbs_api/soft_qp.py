@@ -56,10 +56,6 @@ _SEND_FLAGS = 0x1F  # FENCE | SIGNALED | SOLICITED | INLINE | IP_CSUM
 _INLINE, _SIGNALED = int(F.IBV_SEND_INLINE), int(F.IBV_SEND_SIGNALED)  # plain ints: per WR
 # the types a WR's scalar fields take on the fast path (anything else: the named checks)
 _INT_TYPES = frozenset({int, W, F})
-#: inline data from any memory of the process, lkey ignored, as rxe's user-space provider
-#: copies it (memcpy from the SGE's address): set by ``softrdma exec``, where every address
-#: a WR names is the C program's own (a Python program's SGEs must name registered memory)
-INLINE_FROM_PROCESS_MEMORY = False
 _QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
 
 
@@ -477,10 +473,6 @@ class SoftQP:
             try:
                 out += self.device.keys.resolve(lkey, self.pd, addr, length, 0, remote=False)
             except AccessError as e:
-                if INLINE_FROM_PROCESS_MEMORY and addr:
-                    import ctypes
-                    out += ctypes.string_at(addr, length)
-                    continue
                 raise PyverbsRDMAError(f"{what}: inline SGE [0x{addr:x}, +{length}): {e}",
                                        errno.EINVAL) from None
         return bytes(out)

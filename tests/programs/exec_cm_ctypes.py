@@ -5,6 +5,7 @@ Debian's /usr/bin/python3 under ``softrdma exec``; prints one line per step.
     exec_cm_ctypes.py server ADDR PORT     listen, accept one request (no QP), wait for
                                            ESTABLISHED and DISCONNECTED
     exec_cm_ctypes.py client ADDR PORT     resolve, connect (no QP), establish, disconnect
+    exec_cm_ctypes.py client-exit ADDR PORT  the same, then exit with the id alive
     exec_cm_ctypes.py channel ADDR         the event channel's descriptor and O_NONBLOCK
     exec_cm_ctypes.py addrinfo ADDR PORT   rdma_getaddrinfo answers
     exec_cm_ctypes.py misuse ADDR          wrong calls and the errno each gets
@@ -165,6 +166,24 @@ def client(addr, port):
     print("done", flush=True)
 
 
+def client_exit(addr, port):
+    """Connect (no QP), then end without destroying anything, as a program on an error
+    path does: its ids must leave the CM at exit."""
+    ch = lib.rdma_create_event_channel()
+    cid = V()
+    check(lib.rdma_create_id(V(ch), ctypes.byref(cid), None, 0x106), "rdma_create_id")
+    check(lib.rdma_resolve_addr(cid, None, sin(addr, port), 2000), "rdma_resolve_addr")
+    get(ch, "RDMA_CM_EVENT_ADDR_RESOLVED")
+    check(lib.rdma_resolve_route(cid, 2000), "rdma_resolve_route")
+    get(ch, "RDMA_CM_EVENT_ROUTE_RESOLVED")
+    p = conn(b"hello server", 0x222)
+    check(lib.rdma_connect(cid, ctypes.byref(p)), "rdma_connect")
+    get(ch, "RDMA_CM_EVENT_CONNECT_RESPONSE")
+    check(lib.rdma_establish(cid), "rdma_establish")
+    print("exiting without rdma_destroy_id", flush=True)
+    sys.exit(0)
+
+
 def channel(addr):
     ch = lib.rdma_create_event_channel()
     fd = fd_of(ch)
@@ -182,6 +201,23 @@ def channel(addr):
     print("got", lib.rdma_event_str(ev.contents.event).decode(), flush=True)
     print("readable after get", bool(select.select([fd], [], [], 0)[0]), flush=True)
     check(lib.rdma_ack_cm_event(ev), "rdma_ack_cm_event")
+    # edge-triggered epoll: each event is an edge, even onto a queue not yet drained
+    ep = select.epoll()
+    ep.register(fd, select.EPOLLIN | select.EPOLLET)
+    ids = []
+    for _ in range(2):
+        i = V()
+        check(lib.rdma_create_id(V(ch), ctypes.byref(i), None, 0x106), "rdma_create_id")
+        check(lib.rdma_resolve_addr(i, None, sin(addr, 1), 2000), "rdma_resolve_addr")
+        print("epoll edge", len(ep.poll(10)), flush=True)
+        ids.append(i)
+    for _ in ids:
+        check(lib.rdma_get_cm_event(V(ch), ctypes.byref(ev)), "rdma_get_cm_event")
+        check(lib.rdma_ack_cm_event(ev), "rdma_ack_cm_event")
+    print("epoll after draining", len(ep.poll(0)), flush=True)
+    for i in ids:
+        check(lib.rdma_destroy_id(i), "rdma_destroy_id")
+    ep.close()
     check(lib.rdma_destroy_id(cid), "rdma_destroy_id")
     lib.rdma_destroy_event_channel(V(ch))
     try:
@@ -250,6 +286,7 @@ if __name__ == "__main__":
     role, rest = sys.argv[1], sys.argv[2:]
     {"server": lambda: server(rest[0], int(rest[1])),
      "client": lambda: client(rest[0], int(rest[1])),
+     "client-exit": lambda: client_exit(rest[0], int(rest[1])),
      "channel": lambda: channel(rest[0]),
      "addrinfo": lambda: addrinfo(rest[0], int(rest[1])),
      "misuse": lambda: misuse(rest[0])}[role]()
