@@ -357,7 +357,7 @@ class Event:
 
     def __init__(self, ev: RdmaCmEvent, rec: Id, listen: Id | None) -> None:
         self.struct = s = ffi.new("struct rdma_cm_event *")
-        self.id, self.listen = rec, listen
+        self.rec, self.listen = rec, listen  # the ids' records (librdmacm's cma_id_private)
         s.id = rec.struct
         s.listen_id = listen.struct if listen is not None else ffi.NULL
         s.event, s.status = int(ev.event), int(ev.status)
@@ -671,9 +671,9 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
     @cm_call(-1)
     def rdma_ack_cm_event(event: Any) -> int:
         ev: Event = handles.release("cm_event", event)
-        if ev.id.event is ev:  # a synchronous id's event the program acked itself
-            ev.id.event = None
-            ev.id.struct.event = ffi.NULL
+        if ev.rec.event is ev:  # a synchronous id's event the program acked itself
+            ev.rec.event = None
+            ev.rec.struct.event = ffi.NULL
         return 0
 
     @ffi.def_extern(name="rdma_event_str")

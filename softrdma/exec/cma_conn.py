@@ -77,12 +77,12 @@ def install(ffi: Any, lib: Any) -> None:
         if rec.qp_init_attr is not None:
             from .cma_qp import create_qp_for_request
             try:
-                create_qp_for_request(ev.id, rec)
+                create_qp_for_request(ev.rec, rec)
             except BaseException:
                 rec.set_event(ev)
                 raise
         id_out[0] = s.id
-        ev.id.set_event(ev)
+        ev.rec.set_event(ev)
         return 0
 
     @ffi.def_extern(name="rdma_connect")
