@@ -12,18 +12,23 @@ program -- in a C program the launcher's own Python, started by the library; in 
 program the program's interpreter (:mod:`.process`) -- which imports softrdma from where
 the library was built (``SOFTRDMA_EXEC_PATH`` overrides it).
 
+* :mod:`.abi`: the whole ABI (every function libibverbs.so.1 and librdmacm.so.1 export,
+  with the installed headers' prototypes); what no part answers is a stub failing with
+  EOPNOTSUPP, so no call ever reaches the real library with a softrdma structure.
 * :mod:`.build`: the library's description (cdef), its build and its cache.
-* :mod:`.shim`: the functions, answered by :mod:`softrdma.verbs_api` on soft devices.
+* :mod:`.shim`: what the parts share (``guard``: an exception becomes an errno; the
+  ``handles`` registry of structures handed out) and ``install``.
+* the parts, one job each: :mod:`.devices` (device list, contexts as ``verbs_context``,
+  queries), :mod:`.verbs` (PD, MR over the program's memory, AH), :mod:`.queues` (CQ,
+  channels and async events on eventfds, QP, SRQ, the ``ops`` data path), :mod:`.misc`
+  (strings, rates, fork ranges, GID table, L2 resolution), :mod:`.extended` (cq_ex,
+  qp_ex with ``ibv_wr_*``, memory windows), :mod:`.cma_addr`, :mod:`.cma`,
+  :mod:`.cma_conn`, :mod:`.cma_qp` (librdmacm over softrdma's rdma_cm), :mod:`.rsocket`
+  (the r* calls over softrdma's rsocket protocol).
 * :mod:`.process`: which interpreter runs them, and fork (C glue around CPython's API).
 * :mod:`.libdir`: the ``LD_LIBRARY_PATH`` form (softrdma as libibverbs.so.1 and
   librdmacm.so.1, with the installed libraries' symbol versions).
+* :mod:`.profile`: ``softrdma exec --profile``: cProfile in the program's process.
 
 docs/exec.md is the guide.
-
-State: devices and contexts -- the device list, ``ibv_open_device``/``ibv_close_device``,
-``ibv_query_device``, ``ibv_query_port``, ``ibv_query_gid`` (enough for ``ibv_devices`` and
-``ibv_devinfo -v``). A context is a plain ``struct ibv_context`` (``abi_compat`` NULL), so
-verbs.h's inline helpers take their fallbacks into these exported functions. Next: PD, MR,
-CQ, QP with the ``ops`` table the static-inline data path calls through (C function
-pointers to ``extern "Python"`` callbacks), channels with real descriptors, librdmacm.
 """
