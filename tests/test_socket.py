@@ -241,3 +241,67 @@ def test_asyncio_face(dev):
         srv.close()
         return out
     assert asyncio.run(asyncio.wait_for(main(), 30)) == [b"one", b"two" * 3000, b"three"]
+
+
+def _step_until(rx: Receiver, done, what: str, bound: float = 30.0) -> None:
+    """Drive ``rx`` by hand (what ``recv`` does) until ``done()``."""
+    deadline = time.monotonic() + bound
+    while not done():
+        assert time.monotonic() < deadline, f"{what} never happened"
+        rx.progress()
+        time.sleep(0.005)
+
+
+def _until(done, what: str, bound: float = 30.0) -> None:
+    deadline = time.monotonic() + bound
+    while not done():
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.005)
+
+
+def test_a_sender_that_sent_and_left_before_the_receiver_looked(dev):
+    """Guards the tutorial's flake (12-rdma-cm-and-sockets, "One receiver, many
+    senders"): a sender connects, sends a run, closes and disconnects while the Receiver
+    is not looking (a loaded machine). Its records are in the CQ, its ESTABLISHED and
+    DISCONNECTED on the listener's channel; the DISCONNECTED must be handled after the
+    CQ is drained, so its CLOSE makes it a goodbye. It was handled before: a half-open
+    sender was failed ("disconnected without closing") and turned away with its
+    messages (recv timed out), an admitted one dropped with a false error."""
+    dev("127.0.7.1", "mq-left")
+    queued = lambda rx: rx.channel.channel.pending()  # CM events waiting, none taken
+
+    go = threading.Event()
+
+    def producer(addr, name):
+        with rsock.create_connection(addr, timeout=30) as s:
+            assert go.wait(60)
+            s.send(name + b": header", more=True)
+            s.send(name + b": body")
+
+    with Receiver(("127.0.7.1", 9600)) as rx:
+        # 1. half-open: the REP goes out, then the receiver looks away until the sender
+        # has come and gone (its ESTABLISHED and DISCONNECTED both queued)
+        go.set()
+        t = threading.Thread(target=producer, args=(("127.0.7.1", 9600), b"p1"))
+        t.start()
+        _step_until(rx, lambda: len(rx.half_open) == 1, "p1's REQ")
+        t.join(60)
+        assert not t.is_alive()
+        _until(lambda: queued(rx) >= 2, "p1's ESTABLISHED and DISCONNECTED")
+        got = [rx.recv(timeout=30) for _ in range(2)]
+        assert [(m.data, m.more) for m in got] == [(b"p1: header", True), (b"p1: body", False)]
+        # 2. admitted (ESTABLISHED seen), then it sends, closes and leaves unseen
+        go.clear()
+        t = threading.Thread(target=producer, args=(("127.0.7.1", 9600), b"p2"))
+        t.start()
+        _step_until(rx, lambda: len(rx.half_open) == 1, "p2's REQ")
+        _step_until(rx, lambda: not rx.half_open and rx.conns, "p2's ESTABLISHED")
+        go.set()
+        t.join(60)
+        assert not t.is_alive()
+        _until(lambda: queued(rx) >= 1, "p2's DISCONNECTED")
+        got = [rx.recv(timeout=30) for _ in range(2)]
+        assert [(m.data, m.more) for m in got] == [(b"p2: header", True), (b"p2: body", False)]
+        _step_until(rx, lambda: not rx.conns, "p2 dropped")
+        assert list(rx.errors) == []  # they said goodbye: neither is an error
+        assert rx.half_open.failed == 0

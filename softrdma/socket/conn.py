@@ -162,15 +162,7 @@ class Hub:
             events = []
             while self.channel is not None and self.channel.pending():
                 events.append(CMEvent(self.channel, 0))
-            while True:
-                got, wcs = self.cq.poll(32)
-                if not got:
-                    break
-                n += got
-                for wc in wcs:
-                    conn = self.conns.get(wc.qp_num)
-                    if conn is not None:
-                        conn.on_wc(wc)
+            n += self._drain()
             for ev in events:
                 n += 1
                 self._on_cm(ev)
@@ -180,13 +172,34 @@ class Hub:
                 conn.pump()
         return n
 
+    def _drain(self) -> int:
+        """Hand every completion in the CQ to its connection; return how many."""
+        n = 0
+        while True:
+            got, wcs = self.cq.poll(32)
+            if not got:
+                return n
+            n += got
+            for wc in wcs:
+                conn = self.conns.get(wc.qp_num)
+                if conn is not None:
+                    conn.on_wc(wc)
+
     def dispatch_cm(self, ev: CMEvent) -> bool:
-        """Give a CM event to the connection of this hub it is about (False: none)."""
-        owner = self.by_id.get(id(ev.id))
-        if owner is None:
-            return False
-        owner.on_cm(ev)
-        return True
+        """Give a CM event, read from a channel the hub does not own (a listener's), to
+        the connection of this hub it is about (False: none). The CQ is drained first,
+        as :meth:`progress` does: the peer's records sent before it disconnected are in
+        the CQ by the time its DISCONNECTED was read, and a CLOSE among them makes the
+        disconnect a goodbye, not a reset (handled after the event, a sender that sent,
+        closed and left before the listener looked lost its messages)."""
+        with self.lock:
+            owner = self.by_id.get(id(ev.id))
+            if owner is None:
+                return False
+            if not self.closed:
+                self._drain()
+            owner.on_cm(ev)
+            return True
 
     def _on_cm(self, ev: CMEvent) -> None:
         owner = self.by_id.get(id(ev.id))
