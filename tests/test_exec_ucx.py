@@ -1,0 +1,137 @@
+"""``softrdma exec``: UCX (Debian's ucx-utils 1.13), unmodified, on softrdma0.
+
+``ucx_info -d`` must list softrdma0 with its verbs transports, and ``ucx_perftest`` must
+run tag and put tests, latency and bandwidth, between two processes each under ``softrdma
+exec`` on its own loopback address, with ``UCX_TLS=rc_verbs,ud_verbs``.
+
+Two things stand outside softrdma, both described in docs/exec.md ("UCX"):
+
+* UCX lists an IB device only if ``/dev/infiniband/<dev_name>`` is a character device the
+  user may read and write (``uct_ib_device_is_accessible``). A host without RDMA drivers
+  has no such node, so each program here runs in a mount namespace of its own whose
+  ``/dev`` is the host's plus ``/dev/infiniband/uverbs0 -> /dev/null`` (:data:`PRIVATE_DEV`,
+  root or not: ``unshare -m`` or ``unshare -Urm``); the host's ``/dev`` is not touched.
+* UCX's UD transport reads a RoCE packet's L3 type from ``wc.sl``, where mlx5 reports it
+  and rxe (and softrdma, as rxe) report the SL, 0: it then compares the wrong 16 bytes of
+  the receive buffer's GRH area with its GID and drops every UD packet (the
+  "UD endpoint ... unhandled timeout error" of two kernel rxe hosts).
+  ``UCX_UD_VERBS_ETH_DGID_CHECK=n`` turns that check off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from softrdma.exec.build import library_path
+
+from .test_exec_verbs import _free_port, _pair
+
+SOFT = [sys.executable, "-m", "softrdma"]
+SERVER, CLIENT = "127.0.8.1", "127.0.8.2"
+
+#: sh script: ``$1`` a scratch directory, the rest the command. A private ``/dev``: a tmpfs
+#: holding bind mounts of every entry of the host's ``/dev`` (``/dev/shm`` included, so
+#: processes still share it), plus the node UCX stats for softrdma0.
+PRIVATE_DEV = r"""
+set -e
+d=$1; shift
+mkdir -p "$d/dev"
+mount --rbind /dev "$d/dev"
+mount -t tmpfs -o mode=755 softrdma-dev /dev
+for e in "$d"/dev/*; do
+  n=/dev/${e##*/}
+  if [ -L "$e" ]; then cp -P "$e" "$n"
+  elif [ -d "$e" ]; then mkdir "$n"; mount --rbind "$e" "$n"
+  else : > "$n"; mount --bind "$e" "$n"
+  fi
+done
+mkdir /dev/infiniband
+ln -s /dev/null /dev/infiniband/uverbs0
+exec "$@"
+"""
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is not installed (apt-get install ucx-utils; scripts/setup does)"
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library_built():
+    """Build the preload library once, before two launchers would build it at once."""
+    library_path()
+
+
+@pytest.fixture
+def under_exec(tmp_path):
+    """``under_exec(addr, *argv)``: the command line running ``argv`` under ``softrdma
+    exec --addr addr`` in a mount namespace with :data:`PRIVATE_DEV`'s ``/dev``."""
+    unshare = [_tool("unshare"), "-m"] if os.geteuid() == 0 else [_tool("unshare"), "-Urm"]
+    n = iter(range(100))
+
+    def command(addr: str, *argv: str) -> list[str]:
+        scratch = tmp_path / f"ns{next(n)}"
+        return [*unshare, "sh", "-c", PRIVATE_DEV, "sh", str(scratch),
+                *SOFT, "exec", "--addr", addr, "--", *argv]
+    return command
+
+
+@pytest.fixture
+def ucx_env(monkeypatch):
+    """The settings UCX needs on softrdma (module docstring), for the programs started."""
+    monkeypatch.setenv("UCX_TLS", "rc_verbs,ud_verbs")
+    monkeypatch.setenv("UCX_UD_VERBS_ETH_DGID_CHECK", "n")
+
+
+def test_ucx_info_lists_softrdma0_with_its_verbs_transports(under_exec):
+    """``ucx_info -d``: UCX opens softrdma0 (device, port and GID queries, a PD, the
+    RoCE GID it picks) and lists its memory domain with rc_verbs and ud_verbs on port 1.
+    Guards the queries UCX makes of a device before it will use it."""
+    r = subprocess.run(under_exec(SERVER, _tool("ucx_info"), "-d"), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "# Memory domain: softrdma0" in out, out
+    md = out[out.index("# Memory domain: softrdma0"):]
+    md = md[:md.find("# Memory domain:", 1)] if "# Memory domain:" in md[1:] else md
+    for tl in ("rc_verbs", "ud_verbs"):
+        assert re.search(rf"#\s+Transport: {tl}\n#\s+Device: softrdma0:1\n", md), md
+    assert "not supported by softrdma" not in r.stderr, r.stderr
+
+
+def _perftest(under_exec, test: str, *extra: str) -> str:
+    """``ucx_perftest -t test`` between two exec'd processes; the client's output, after
+    checking both exit 0 and the client prints its result table's final row."""
+    perftest, port = _tool("ucx_perftest"), _free_port()
+    cli, (rc, out, err) = _pair(
+        under_exec(SERVER, perftest, "-p", port),
+        under_exec(CLIENT, perftest, SERVER, "-p", port, "-t", test, *extra))
+    assert cli.returncode == 0, (cli.stdout, cli.stderr, out, err)
+    assert rc == 0, (out, err)
+    final = [ln for ln in cli.stdout.splitlines() if ln.startswith("Final:")]
+    assert len(final) == 1, cli.stdout
+    # Final: <iterations> <lat 50%> <lat avg> <lat overall> <bw avg> <bw overall> ...
+    assert final[0].split()[1] == "100", final
+    assert "Fatal" not in cli.stderr + err and "Caught signal" not in cli.stderr + err
+    return cli.stdout
+
+
+@pytest.mark.parametrize("test,extra", [
+    ("tag_lat", []), ("tag_bw", []), ("ucp_put_lat", []), ("ucp_put_bw", ["-s", "4096"]),
+])
+def test_ucx_perftest_runs_between_two_exec_programs(under_exec, ucx_env, test, extra):
+    """ucx_perftest's tag-matching and put tests, latency and bandwidth, over rc_verbs and
+    ud_verbs (UCP wires up over UD, then sends over RC; put_bw's 4 KiB messages are RDMA
+    WRITEs) between two processes under softrdma exec. Guards what UCX needed of softrdma:
+    a C ``grh.flow_label`` is a u32 of which the GRH keeps 20 bits (UCX sets ~0, and
+    ``ibv_create_ah``/``ibv_modify_qp`` failed EINVAL), and a destroyed QP's pending async
+    event goes with it (UCX's async thread read ``element.qp->qp_num`` of a NULL QP and
+    the client died of SIGSEGV at the end of tag_bw)."""
+    _perftest(under_exec, test, "-n", "100", *extra)
