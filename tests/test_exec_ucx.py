@@ -127,11 +127,12 @@ def _perftest(under_exec, test: str, *extra: str) -> str:
     ("tag_lat", []), ("tag_bw", []), ("ucp_put_lat", []), ("ucp_put_bw", ["-s", "4096"]),
 ])
 def test_ucx_perftest_runs_between_two_exec_programs(under_exec, ucx_env, test, extra):
-    """ucx_perftest's tag-matching and put tests, latency and bandwidth, over rc_verbs and
-    ud_verbs (UCP wires up over UD, then sends over RC; put_bw's 4 KiB messages are RDMA
-    WRITEs) between two processes under softrdma exec. Guards what UCX needed of softrdma:
+    """ucx_perftest's tag-matching and put tests, latency and bandwidth, between two
+    processes under softrdma exec: UCP wires the endpoints up over ud_verbs (its auxiliary
+    transport: rc_verbs alone is "no auxiliary transport") and runs the test over rc_verbs
+    (``ep_cfg[0]: tag(rc_verbs/softrdma0:1)``). Guards what UCX needed of softrdma:
     a C ``grh.flow_label`` is a u32 of which the GRH keeps 20 bits (UCX sets ~0, and
     ``ibv_create_ah``/``ibv_modify_qp`` failed EINVAL), and a destroyed QP's pending async
     event goes with it (UCX's async thread read ``element.qp->qp_num`` of a NULL QP and
-    the client died of SIGSEGV at the end of tag_bw)."""
+    the client died of SIGSEGV as a test ended)."""
     _perftest(under_exec, test, "-n", "100", *extra)
