@@ -71,15 +71,15 @@ def _library_built():
 
 @pytest.fixture
 def under_exec(tmp_path):
-    """``under_exec(addr, *argv)``: the command line running ``argv`` under ``softrdma
-    exec --addr addr`` in a mount namespace with :data:`PRIVATE_DEV`'s ``/dev``."""
+    """``under_exec(addr, *argv, opts=())``: the command line running ``argv`` under
+    ``softrdma exec [opts] --addr addr`` in a mount namespace with :data:`PRIVATE_DEV`'s ``/dev``."""
     unshare = [_tool("unshare"), "-m"] if os.geteuid() == 0 else [_tool("unshare"), "-Urm"]
     n = iter(range(100))
 
-    def command(addr: str, *argv: str) -> list[str]:
+    def command(addr: str, *argv: str, opts: tuple[str, ...] = ()) -> list[str]:
         scratch = tmp_path / f"ns{next(n)}"
         return [*unshare, "sh", "-c", PRIVATE_DEV, "sh", str(scratch),
-                *SOFT, "exec", "--addr", addr, "--", *argv]
+                *SOFT, "exec", *opts, "--addr", addr, "--", *argv]
     return command
 
 
@@ -106,12 +106,13 @@ def test_ucx_info_lists_softrdma0_with_its_verbs_transports(under_exec):
     assert "not supported by softrdma" not in r.stderr, r.stderr
 
 
-def _perftest(under_exec, test: str, *extra: str) -> str:
-    """``ucx_perftest -t test`` between two exec'd processes; the client's output, after
-    checking both exit 0 and the client prints its result table's final row."""
+def _perftest(under_exec, test: str, *extra: str, server_opts: tuple[str, ...] = ()) -> str:
+    """``ucx_perftest -t test`` between two exec'd processes (``server_opts``: softrdma
+    exec's options for the server); the client's output, after checking both exit 0 and
+    the client prints its result table's final row."""
     perftest, port = _tool("ucx_perftest"), _free_port()
     cli, (rc, out, err) = _pair(
-        under_exec(SERVER, perftest, "-p", port),
+        under_exec(SERVER, perftest, "-p", port, opts=server_opts),
         under_exec(CLIENT, perftest, SERVER, "-p", port, "-t", test, *extra))
     assert cli.returncode == 0, (cli.stdout, cli.stderr, out, err)
     assert rc == 0, (out, err)
@@ -123,16 +124,31 @@ def _perftest(under_exec, test: str, *extra: str) -> str:
     return cli.stdout
 
 
-@pytest.mark.parametrize("test,extra", [
-    ("tag_lat", []), ("tag_bw", []), ("ucp_put_lat", []), ("ucp_put_bw", ["-s", "4096"]),
+@pytest.mark.parametrize("test,extra,env", [
+    ("tag_lat", [], {}), ("tag_bw", [], {}),
+    ("tag_bw", ["-s", "65536"], {"UCX_RNDV_THRESH": "16k"}),
+    ("ucp_put_lat", [], {}), ("ucp_put_bw", ["-s", "4096"], {}),
+    ("put_lat", ["-d", "softrdma0:1", "-x", "rc_verbs"], {}),
+    ("put_bw", ["-d", "softrdma0:1", "-x", "rc_verbs", "-s", "4096", "-D", "zcopy"], {}),
 ])
-def test_ucx_perftest_runs_between_two_exec_programs(under_exec, ucx_env, test, extra):
+def test_ucx_perftest_runs_between_two_exec_programs(under_exec, ucx_env, monkeypatch,
+                                                     tmp_path, test, extra, env):
     """ucx_perftest's tag-matching and put tests, latency and bandwidth, between two
     processes under softrdma exec: UCP wires the endpoints up over ud_verbs (its auxiliary
     transport: rc_verbs alone is "no auxiliary transport") and runs the test over rc_verbs
-    (``ep_cfg[0]: tag(rc_verbs/softrdma0:1)``). Guards what UCX needed of softrdma:
+    (``ep_cfg[0]: tag(rc_verbs/softrdma0:1)``); 64 KiB tags above a 16 KiB
+    ``UCX_RNDV_THRESH`` take UCP's rendezvous protocol (the receiver RDMA READs the
+    sender's buffer; UCX's own threshold keeps 64 KiB eager, as SEND fragments); ``put_lat``/``put_bw`` are the UCT-level
+    tests, straight on one rc_verbs interface (``-D zcopy``: RDMA WRITE from a registered
+    buffer). Guards what UCX needed of softrdma:
     a C ``grh.flow_label`` is a u32 of which the GRH keeps 20 bits (UCX sets ~0, and
     ``ibv_create_ah``/``ibv_modify_qp`` failed EINVAL), and a destroyed QP's pending async
     event goes with it (UCX's async thread read ``element.qp->qp_num`` of a NULL QP and
     the client died of SIGSEGV as a test ended)."""
-    _perftest(under_exec, test, "-n", "100", *extra)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    rndv, trace = "UCX_RNDV_THRESH" in env, tmp_path / "server.trace"
+    _perftest(under_exec, test, "-n", "100", *extra,
+              server_opts=("--trace=packet", "--trace-file", str(trace)) if rndv else ())
+    if rndv:  # the receiving server fetched the data
+        assert " tx RC_RDMA_READ_REQUEST " in trace.read_text()
