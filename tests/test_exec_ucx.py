@@ -30,7 +30,7 @@ import pytest
 
 from softrdma.exec.build import library_path
 
-from .test_exec_verbs import _free_port, _pair
+from .test_exec_verbs import _compile, _free_port, _pair
 
 SOFT = [sys.executable, "-m", "softrdma"]
 SERVER, CLIENT = "127.0.8.1", "127.0.8.2"
@@ -152,3 +152,16 @@ def test_ucx_perftest_runs_between_two_exec_programs(under_exec, ucx_env, monkey
               server_opts=("--trace=packet", "--trace-file", str(trace)) if rndv else ())
     if rndv:  # the receiving server fetched the data
         assert " tx RC_RDMA_READ_REQUEST " in trace.read_text()
+
+
+def test_a_destroyed_qps_pending_async_event_goes_with_it(tmp_path):
+    """tests/programs/exec_async_destroyed.c: an SRQ-attached QP moved to ERR raises
+    IBV_EVENT_QP_LAST_WQE_REACHED; destroyed while that event is pending, the QP takes it
+    along (as uverbs), so ibv_get_async_event on the O_NONBLOCK async_fd is EAGAIN -- not
+    an event whose element.qp is NULL, which UCX dereferenced (the deterministic form of
+    the SIGSEGV the perftest runs above met at their end)."""
+    exe = _compile(tmp_path, "exec_async_destroyed")
+    r = subprocess.run([*SOFT, "exec", "--addr", "127.0.8.3", "--", exe], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split("\n")[:2] == ["OK pending", "OK dropped"], r.stdout
