@@ -90,12 +90,17 @@ def ucx_env(monkeypatch):
     monkeypatch.setenv("UCX_UD_VERBS_ETH_DGID_CHECK", "n")
 
 
-def test_ucx_info_lists_softrdma0_with_its_verbs_transports(under_exec):
+@pytest.mark.parametrize("form", [(), ("--ld-library-path",)], ids=["preload", "libdir"])
+def test_ucx_info_lists_softrdma0_with_its_verbs_transports(under_exec, form):
     """``ucx_info -d``: UCX opens softrdma0 (device, port and GID queries, a PD, the
     RoCE GID it picks) and lists its memory domain with rc_verbs and ud_verbs on port 1.
-    Guards the queries UCX makes of a device before it will use it."""
-    r = subprocess.run(under_exec(SERVER, _tool("ucx_info"), "-d"), capture_output=True,
-                       text=True, timeout=60)
+    Guards the queries UCX makes of a device before it will use it, in both forms. In
+    the LD_LIBRARY_PATH form softrdma's libibverbs.so.1 comes in with UCX's dlopen'ed
+    libuct_ib, libpython with it in that local scope: its start-up must make libpython
+    global, or importing _cffi_backend fails ("undefined symbol: PyExc_SystemError") and
+    UCX finds no device."""
+    r = subprocess.run(under_exec(SERVER, _tool("ucx_info"), "-d", opts=form),
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "# Memory domain: softrdma0" in out, out
@@ -104,6 +109,7 @@ def test_ucx_info_lists_softrdma0_with_its_verbs_transports(under_exec):
     for tl in ("rc_verbs", "ud_verbs"):
         assert re.search(rf"#\s+Transport: {tl}\n#\s+Device: softrdma0:1\n", md), md
     assert "not supported by softrdma" not in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
 
 
 def _perftest(under_exec, test: str, *extra: str, server_opts: tuple[str, ...] = ()) -> str:
