@@ -8,9 +8,9 @@ Two things stand outside softrdma, both described in docs/exec.md ("UCX"):
 
 * UCX lists an IB device only if ``/dev/infiniband/<dev_name>`` is a character device the
   user may read and write (``uct_ib_device_is_accessible``). A host without RDMA drivers
-  has no such node, so each program here runs in a mount namespace of its own whose
-  ``/dev`` is the host's plus ``/dev/infiniband/uverbs0 -> /dev/null`` (:data:`PRIVATE_DEV`,
-  root or not: ``unshare -m`` or ``unshare -Urm``); the host's ``/dev`` is not touched.
+  has no such node: ``softrdma exec --dev-infiniband`` runs the program in a mount
+  namespace of its own whose ``/dev`` has them (:mod:`softrdma.exec.devnodes`, root or
+  not); the host's ``/dev`` is not touched.
 * UCX's UD transport reads a RoCE packet's L3 type from ``wc.sl``, where mlx5 reports it
   and rxe (and softrdma, as rxe) report the SL, 0: it then compares the wrong 16 bytes of
   the receive buffer's GRH area with its GID and drops every UD packet (the
@@ -35,28 +35,6 @@ from .test_exec_verbs import _compile, _free_port, _pair
 SOFT = [sys.executable, "-m", "softrdma"]
 SERVER, CLIENT = "127.0.8.1", "127.0.8.2"
 
-#: sh script: ``$1`` a scratch directory, the rest the command. A private ``/dev``: a tmpfs
-#: holding bind mounts of every entry of the host's ``/dev`` (``/dev/shm`` included, so
-#: processes still share it), plus the node UCX stats for softrdma0.
-PRIVATE_DEV = r"""
-set -e
-d=$1; shift
-mkdir -p "$d/dev"
-mount --rbind /dev "$d/dev"
-mount -t tmpfs -o mode=755 softrdma-dev /dev
-for e in "$d"/dev/*; do
-  n=/dev/${e##*/}
-  if [ -L "$e" ]; then cp -P "$e" "$n"
-  elif [ -d "$e" ]; then mkdir "$n"; mount --rbind "$e" "$n"
-  else : > "$n"; mount --bind "$e" "$n"
-  fi
-done
-mkdir /dev/infiniband
-ln -s /dev/null /dev/infiniband/uverbs0
-exec "$@"
-"""
-
-
 def _tool(name: str) -> str:
     path = shutil.which(name)
     assert path, f"{name} is not installed (apt-get install ucx-utils; scripts/setup does)"
@@ -70,16 +48,11 @@ def _library_built():
 
 
 @pytest.fixture
-def under_exec(tmp_path):
+def under_exec():
     """``under_exec(addr, *argv, opts=())``: the command line running ``argv`` under
-    ``softrdma exec [opts] --addr addr`` in a mount namespace with :data:`PRIVATE_DEV`'s ``/dev``."""
-    unshare = [_tool("unshare"), "-m"] if os.geteuid() == 0 else [_tool("unshare"), "-Urm"]
-    n = iter(range(100))
-
+    ``softrdma exec --dev-infiniband [opts] --addr addr``."""
     def command(addr: str, *argv: str, opts: tuple[str, ...] = ()) -> list[str]:
-        scratch = tmp_path / f"ns{next(n)}"
-        return [*unshare, "sh", "-c", PRIVATE_DEV, "sh", str(scratch),
-                *SOFT, "exec", *opts, "--addr", addr, "--", *argv]
+        return [*SOFT, "exec", "--dev-infiniband", *opts, "--addr", addr, "--", *argv]
     return command
 
 
@@ -110,6 +83,20 @@ def test_ucx_info_lists_softrdma0_with_its_verbs_transports(under_exec, form):
         assert re.search(rf"#\s+Transport: {tl}\n#\s+Device: softrdma0:1\n", md), md
     assert "not supported by softrdma" not in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_without_dev_infiniband_ucx_uses_softrdma0_only_if_the_node_exists():
+    """Why ``--dev-infiniband`` exists: UCX lists softrdma0, which ``ibv_get_device_list``
+    returns, only if ``/dev/infiniband/uverbs0`` is a character device the user may read
+    and write -- on a host without an RDMA driver (this one, as CI's) it skips it
+    silently; a host with one (rxe loaded) has the node and needs no option."""
+    node = "/dev/infiniband/uverbs0"
+    usable = os.path.exists(node) and os.access(node, os.R_OK | os.W_OK)
+    r = subprocess.run([*SOFT, "exec", "--addr", SERVER, "--", _tool("ucx_info"), "-d"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "# Memory domain: tcp" in r.stdout, r.stdout
+    assert ("# Memory domain: softrdma0" in r.stdout) == usable, r.stdout
 
 
 def _perftest(under_exec, test: str, *extra: str, server_opts: tuple[str, ...] = ()) -> str:
