@@ -114,6 +114,7 @@ def _perftest(under_exec, test: str, *extra: str, server_opts: tuple[str, ...] =
     # Final: <iterations> <lat 50%> <lat avg> <lat overall> <bw avg> <bw overall> ...
     assert final[0].split()[1] == "100", final
     assert "Fatal" not in cli.stderr + err and "Caught signal" not in cli.stderr + err
+    assert "not supported by softrdma" not in cli.stderr + err  # every verb UCX calls
     return cli.stdout
 
 
