@@ -29,6 +29,8 @@ the library was built (``SOFTRDMA_EXEC_PATH`` overrides it).
 * :mod:`.libdir`: the ``LD_LIBRARY_PATH`` form (softrdma as libibverbs.so.1 and
   librdmacm.so.1, with the installed libraries' symbol versions).
 * :mod:`.profile`: ``softrdma exec --profile``: cProfile in the program's process.
+* :mod:`.devnodes`: ``softrdma exec --dev-infiniband``: the program in a mount namespace
+  with ``/dev/infiniband/uverbs*`` nodes (UCX uses only devices whose node it finds).
 
 docs/exec.md is the guide.
 """

@@ -44,6 +44,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 
 from . import abi
 
@@ -87,6 +88,13 @@ def refusals() -> str:
     return " " + " ".join(out) + " "
 
 
+def _libpython() -> str:
+    """The soname of the libpython the library links (``libpython3.11.so.1.0``), or ""
+    for a Python without one."""
+    name = sysconfig.get_config_var("INSTSONAME") or ""
+    return name if ".so" in name else ""
+
+
 def c_source(executable: str, backend: str) -> str:
     """The glue (appended to the library's C source, after cffi's embedding code, whose
     ``_cffi_call_python`` and ``_cffi_start_and_call_python`` it wraps)."""
@@ -94,12 +102,14 @@ def c_source(executable: str, backend: str) -> str:
 /* softrdma.exec.process: glue, not logic -- which interpreter runs the library's Python,
    and fork. Runs once, at the program's first call (pthread_once), then hands over to
    cffi's own start-up, which replaces _cffi_call_python by the fast path. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <errno.h>
 
 static const char softrdma_exec_python[] = """ + _c_string(executable) + r""";
+static const char softrdma_exec_libpython[] = """ + _c_string(_libpython()) + r""";
 static const char softrdma_exec_host_code[] = """ + _c_string(host_code(backend)) + r""";
 static const char softrdma_exec_refusals[] = """ + _c_string(refusals()) + r""";
 static pthread_once_t softrdma_exec_once = PTHREAD_ONCE_INIT;
@@ -156,7 +166,12 @@ static void softrdma_exec_prepare(void)
         PyGILState_Release(g);
         return;
     }
-    /* a C program: start the launcher's Python as its own executable would start */
+    /* a C program: start the launcher's Python as its own executable would start. A
+       library the program dlopen'ed (the LD_LIBRARY_PATH form under UCX's modules) has
+       libpython in its local scope only, where the extension modules Python loads
+       (_cffi_backend) cannot find its symbols: make it global, as a python binary's is */
+    if (softrdma_exec_libpython[0])
+        dlopen(softrdma_exec_libpython, RTLD_LAZY | RTLD_NOLOAD | RTLD_GLOBAL);
     PyConfig config;
     PyStatus status;
     PyConfig_InitIsolatedConfig(&config);

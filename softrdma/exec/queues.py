@@ -414,6 +414,7 @@ def destroy_cq(ptr: Any) -> int:
         rec.channel.struct.refcnt -= 1
         rec.channel.events.drop_where(lambda r: r is rec)
     del _cqs[_addr(ptr)]
+    drop_async_events(rec.cq)
     forget(rec.cq)
     handles.release("cq", ptr)
     return 0
@@ -604,6 +605,7 @@ def destroy_qp(ptr: Any) -> int:
     except OSError as e:
         raise errno_of(e) from None
     del _qps[_addr(ptr)]
+    drop_async_events(rec.qp)
     forget(rec.qp)
     handles.release("qp", ptr)
     return 0
@@ -751,6 +753,14 @@ def _on_open(ctx: Any, c: Any) -> None:
     ctx.async_fd = events.fd
 
 
+def drop_async_events(obj: Any) -> None:
+    """``obj`` (a QP, CQ or SRQ) is destroyed: its pending async events go with it, as
+    uverbs discards an object's events when it is destroyed -- a program reads
+    ``event.element.qp->qp_num`` (UCX does), never a NULL or freed structure."""
+    for events, _ in list(_async.values()):
+        events.drop_where(lambda ev: ev.element is obj)
+
+
 def _on_close(ctx: Any, c: Any) -> None:
     entry = _async.pop(_addr(ctx), None)
     if entry is None:
@@ -869,19 +879,21 @@ def install(ffi: Any, lib: Any) -> None:
     def ibv_get_async_event(ctx: Any, out: Any) -> int:
         c = devices.context_of(ctx)
         events, _ = _async[_addr(ctx)]
-        ev = events.take("ibv_get_async_event", lambda: False)
-        el = ev.element
-        kind = type(el).__name__
-        if isinstance(el, int):
-            out.element.port_num = el
-        elif kind == "QP":
-            out.element.qp = ptr_of(el)
-        elif kind == "CQ":
-            out.element.cq = ptr_of(el)
-        elif kind == "SRQ":
-            out.element.srq = ptr_of(el)
-        else:
-            out.element.port_num = 0
+        while True:
+            ev = events.take("ibv_get_async_event", lambda: False)
+            el = ev.element
+            if isinstance(el, int):
+                out.element.port_num = el
+                break
+            kind = type(el).__name__
+            if kind not in ("QP", "CQ", "SRQ"):
+                out.element.port_num = 0
+                break
+            p = ptr_of(el)
+            if p == NULL:  # raised as its object was being destroyed: gone with it
+                continue
+            setattr(out.element, kind.lower(), p)
+            break
         out.event_type = int(ev.event_type)
         del c
         return 0
@@ -982,6 +994,7 @@ def install(ffi: Any, lib: Any) -> None:
         except OSError as e:
             raise errno_of(e) from None
         del _srqs[_addr(srq)]
+        drop_async_events(rec.srq)
         forget(rec.srq)
         handles.release("srq", srq)
         return 0

@@ -107,12 +107,18 @@ def ah_of(ptr: Any) -> Any:
     return handles.get("ah", ptr)
 
 
+#: A GRH's flow label is 20 bits.
+FLOW_LABEL_MASK = (1 << 20) - 1
+
+
 def ah_attr_from_c(a: Any) -> Any:
     """A ``struct ibv_ah_attr`` as a verbs_api AHAttr."""
     from ..verbs_api import AHAttr, GID, GlobalRoute
     g = a.grh
+    # The kernel takes grh.flow_label as a u32 and a GRH carries its low 20 bits; UCX
+    # sets ~0 on RoCE on purpose (ib_iface.c: "rdma-core flow label to udp sport").
     gr = GlobalRoute(dgid=GID(bytes(shim.ffi.buffer(g.dgid.raw, 16))),
-                     flow_label=g.flow_label, sgid_index=g.sgid_index,
+                     flow_label=g.flow_label & FLOW_LABEL_MASK, sgid_index=g.sgid_index,
                      hop_limit=g.hop_limit, traffic_class=g.traffic_class) \
         if a.is_global else None
     return AHAttr(dlid=a.dlid, sl=a.sl, src_path_bits=a.src_path_bits,

@@ -15,8 +15,9 @@ handed to it as SOFTRDMA_PCAP, SOFTRDMA_FAULTS and SOFTRDMA_TRACE*; ``--profile`
 runs cProfile in it (:mod:`softrdma.exec.profile`). ``--print-env``
 prints the environment instead, for launchers that start programs their own way (mpirun,
 test runners); ``--ld-library-path`` uses a directory of softrdma's libibverbs.so.1 and
-librdmacm.so.1 instead of the preload (:mod:`softrdma.exec.libdir`). docs/exec.md is the
-guide.
+librdmacm.so.1 instead of the preload (:mod:`softrdma.exec.libdir`); ``--dev-infiniband``
+gives the program /dev/infiniband/uverbs* nodes, which UCX checks for
+(:mod:`softrdma.exec.devnodes`). docs/exec.md is the guide.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def add_parser(sub: Any) -> None:
                    help="put softrdma's libibverbs.so.1 and librdmacm.so.1 first in "
                         "LD_LIBRARY_PATH instead of preloading (the real ones are not "
                         "loaded at all)")
+    p.add_argument("--dev-infiniband", action="store_true",
+                   help="run the program in a mount namespace whose /dev has "
+                        "/dev/infiniband/uverbs0.. (links to /dev/null), for programs that "
+                        "check the kernel's uverbs nodes before using a device (UCX)")
     p.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
     p.set_defaults(func=run)
 
@@ -112,6 +117,9 @@ def run(a: argparse.Namespace) -> int:
     if why:
         raise ToolError(why)
     try:
+        if a.dev_infiniband:
+            from ..exec.devnodes import wrap
+            prog = wrap(prog)
         os.execvpe(prog[0], prog, {**os.environ, **env})
     except OSError as e:
         raise ToolError(f"{prog[0]}: {e.strerror}") from None
