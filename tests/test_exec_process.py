@@ -82,16 +82,21 @@ def test_a_python_program_without_cffi_gets_the_launchers_backend(tmp_path):
 
 
 def _other_python() -> Path:
-    """A CPython of another major.minor than the one running the tests (pyenv's)."""
+    """A CPython of another major.minor than the one running the tests: pyenv's (this
+    machine's image has 3.6 to 3.13 under ~/.pyenv, whether the project's venv is made
+    from pyenv's Python or, as CI does with a bare PATH, from Debian's /usr/bin/python3),
+    or one on PATH."""
     here = f"{sys.version_info[0]}.{sys.version_info[1]}."
-    found = [p for p in sorted(Path(sys.base_prefix).parent.glob("3.*/bin/python3"))
+    roots = {Path(sys.base_prefix).parent,
+             Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"}
+    found = [p for root in sorted(roots) for p in sorted(root.glob("3.*/bin/python3"))
              if not p.parent.parent.name.startswith(here)]
     import shutil
     found += [Path(p) for p in (shutil.which(f"python3.{n}") for n in range(8, 20)
                                 if n != sys.version_info[1]) if p]
     # pyenv's shims are scripts that may refuse: only real interpreters
     found = [p for p in found if p.resolve().read_bytes()[:4] == b"\x7fELF"]
-    assert found, "no Python of another version beside " + sys.base_prefix
+    assert found, f"no Python of another version in {sorted(map(str, roots))} or on PATH"
     return found[0]
 
 

@@ -35,7 +35,6 @@ Not here: SOCK_DGRAM rsockets (librdmacm's UDP over UD QPs; EOPNOTSUPP), AF_IB a
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import select
@@ -143,29 +142,9 @@ def lookup(fd: int) -> _Entry:
 
 
 def _rguard(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Like :func:`shim.guard`, but an OSError with an errno is the socket's answer
-    (EAGAIN, ECONNREFUSED, EPIPE...), not softrdma's failure: errno set, nothing logged."""
-    seen: set[type] = set()
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def guarded(*args: Any) -> Any:
-            try:
-                return fn(*args)
-            except OSError as e:
-                if e.errno:
-                    shim.ffi.errno = e.errno
-                    return fail
-                exc: Exception = e
-            except Exception as e:
-                exc = e
-            if type(exc) not in seen:
-                seen.add(type(exc))
-                log.error("softrdma exec: %s failed: %r", fn.__name__, exc, exc_info=exc)
-            shim.ffi.errno = getattr(exc, "error_code", None) or errno.EIO
-            return fail
-        return guarded
-    return wrap
+    """:func:`shim.guard` where any OSError with an errno is the socket's answer (EAGAIN,
+    ECONNREFUSED, EPIPE...), not softrdma's failure: errno set, nothing logged."""
+    return shim.guard(fail, answers=(OSError,))
 
 
 # ---- addresses --------------------------------------------------------------------------

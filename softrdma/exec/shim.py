@@ -48,9 +48,12 @@ def errno_of(e: BaseException) -> Errno:
     return Errno(getattr(e, "error_code", None) or getattr(e, "errno", None) or 22, str(e))
 
 
-def guard(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``fn``'s exceptions become ``fail`` with errno set (EIO if the exception has no
-    errno), logged once per kind unless it is an :class:`Errno`."""
+def guard(fail: Any, answers: tuple[type[BaseException], ...] = (Errno,)
+          ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``fn``'s exceptions become ``fail`` with errno set. An exception of ``answers``
+    that carries an errno is the call's answer to the caller (its mistake, or EAGAIN and
+    the like for a socket): nothing logged. Anything else is softrdma's fault: logged once
+    per kind with its traceback, errno EIO unless it carries one."""
     seen: set[type] = set()
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -58,14 +61,13 @@ def guard(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def guarded(*args: Any) -> Any:
             try:
                 return fn(*args)
-            except Errno as e:
-                ffi.errno = e.error_code
-                return e.error_code if fail == "errno" else fail
             except Exception as e:
-                if type(e) not in seen:
-                    seen.add(type(e))
-                    log.error("softrdma exec: %s failed: %r", fn.__name__, e, exc_info=e)
-                code = getattr(e, "error_code", None) or getattr(e, "errno", None) or 5
+                code = getattr(e, "error_code", None) or getattr(e, "errno", None)
+                if not (code and isinstance(e, answers)):
+                    if type(e) not in seen:
+                        seen.add(type(e))
+                        log.error("softrdma exec: %s failed: %r", fn.__name__, e, exc_info=e)
+                    code = code or 5  # EIO
                 ffi.errno = code
                 return code if fail == "errno" else fail
         return guarded
@@ -97,6 +99,16 @@ class Handles:
         if entry is None or entry[0] != kind:
             raise Errno(err, f"not a {kind} of softrdma exec")
         return entry[2]
+
+    def replace(self, kind: str, ptr: Any, obj: Any) -> Any:
+        """Let ``ptr`` stand for ``obj`` from now on (``ibv_rereg_mr``: the program keeps
+        its structure, softrdma's registration changes); the structure stays the one
+        kept alive since :meth:`add` -- ``ptr``, the program's copy of the pointer, owns
+        no memory. Returns the previous object."""
+        old = self.get(kind, ptr)
+        entry = self._by_addr[address(ptr)]
+        self._by_addr[address(ptr)] = (kind, entry[1], obj)
+        return old
 
     def release(self, kind: str, ptr: Any) -> Any:
         """Forget ``ptr`` (after its destroy verb); returns its object."""

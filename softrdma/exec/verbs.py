@@ -262,10 +262,12 @@ def install(ffi: Any, lib: Any) -> None:
             ffi.errno = getattr(e, "error_code", None) or 22
             return _REREG_ERR_CMD
         forget(old)
-        handles.release("mr", ptr)
+        # the structure stays the one allocated by ibv_reg_mr (``ptr`` is the program's
+        # pointer to it, which owns nothing: released and added again, the memory would
+        # be freed under the program)
+        handles.replace("mr", ptr, mr)
         _fill_mr(ptr, new_pd, new_addr, mr)
         remember(mr, ptr)
-        handles.add("mr", ptr, mr)
         return 0
 
     @ffi.def_extern(name="ibv_dereg_mr")
