@@ -142,9 +142,11 @@ def _drive(rx: Receiver, p: subprocess.Popen, limit: float = 90) -> tuple[str, i
     assert lines[:1] == ["CONNECTED"], (lines, p.stderr.read() if p.poll() else "")
     outcome = lines[1:]
     assert outcome, "the sender printed nothing"
-    for _ in range(20):  # the sender's departure, and the errors, reach the receiver
-        if not rx.conns:
-            break
+    # the sender's departure, and the errors, reach the receiver: after the ABORT record
+    # is acknowledged and the CM's DREQ arrives -- a few round trips, but on a loaded
+    # machine (CI) they have taken more than 4 s; 30 s bounds them with a wide margin
+    end = time.monotonic() + 30
+    while rx.conns and time.monotonic() < end:
         try:
             rx.recv(timeout=0.2)
         except TimeoutError:
