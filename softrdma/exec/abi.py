@@ -179,12 +179,10 @@ int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned i
     ssize_t rwritev(int socket, const struct iovec *iov, int iovcnt);
 """
 
-#: what the prototypes name, declared for cffi: structures opaque (a part that reads one
-#: declares its fields again, ``...``-partial), integer typedefs by their C type
+#: what the prototypes name, declared for cffi: structures opaque here (their members are
+#: :mod:`softrdma.ibverbs.cdecls`'s, added by :func:`softrdma.exec.build.cdefs`), integer
+#: typedefs by their C type (``__be64`` and friends: cdecls's)
 TYPES = """
-    typedef unsigned long long __be64;
-    typedef unsigned short __be16;
-    typedef unsigned int socklen_t;
     typedef unsigned long nfds_t;
     typedef long off_t;
     typedef ... fd_set;

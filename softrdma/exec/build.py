@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..ibverbs import cdecls
 from . import abi, process
 
 __all__ = ["PARTS", "MODULE", "library_path", "build_library", "cache_dir", "implemented"]
@@ -61,8 +63,12 @@ def implemented() -> dict[str, str]:
 
 
 def cdefs() -> tuple[str, str]:
-    """(types and callbacks, exported prototypes) for cffi."""
-    types = [abi.TYPES] + [getattr(m, "TYPES", "") for m in parts()]
+    """(types and callbacks, exported prototypes) for cffi. The structures are
+    :mod:`softrdma.ibverbs.cdecls`'s, the description the ctypes backend is built from
+    too; the parts add enums with the constants they use, and glibc's types."""
+    types = [cdecls.CFFI_TYPEDEFS, abi.TYPES] + [getattr(m, "TYPES", "") for m in parts()]
+    enums = set(re.findall(r"\benum\s+(\w+)\s*\{", "\n".join(types)))
+    types.append(cdecls.cffi_cdef(declared_enums=enums, typedefs=False))
     types += [abi.CALLBACKS] + [getattr(m, "CALLBACKS", "") for m in parts()]
     decl = abi.declarations(abi.PROTOTYPES)
     return "\n".join(types), "\n".join(decl[n] + ";" for n in decl)
@@ -113,7 +119,7 @@ def _key() -> str:
     from . import shim
     h = hashlib.sha256()
     sources = [Path(__file__), Path(shim.__file__), Path(abi.__file__), Path(process.__file__),
-               Path(__file__).with_name("libdir.py")]
+               Path(__file__).with_name("libdir.py"), Path(cdecls.__file__)]
     sources += [Path(m.__file__) for m in parts()]
     for part in ([p.read_bytes() for p in sources] + [
                  VERBS_H.read_bytes() if VERBS_H.exists() else b"",
@@ -137,7 +143,8 @@ def build_library(target: Path, link_args: list[str] | None = None) -> Path:
     ffi.embedding_api(exports)
     import _cffi_backend
     ffi.set_source(MODULE, SOURCE + process.c_source(sys.executable, _cffi_backend.__file__),
-                   extra_compile_args=["-Wno-array-parameter"],  # verbs.h's eth_mac[6]
+                   # verbs.h's eth_mac[6]; a struct member of another type than the header's
+                   extra_compile_args=["-Wno-array-parameter", *cdecls.CFFI_COMPILE_ARGS],
                    extra_link_args=link_args or [])
     ffi.embedding_init_code(INIT)
     target.parent.mkdir(parents=True, exist_ok=True)

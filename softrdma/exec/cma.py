@@ -59,7 +59,7 @@ from .cma_addr import read_sockaddr, sockaddr_bytes, sockaddr_len, write_sockadd
 from .shim import Errno, guard, handles
 from .verbs import ah_attr_to_c
 
-__all__ = ["IMPLEMENTS", "TYPES", "install", "Id", "Channel", "Event", "CmaDev", "id_of",
+__all__ = ["IMPLEMENTS", "install", "Id", "Channel", "Event", "CmaDev", "id_of",
            "cm_call", "cma_dev", "create_id", "destroy_id", "bind_addr", "resolve_addr",
            "resolve_route", "query_route", "complete", "get_event", "migrate", "conn_param",
            "sync_qp_state", "route_addr", "TRACE"]
@@ -70,29 +70,6 @@ IMPLEMENTS = (
     "rdma_get_cm_event", "rdma_ack_cm_event", "rdma_event_str", "rdma_migrate_id",
 )
 
-TYPES = """
-    struct rdma_event_channel { int fd; };
-    struct rdma_ib_addr { union ibv_gid sgid; union ibv_gid dgid; __be16 pkey; };
-    struct rdma_addr { union { struct rdma_ib_addr ibaddr; } addr; ...; };
-    struct rdma_route { struct rdma_addr addr; struct ibv_sa_path_rec *path_rec;
-        int num_paths; };
-    struct rdma_cm_id {
-        struct ibv_context *verbs; struct rdma_event_channel *channel; void *context;
-        struct ibv_qp *qp; struct rdma_route route; enum rdma_port_space ps;
-        uint8_t port_num; struct rdma_cm_event *event;
-        struct ibv_comp_channel *send_cq_channel; struct ibv_cq *send_cq;
-        struct ibv_comp_channel *recv_cq_channel; struct ibv_cq *recv_cq;
-        struct ibv_srq *srq; struct ibv_pd *pd; unsigned int qp_type; };
-    struct rdma_conn_param { const void *private_data; uint8_t private_data_len;
-        uint8_t responder_resources; uint8_t initiator_depth; uint8_t flow_control;
-        uint8_t retry_count; uint8_t rnr_retry_count; uint8_t srq; uint32_t qp_num; };
-    struct rdma_ud_param { const void *private_data; uint8_t private_data_len;
-        struct ibv_ah_attr ah_attr; uint32_t qp_num; uint32_t qkey; };
-    struct rdma_cm_event { struct rdma_cm_id *id; struct rdma_cm_id *listen_id;
-        enum rdma_cm_event_type event; int status; ...; };
-    struct rdma_cm_join_mc_attr_ex { uint32_t comp_mask; uint32_t join_flags;
-        struct sockaddr *addr; };
-"""
 
 RDMA_PS_IPOIB, RDMA_PS_TCP, RDMA_PS_UDP = 0x0002, 0x0106, 0x0111
 IBV_QPT_RC, IBV_QPT_UD = 2, 4

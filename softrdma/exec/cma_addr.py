@@ -23,21 +23,11 @@ from typing import Any
 from . import shim
 from .shim import Errno, guard, handles
 
-__all__ = ["IMPLEMENTS", "TYPES", "install", "AF_IB", "SOCKADDR_STORAGE", "sockaddr_len",
+__all__ = ["IMPLEMENTS", "install", "AF_IB", "SOCKADDR_STORAGE", "sockaddr_len",
            "read_sockaddr", "write_sockaddr", "sockaddr_bytes", "sockaddr_port", "getaddrinfo"]
 
 IMPLEMENTS = ("rdma_getaddrinfo", "rdma_freeaddrinfo")
 
-TYPES = """
-    struct rdma_addrinfo {
-        int ai_flags; int ai_family; int ai_qp_type; int ai_port_space;
-        socklen_t ai_src_len; socklen_t ai_dst_len;
-        struct sockaddr *ai_src_addr; struct sockaddr *ai_dst_addr;
-        char *ai_src_canonname; char *ai_dst_canonname;
-        size_t ai_route_len; void *ai_route; size_t ai_connect_len; void *ai_connect;
-        struct rdma_addrinfo *ai_next;
-    };
-"""
 
 AF_IB = 27
 #: sizeof(struct sockaddr_storage): the room rdma_addr gives each address

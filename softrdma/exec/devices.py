@@ -34,58 +34,10 @@ IMPLEMENTS = ("ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_nam
               "ibv_close_device", "ibv_query_device", "ibv_query_port", "ibv_query_gid",
               "ibv_query_gid_type", "ibv_read_sysfs_file")
 
+#: enums with the constants this part uses (the structs: softrdma.ibverbs.cdecls)
 TYPES = """
     enum ibv_transport_type { IBV_TRANSPORT_UNKNOWN, IBV_TRANSPORT_IB, ... };
-    struct ibv_device {
-        enum ibv_node_type node_type;
-        enum ibv_transport_type transport_type;
-        char name[...];
-        char dev_name[...];
-        char dev_path[...];
-        char ibdev_path[...];
-        ...;
-    };
     enum ibv_mw_type { IBV_MW_TYPE_1 = 1, IBV_MW_TYPE_2 = 2 };
-    struct ibv_context_ops {
-        int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *);
-        int (*req_notify_cq)(struct ibv_cq *, int);
-        int (*post_srq_recv)(struct ibv_srq *, struct ibv_recv_wr *, struct ibv_recv_wr **);
-        int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
-        int (*post_recv)(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
-        struct ibv_mw *(*alloc_mw)(struct ibv_pd *, enum ibv_mw_type);
-        int (*bind_mw)(struct ibv_qp *, struct ibv_mw *, struct ibv_mw_bind *);
-        int (*dealloc_mw)(struct ibv_mw *);
-        ...; };
-    struct ibv_context { struct ibv_device *device; struct ibv_context_ops ops;
-                         int cmd_fd; int async_fd;
-                         int num_comp_vectors; void *abi_compat; ...; };
-    struct ibv_cq_ex; struct ibv_cq_init_attr_ex; struct ibv_query_device_ex_input;
-    struct ibv_device_attr_ex;
-    struct verbs_context {
-        int (*query_port)(struct ibv_context *, uint8_t, struct ibv_port_attr *, size_t);
-        struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *, struct ibv_cq_init_attr_ex *);
-        int (*query_device_ex)(struct ibv_context *, const struct ibv_query_device_ex_input *,
-                               struct ibv_device_attr_ex *, size_t);
-        struct ibv_qp *(*create_qp_ex)(struct ibv_context *, struct ibv_qp_init_attr_ex *);
-        size_t sz; struct ibv_context context; ...; };
-    struct ibv_device_attr { char fw_ver[...]; unsigned long long node_guid;
-        unsigned long long sys_image_guid; uint64_t max_mr_size; uint64_t page_size_cap;
-        uint32_t vendor_id; uint32_t vendor_part_id; uint32_t hw_ver; int max_qp;
-        int max_qp_wr; unsigned int device_cap_flags; int max_sge; int max_sge_rd;
-        int max_cq; int max_cqe; int max_mr; int max_pd; int max_qp_rd_atom;
-        int max_ee_rd_atom; int max_res_rd_atom; int max_qp_init_rd_atom;
-        int max_ee_init_rd_atom; int atomic_cap; int max_ee; int max_rdd; int max_mw;
-        int max_raw_ipv6_qp; int max_raw_ethy_qp; int max_mcast_grp;
-        int max_mcast_qp_attach; int max_total_mcast_qp_attach; int max_ah; int max_fmr;
-        int max_map_per_fmr; int max_srq; int max_srq_wr; int max_srq_sge;
-        uint16_t max_pkeys; uint8_t local_ca_ack_delay; uint8_t phys_port_cnt; ...; };
-    struct ibv_port_attr { int state; int max_mtu; int active_mtu; int gid_tbl_len;
-        uint32_t port_cap_flags; uint32_t max_msg_sz; uint32_t bad_pkey_cntr;
-        uint32_t qkey_viol_cntr; uint16_t pkey_tbl_len; uint16_t lid; uint16_t sm_lid;
-        uint8_t lmc; uint8_t max_vl_num; uint8_t sm_sl; uint8_t subnet_timeout;
-        uint8_t init_type_reply; uint8_t active_width; uint8_t active_speed;
-        uint8_t phys_state; uint8_t link_layer; ...; };
-    union ibv_gid { uint8_t raw[16]; ...; };
 """
 
 #: verbs.h's marker of a verbs_context: abi_compat == (void *)UINTPTR_MAX

@@ -31,67 +31,11 @@ from typing import Any
 from . import devices, queues, shim
 from .shim import Errno, guard, handles
 
-__all__ = ["IMPLEMENTS", "TYPES", "CALLBACKS", "install", "cq_ex_state", "qp_ex_state",
+__all__ = ["IMPLEMENTS", "CALLBACKS", "install", "cq_ex_state", "qp_ex_state",
            "send_wr_of_bind"]
 
 IMPLEMENTS = ("ibv_qp_to_qp_ex",)
 
-TYPES = """
-    struct ibv_poll_cq_attr { uint32_t comp_mask; };
-    struct ibv_cq_init_attr_ex { uint32_t cqe; void *cq_context;
-        struct ibv_comp_channel *channel; uint32_t comp_vector; uint64_t wc_flags;
-        uint32_t comp_mask; uint32_t flags; struct ibv_pd *parent_domain; };
-    struct ibv_cq_ex { struct ibv_context *context; uint32_t comp_mask;
-        enum ibv_wc_status status; uint64_t wr_id;
-        int (*start_poll)(struct ibv_cq_ex *, struct ibv_poll_cq_attr *);
-        int (*next_poll)(struct ibv_cq_ex *);
-        void (*end_poll)(struct ibv_cq_ex *);
-        enum ibv_wc_opcode (*read_opcode)(struct ibv_cq_ex *);
-        uint32_t (*read_vendor_err)(struct ibv_cq_ex *);
-        uint32_t (*read_byte_len)(struct ibv_cq_ex *);
-        uint32_t (*read_imm_data)(struct ibv_cq_ex *);
-        uint32_t (*read_qp_num)(struct ibv_cq_ex *);
-        uint32_t (*read_src_qp)(struct ibv_cq_ex *);
-        unsigned int (*read_wc_flags)(struct ibv_cq_ex *);
-        uint32_t (*read_slid)(struct ibv_cq_ex *);
-        uint8_t (*read_sl)(struct ibv_cq_ex *);
-        uint8_t (*read_dlid_path_bits)(struct ibv_cq_ex *);
-        ...; };
-    struct ibv_qp_init_attr_ex { void *qp_context; struct ibv_cq *send_cq;
-        struct ibv_cq *recv_cq; struct ibv_srq *srq; struct ibv_qp_cap cap;
-        enum ibv_qp_type qp_type; int sq_sig_all; uint32_t comp_mask; struct ibv_pd *pd;
-        uint32_t create_flags; uint64_t send_ops_flags; ...; };
-    struct ibv_data_buf { void *addr; size_t length; };
-    struct ibv_mw { struct ibv_context *context; struct ibv_pd *pd; uint32_t rkey;
-                    uint32_t handle; enum ibv_mw_type type; };
-    struct ibv_mw_bind_info { struct ibv_mr *mr; uint64_t addr; uint64_t length;
-                              unsigned int mw_access_flags; };
-    struct ibv_mw_bind { uint64_t wr_id; unsigned int send_flags;
-                         struct ibv_mw_bind_info bind_info; };
-    struct ibv_qp_ex { struct ibv_qp qp_base; uint64_t comp_mask; uint64_t wr_id;
-        unsigned int wr_flags;
-        void (*wr_atomic_cmp_swp)(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t, uint64_t);
-        void (*wr_atomic_fetch_add)(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t);
-        void (*wr_bind_mw)(struct ibv_qp_ex *, struct ibv_mw *, uint32_t,
-                           const struct ibv_mw_bind_info *);
-        void (*wr_local_inv)(struct ibv_qp_ex *, uint32_t);
-        void (*wr_rdma_read)(struct ibv_qp_ex *, uint32_t, uint64_t);
-        void (*wr_rdma_write)(struct ibv_qp_ex *, uint32_t, uint64_t);
-        void (*wr_rdma_write_imm)(struct ibv_qp_ex *, uint32_t, uint64_t, uint32_t);
-        void (*wr_send)(struct ibv_qp_ex *);
-        void (*wr_send_imm)(struct ibv_qp_ex *, uint32_t);
-        void (*wr_send_inv)(struct ibv_qp_ex *, uint32_t);
-        void (*wr_set_ud_addr)(struct ibv_qp_ex *, struct ibv_ah *, uint32_t, uint32_t);
-        void (*wr_set_inline_data)(struct ibv_qp_ex *, void *, size_t);
-        void (*wr_set_inline_data_list)(struct ibv_qp_ex *, size_t,
-                                        const struct ibv_data_buf *);
-        void (*wr_set_sge)(struct ibv_qp_ex *, uint32_t, uint64_t, uint32_t);
-        void (*wr_set_sge_list)(struct ibv_qp_ex *, size_t, const struct ibv_sge *);
-        void (*wr_start)(struct ibv_qp_ex *);
-        int (*wr_complete)(struct ibv_qp_ex *);
-        void (*wr_abort)(struct ibv_qp_ex *);
-        ...; };
-"""
 
 _CQ_READS = ("read_opcode", "read_vendor_err", "read_byte_len", "read_imm_data",
              "read_qp_num", "read_src_qp", "read_wc_flags", "read_slid", "read_sl",

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from . import devices
 from .shim import Errno, guard, handles
 
-__all__ = ["IMPLEMENTS", "TYPES", "CALLBACKS", "install", "note_fork_range", "ifindex_of"]
+__all__ = ["IMPLEMENTS", "CALLBACKS", "install", "note_fork_range", "ifindex_of"]
 
 IMPLEMENTS = (
     "ibv_wc_status_str", "ibv_event_type_str", "ibv_node_type_str", "ibv_port_state_str",
@@ -41,40 +41,6 @@ IMPLEMENTS = (
     "ibv_attach_mcast", "ibv_detach_mcast",
 )
 
-TYPES = """
-    struct ibv_gid_entry { union ibv_gid gid; uint32_t gid_index; uint32_t port_num;
-                           uint32_t gid_type; uint32_t ndev_ifindex; };
-    struct ib_user_path_rec { uint8_t dgid[16]; uint8_t sgid[16]; uint16_t dlid;
-        uint16_t slid; uint32_t raw_traffic; uint32_t flow_label; uint32_t reversible;
-        uint32_t mtu; uint16_t pkey; uint8_t hop_limit; uint8_t traffic_class;
-        uint8_t numb_path; uint8_t sl; uint8_t mtu_selector; uint8_t rate_selector;
-        uint8_t rate; uint8_t packet_life_time_selector; uint8_t packet_life_time;
-        uint8_t preference; ...; };
-    struct ibv_sa_path_rec { union ibv_gid dgid; union ibv_gid sgid; uint16_t dlid;
-        uint16_t slid; int raw_traffic; uint32_t flow_label; uint8_t hop_limit;
-        uint8_t traffic_class; int reversible; uint8_t numb_path; uint16_t pkey; uint8_t sl;
-        uint8_t mtu_selector; uint8_t mtu; uint8_t rate_selector; uint8_t rate;
-        uint8_t packet_life_time_selector; uint8_t packet_life_time; uint8_t preference;
-        ...; };
-    struct ib_uverbs_global_route { uint8_t dgid[16]; uint32_t flow_label;
-        uint8_t sgid_index; uint8_t hop_limit; uint8_t traffic_class; ...; };
-    struct ib_uverbs_ah_attr { struct ib_uverbs_global_route grh; uint16_t dlid; uint8_t sl;
-        uint8_t src_path_bits; uint8_t static_rate; uint8_t is_global; uint8_t port_num;
-        ...; };
-    struct ib_uverbs_qp_attr { uint32_t qp_attr_mask; uint32_t qp_state;
-        uint32_t cur_qp_state; uint32_t path_mtu; uint32_t path_mig_state; uint32_t qkey;
-        uint32_t rq_psn; uint32_t sq_psn; uint32_t dest_qp_num; uint32_t qp_access_flags;
-        struct ib_uverbs_ah_attr ah_attr; struct ib_uverbs_ah_attr alt_ah_attr;
-        uint32_t max_send_wr; uint32_t max_recv_wr; uint32_t max_send_sge;
-        uint32_t max_recv_sge; uint32_t max_inline_data; uint16_t pkey_index;
-        uint16_t alt_pkey_index; uint8_t en_sqd_async_notify; uint8_t sq_draining;
-        uint8_t max_rd_atomic; uint8_t max_dest_rd_atomic; uint8_t min_rnr_timer;
-        uint8_t port_num; uint8_t timeout; uint8_t retry_cnt; uint8_t rnr_retry;
-        uint8_t alt_port_num; uint8_t alt_timeout; ...; };
-    struct ibv_query_device_ex_input { uint32_t comp_mask; ...; };
-    struct ibv_device_attr_ex { struct ibv_device_attr orig_attr; uint32_t comp_mask;
-        uint64_t device_cap_flags_ex; uint32_t phys_port_cnt_ex; ...; };
-"""
 
 CALLBACKS = """
     extern "Python" int softrdma_query_port(struct ibv_context *, uint8_t,

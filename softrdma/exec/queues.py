@@ -79,66 +79,13 @@ IMPLEMENTS = ("ibv_create_cq", "ibv_destroy_cq", "ibv_resize_cq", "ibv_create_co
               "ibv_query_qp", "ibv_destroy_qp", "ibv_create_srq", "ibv_modify_srq",
               "ibv_query_srq", "ibv_destroy_srq")
 
+#: enums with the constants this part uses (the structs: softrdma.ibverbs.cdecls)
 TYPES = """
-    struct ibv_wq;
     enum ibv_wc_opcode { IBV_WC_SEND, ... };
     enum ibv_qp_state { IBV_QPS_RESET, ... };
     enum ibv_qp_type { IBV_QPT_RC = 2, ... };
     enum ibv_mtu { IBV_MTU_256 = 1, ... };
     enum ibv_mig_state { IBV_MIG_MIGRATED, ... };
-    struct ibv_comp_channel { struct ibv_context *context; int fd; int refcnt; ...; };
-    struct ibv_cq { struct ibv_context *context; struct ibv_comp_channel *channel;
-                    void *cq_context; uint32_t handle; int cqe;
-                    uint32_t comp_events_completed; uint32_t async_events_completed; ...; };
-    struct ibv_wc { uint64_t wr_id; enum ibv_wc_status status; enum ibv_wc_opcode opcode;
-                    uint32_t vendor_err; uint32_t byte_len;
-                    union { uint32_t imm_data; uint32_t invalidated_rkey; };
-                    uint32_t qp_num; uint32_t src_qp; unsigned int wc_flags;
-                    uint16_t pkey_index; uint16_t slid; uint8_t sl; uint8_t dlid_path_bits;
-                    ...; };
-    struct ibv_sge { uint64_t addr; uint32_t length; uint32_t lkey; };
-    struct ibv_send_wr { uint64_t wr_id; struct ibv_send_wr *next; struct ibv_sge *sg_list;
-        int num_sge; enum ibv_wr_opcode opcode; unsigned int send_flags;
-        union { uint32_t imm_data; uint32_t invalidate_rkey; };
-        union {
-            struct { uint64_t remote_addr; uint32_t rkey; } rdma;
-            struct { uint64_t remote_addr; uint64_t compare_add; uint64_t swap;
-                     uint32_t rkey; } atomic;
-            struct { struct ibv_ah *ah; uint32_t remote_qpn; uint32_t remote_qkey; } ud;
-        } wr;
-        union { struct { struct ibv_mw *mw; uint32_t rkey; struct ibv_mw_bind_info bind_info; }
-                    bind_mw;
-                struct { void *hdr; uint16_t hdr_sz; uint16_t mss; } tso; };
-        ...; };
-    struct ibv_recv_wr { uint64_t wr_id; struct ibv_recv_wr *next; struct ibv_sge *sg_list;
-                         int num_sge; };
-    struct ibv_qp_cap { uint32_t max_send_wr; uint32_t max_recv_wr; uint32_t max_send_sge;
-                        uint32_t max_recv_sge; uint32_t max_inline_data; };
-    struct ibv_qp { struct ibv_context *context; void *qp_context; struct ibv_pd *pd;
-                    struct ibv_cq *send_cq; struct ibv_cq *recv_cq; struct ibv_srq *srq;
-                    uint32_t handle; uint32_t qp_num; enum ibv_qp_state state;
-                    enum ibv_qp_type qp_type; uint32_t events_completed; ...; };
-    struct ibv_qp_init_attr { void *qp_context; struct ibv_cq *send_cq;
-                              struct ibv_cq *recv_cq; struct ibv_srq *srq;
-                              struct ibv_qp_cap cap; enum ibv_qp_type qp_type;
-                              int sq_sig_all; };
-    struct ibv_qp_attr { enum ibv_qp_state qp_state; enum ibv_qp_state cur_qp_state;
-        enum ibv_mtu path_mtu; enum ibv_mig_state path_mig_state; uint32_t qkey;
-        uint32_t rq_psn; uint32_t sq_psn; uint32_t dest_qp_num; unsigned int qp_access_flags;
-        struct ibv_qp_cap cap; struct ibv_ah_attr ah_attr; struct ibv_ah_attr alt_ah_attr;
-        uint16_t pkey_index; uint16_t alt_pkey_index; uint8_t en_sqd_async_notify;
-        uint8_t sq_draining; uint8_t max_rd_atomic; uint8_t max_dest_rd_atomic;
-        uint8_t min_rnr_timer; uint8_t port_num; uint8_t timeout; uint8_t retry_cnt;
-        uint8_t rnr_retry; uint8_t alt_port_num; uint8_t alt_timeout; uint32_t rate_limit;
-        ...; };
-    struct ibv_srq { struct ibv_context *context; void *srq_context; struct ibv_pd *pd;
-                     uint32_t handle; uint32_t events_completed; ...; };
-    struct ibv_srq_attr { uint32_t max_wr; uint32_t max_sge; uint32_t srq_limit; };
-    struct ibv_srq_init_attr { void *srq_context; struct ibv_srq_attr attr; };
-    struct ibv_async_event {
-        union { struct ibv_cq *cq; struct ibv_qp *qp; struct ibv_srq *srq;
-                struct ibv_wq *wq; int port_num; } element;
-        enum ibv_event_type event_type; };
 """
 
 CALLBACKS = """

@@ -29,7 +29,7 @@ from typing import Any
 from . import devices, shim
 from .shim import Errno, errno_of, guard, handles
 
-__all__ = ["IMPLEMENTS", "TYPES", "install", "pd_of", "mr_of", "ah_of", "ptr_of",
+__all__ = ["IMPLEMENTS", "install", "pd_of", "mr_of", "ah_of", "ptr_of",
            "ah_attr_from_c", "ah_attr_to_c", "remember", "forget", "inline_lkey"]
 
 IMPLEMENTS = ("ibv_alloc_pd", "ibv_dealloc_pd", "ibv_reg_mr", "ibv_reg_mr_iova",
@@ -37,19 +37,6 @@ IMPLEMENTS = ("ibv_alloc_pd", "ibv_dealloc_pd", "ibv_reg_mr", "ibv_reg_mr_iova",
               "ibv_destroy_ah", "ibv_create_ah_from_wc", "ibv_init_ah_from_wc",
               "ibv_query_pkey")
 
-TYPES = """
-    struct ibv_pd { struct ibv_context *context; uint32_t handle; ...; };
-    struct ibv_mr { struct ibv_context *context; struct ibv_pd *pd; void *addr;
-                    size_t length; uint32_t handle; uint32_t lkey; uint32_t rkey; ...; };
-    struct ibv_ah { struct ibv_context *context; struct ibv_pd *pd; uint32_t handle; ...; };
-    struct ibv_global_route { union ibv_gid dgid; uint32_t flow_label; uint8_t sgid_index;
-                              uint8_t hop_limit; uint8_t traffic_class; ...; };
-    struct ibv_ah_attr { struct ibv_global_route grh; uint16_t dlid; uint8_t sl;
-                         uint8_t src_path_bits; uint8_t static_rate; uint8_t is_global;
-                         uint8_t port_num; ...; };
-    struct ibv_grh { uint32_t version_tclass_flow; uint16_t paylen; uint8_t next_hdr;
-                     uint8_t hop_limit; union ibv_gid sgid; union ibv_gid dgid; ...; };
-"""
 
 #: the access bits libibverbs drops when the device lacks them (IBV_ACCESS_OPTIONAL_RANGE)
 _OPTIONAL_ACCESS = 0x3FF00000

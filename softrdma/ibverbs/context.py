@@ -7,7 +7,7 @@ import ctypes
 import errno
 import socket
 import threading
-from ctypes import byref, c_void_p, sizeof
+from ctypes import byref, sizeof
 from typing import Any
 
 from ..readiness import readable
@@ -99,8 +99,8 @@ class HwContext:
             self = object.__new__(cls)
             self.closed = True
             dev = ffi.ibv_context.from_address(addr).device
-            self._attach(owner, addr, ffi.lib().ibv_get_device_name(
-                ctypes.cast(dev, c_void_p)).decode(), owned=False)
+            self._attach(owner, addr, ffi.lib().ibv_get_device_name(dev).decode(),
+                         owned=False)
             return self
         return v_device.Context.holding(make)
 
@@ -231,11 +231,11 @@ class HwContext:
         try:
             t = ev.event_type
             if t == E.IBV_EVENT_CQ_ERR:
-                el = self._objs.get(ctypes.cast(ev.element.cq, c_void_p).value)
+                el = self._objs.get(ev.element.cq)
             elif t in _QP_EVENTS:
-                el = self._objs.get(ctypes.cast(ev.element.qp, c_void_p).value)
+                el = self._objs.get(ev.element.qp)
             elif t in _SRQ_EVENTS:
-                el = self._objs.get(ctypes.cast(ev.element.srq, c_void_p).value)
+                el = self._objs.get(ev.element.srq)
             else:
                 el = ev.element.port_num
             try:

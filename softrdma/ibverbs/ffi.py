@@ -1,9 +1,10 @@
 """libibverbs through ctypes: struct layouts, exported prototypes, ``ibv_context.ops`` callers.
 
-Everything here mirrors ``/usr/include/infiniband/verbs.h`` of rdma-core 44 on x86_64 (and
-every later release: the structs used here only grow at their ends, or, for
-``verbs_context``, at the front). :mod:`softrdma.ibverbs.layout` checks each layout against
-the installed header with a generated C program.
+The structs are :mod:`softrdma.ibverbs.cdecls`'s, the one description of rdma-core 44's
+structures (x86_64) that :mod:`softrdma.exec` builds its preload library from too; every
+later release only grows them at their ends (``verbs_context`` at its front).
+:mod:`softrdma.ibverbs.layout` checks each layout against the installed header with a
+generated C program.
 
 The library is loaded lazily by :func:`lib`: ``CDLL("libibverbs.so.1", use_errno=True)``
 the first time a verb is needed. An absent library gives ``None`` (no output, no
@@ -24,323 +25,63 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from ctypes import (CFUNCTYPE, POINTER, Structure, Union, c_char, c_int, c_size_t, c_uint8,
-                    c_uint16, c_uint32, c_uint64, c_void_p, sizeof)
+from ctypes import (CFUNCTYPE, POINTER, c_int, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
+                    c_void_p, sizeof)
 from typing import Any
+
+from . import cdecls
 
 __all__ = ["lib", "load_error", "STRUCTS", "Ops", "query_port", "UINTPTR_MAX"]
 
 UINTPTR_MAX = (1 << 64) - 1 if sizeof(c_void_p) == 8 else (1 << 32) - 1
-IBV_SYSFS_NAME_MAX, IBV_SYSFS_PATH_MAX = 64, 256
-
-# pthread types are opaque here; only their size and alignment matter (x86_64 glibc)
-pthread_mutex_t = c_uint64 * 5
-pthread_cond_t = c_uint64 * 6
-
-
-class _ibv_device_ops(Structure):
-    _fields_ = [("_dummy1", c_void_p), ("_dummy2", c_void_p)]
-
-
-class ibv_device(Structure):
-    _fields_ = [("_ops", _ibv_device_ops), ("node_type", c_int), ("transport_type", c_int),
-                ("name", c_char * IBV_SYSFS_NAME_MAX), ("dev_name", c_char * IBV_SYSFS_NAME_MAX),
-                ("dev_path", c_char * IBV_SYSFS_PATH_MAX),
-                ("ibdev_path", c_char * IBV_SYSFS_PATH_MAX)]
-
-
-# the 32 slots of struct ibv_context_ops; only the named live ones are ever called
-_OPS_SLOTS = ("_compat_query_device", "_compat_query_port", "_compat_alloc_pd",
-              "_compat_dealloc_pd", "_compat_reg_mr", "_compat_rereg_mr", "_compat_dereg_mr",
-              "alloc_mw", "bind_mw", "dealloc_mw", "_compat_create_cq", "poll_cq",
-              "req_notify_cq", "_compat_cq_event", "_compat_resize_cq", "_compat_destroy_cq",
-              "_compat_create_srq", "_compat_modify_srq", "_compat_query_srq",
-              "_compat_destroy_srq", "post_srq_recv", "_compat_create_qp", "_compat_query_qp",
-              "_compat_modify_qp", "_compat_destroy_qp", "post_send", "post_recv",
-              "_compat_create_ah", "_compat_destroy_ah", "_compat_attach_mcast",
-              "_compat_detach_mcast", "_compat_async_event")
-
-
-class ibv_context_ops(Structure):
-    _fields_ = [(n, c_void_p) for n in _OPS_SLOTS]
-
-
-class ibv_context(Structure):
-    _fields_ = [("device", POINTER(ibv_device)), ("ops", ibv_context_ops), ("cmd_fd", c_int),
-                ("async_fd", c_int), ("num_comp_vectors", c_int), ("mutex", pthread_mutex_t),
-                ("abi_compat", c_void_p)]
-
-
-# struct verbs_context: function pointers growing towards lower addresses, then sz and the
-# embedded ibv_context. Named as in verbs.h so the layout check can compare each offset.
-_VCTX_SLOTS = ("query_port", "advise_mr", "alloc_null_mr", "read_counters",
-               "attach_counters_point_flow", "create_counters", "destroy_counters",
-               "reg_dm_mr", "alloc_dm", "free_dm", "modify_flow_action_esp",
-               "destroy_flow_action", "create_flow_action_esp", "modify_qp_rate_limit",
-               "alloc_parent_domain", "dealloc_td", "alloc_td", "modify_cq", "post_srq_ops",
-               "destroy_rwq_ind_table", "create_rwq_ind_table", "destroy_wq", "modify_wq",
-               "create_wq", "query_rt_values", "create_cq_ex", "priv", "query_device_ex",
-               "ibv_destroy_flow", "ABI_placeholder2", "ibv_create_flow", "ABI_placeholder1",
-               "open_qp", "create_qp_ex", "get_srq_num", "create_srq_ex", "open_xrcd",
-               "close_xrcd")
-
-
-class verbs_context(Structure):
-    _fields_ = [(n, c_void_p) for n in _VCTX_SLOTS] + [
-        ("_ABI_placeholder3", c_uint64), ("sz", c_size_t), ("context", ibv_context)]
-
-
-class ibv_device_attr(Structure):
-    _fields_ = [("fw_ver", c_char * 64), ("node_guid", c_uint64), ("sys_image_guid", c_uint64),
-                ("max_mr_size", c_uint64), ("page_size_cap", c_uint64), ("vendor_id", c_uint32),
-                ("vendor_part_id", c_uint32), ("hw_ver", c_uint32), ("max_qp", c_int),
-                ("max_qp_wr", c_int), ("device_cap_flags", c_uint32), ("max_sge", c_int),
-                ("max_sge_rd", c_int), ("max_cq", c_int), ("max_cqe", c_int), ("max_mr", c_int),
-                ("max_pd", c_int), ("max_qp_rd_atom", c_int), ("max_ee_rd_atom", c_int),
-                ("max_res_rd_atom", c_int), ("max_qp_init_rd_atom", c_int),
-                ("max_ee_init_rd_atom", c_int), ("atomic_cap", c_int), ("max_ee", c_int),
-                ("max_rdd", c_int), ("max_mw", c_int), ("max_raw_ipv6_qp", c_int),
-                ("max_raw_ethy_qp", c_int), ("max_mcast_grp", c_int),
-                ("max_mcast_qp_attach", c_int), ("max_total_mcast_qp_attach", c_int),
-                ("max_ah", c_int), ("max_fmr", c_int), ("max_map_per_fmr", c_int),
-                ("max_srq", c_int), ("max_srq_wr", c_int), ("max_srq_sge", c_int),
-                ("max_pkeys", c_uint16), ("local_ca_ack_delay", c_uint8),
-                ("phys_port_cnt", c_uint8)]
-
-
-class ibv_port_attr(Structure):
-    """v44's 52 bytes; newer libraries append fields and copy only our ``sizeof``."""
-
-    _fields_ = [("state", c_int), ("max_mtu", c_int), ("active_mtu", c_int),
-                ("gid_tbl_len", c_int), ("port_cap_flags", c_uint32), ("max_msg_sz", c_uint32),
-                ("bad_pkey_cntr", c_uint32), ("qkey_viol_cntr", c_uint32),
-                ("pkey_tbl_len", c_uint16), ("lid", c_uint16), ("sm_lid", c_uint16),
-                ("lmc", c_uint8), ("max_vl_num", c_uint8), ("sm_sl", c_uint8),
-                ("subnet_timeout", c_uint8), ("init_type_reply", c_uint8),
-                ("active_width", c_uint8), ("active_speed", c_uint8), ("phys_state", c_uint8),
-                ("link_layer", c_uint8), ("flags", c_uint8), ("port_cap_flags2", c_uint16)]
-
-
-class _gid_global(Structure):
-    _fields_ = [("subnet_prefix", c_uint64), ("interface_id", c_uint64)]
-
-
-class ibv_gid(Union):
-    # the __be64 view makes its alignment 8, which matters inside ibv_global_route
-    _fields_ = [("raw", c_uint8 * 16), ("global", _gid_global)]
-
-
-class ibv_gid_entry(Structure):
-    _fields_ = [("gid", ibv_gid), ("gid_index", c_uint32), ("port_num", c_uint32),
-                ("gid_type", c_uint32), ("ndev_ifindex", c_uint32)]
-
-
-class ibv_pd(Structure):
-    _fields_ = [("context", POINTER(ibv_context)), ("handle", c_uint32)]
-
-
-class ibv_mr(Structure):
-    _fields_ = [("context", POINTER(ibv_context)), ("pd", POINTER(ibv_pd)), ("addr", c_void_p),
-                ("length", c_size_t), ("handle", c_uint32), ("lkey", c_uint32),
-                ("rkey", c_uint32)]
-
-
-class ibv_mw(Structure):
-    _fields_ = [("context", POINTER(ibv_context)), ("pd", POINTER(ibv_pd)), ("rkey", c_uint32),
-                ("handle", c_uint32), ("type", c_int)]
-
-
-class ibv_mw_bind_info(Structure):
-    _fields_ = [("mr", c_void_p), ("addr", c_uint64), ("length", c_uint64),
-                ("mw_access_flags", c_uint32)]
-
-
-class ibv_mw_bind(Structure):
-    _fields_ = [("wr_id", c_uint64), ("send_flags", c_uint32), ("bind_info", ibv_mw_bind_info)]
-
-
-class ibv_comp_channel(Structure):
-    _fields_ = [("context", POINTER(ibv_context)), ("fd", c_int), ("refcnt", c_int)]
-
-
-class ibv_cq(Structure):
-    _fields_ = [("context", POINTER(ibv_context)), ("channel", POINTER(ibv_comp_channel)),
-                ("cq_context", c_void_p), ("handle", c_uint32), ("cqe", c_int),
-                ("mutex", pthread_mutex_t), ("cond", pthread_cond_t),
-                ("comp_events_completed", c_uint32), ("async_events_completed", c_uint32)]
-
-
-class ibv_srq(Structure):
-    _fields_ = [("context", POINTER(ibv_context)), ("srq_context", c_void_p),
-                ("pd", POINTER(ibv_pd)), ("handle", c_uint32), ("mutex", pthread_mutex_t),
-                ("cond", pthread_cond_t), ("events_completed", c_uint32)]
-
-
-class ibv_srq_attr(Structure):
-    _fields_ = [("max_wr", c_uint32), ("max_sge", c_uint32), ("srq_limit", c_uint32)]
-
-
-class ibv_srq_init_attr(Structure):
-    _fields_ = [("srq_context", c_void_p), ("attr", ibv_srq_attr)]
-
-
-class ibv_qp(Structure):
-    _fields_ = [("context", POINTER(ibv_context)), ("qp_context", c_void_p),
-                ("pd", POINTER(ibv_pd)), ("send_cq", POINTER(ibv_cq)),
-                ("recv_cq", POINTER(ibv_cq)), ("srq", POINTER(ibv_srq)), ("handle", c_uint32),
-                ("qp_num", c_uint32), ("state", c_int), ("qp_type", c_int),
-                ("mutex", pthread_mutex_t), ("cond", pthread_cond_t),
-                ("events_completed", c_uint32)]
-
-
-class ibv_ah(Structure):
-    _fields_ = [("context", POINTER(ibv_context)), ("pd", POINTER(ibv_pd)), ("handle", c_uint32)]
-
-
-class ibv_global_route(Structure):
-    _fields_ = [("dgid", ibv_gid), ("flow_label", c_uint32), ("sgid_index", c_uint8),
-                ("hop_limit", c_uint8), ("traffic_class", c_uint8)]
-
-
-class ibv_ah_attr(Structure):
-    _fields_ = [("grh", ibv_global_route), ("dlid", c_uint16), ("sl", c_uint8),
-                ("src_path_bits", c_uint8), ("static_rate", c_uint8), ("is_global", c_uint8),
-                ("port_num", c_uint8)]
-
-
-class ibv_qp_cap(Structure):
-    _fields_ = [("max_send_wr", c_uint32), ("max_recv_wr", c_uint32), ("max_send_sge", c_uint32),
-                ("max_recv_sge", c_uint32), ("max_inline_data", c_uint32)]
-
-
-class ibv_qp_init_attr(Structure):
-    _fields_ = [("qp_context", c_void_p), ("send_cq", POINTER(ibv_cq)),
-                ("recv_cq", POINTER(ibv_cq)), ("srq", POINTER(ibv_srq)), ("cap", ibv_qp_cap),
-                ("qp_type", c_int), ("sq_sig_all", c_int)]
-
-
-class ibv_qp_attr(Structure):
-    _fields_ = [("qp_state", c_int), ("cur_qp_state", c_int), ("path_mtu", c_int),
-                ("path_mig_state", c_int), ("qkey", c_uint32), ("rq_psn", c_uint32),
-                ("sq_psn", c_uint32), ("dest_qp_num", c_uint32), ("qp_access_flags", c_uint32),
-                ("cap", ibv_qp_cap), ("ah_attr", ibv_ah_attr), ("alt_ah_attr", ibv_ah_attr),
-                ("pkey_index", c_uint16), ("alt_pkey_index", c_uint16),
-                ("en_sqd_async_notify", c_uint8), ("sq_draining", c_uint8),
-                ("max_rd_atomic", c_uint8), ("max_dest_rd_atomic", c_uint8),
-                ("min_rnr_timer", c_uint8), ("port_num", c_uint8), ("timeout", c_uint8),
-                ("retry_cnt", c_uint8), ("rnr_retry", c_uint8), ("alt_port_num", c_uint8),
-                ("alt_timeout", c_uint8), ("rate_limit", c_uint32)]
-
-
-# The pointers of work requests (next, sg_list, ud.ah, bind_mw.mw, bind_info.mr) are
-# declared void*: the data path stores plain addresses, ~10x cheaper than ctypes.cast.
-
-
-class ibv_sge(Structure):
-    _fields_ = [("addr", c_uint64), ("length", c_uint32), ("lkey", c_uint32)]
-
-
-class _wr_rdma(Structure):
-    _fields_ = [("remote_addr", c_uint64), ("rkey", c_uint32)]
-
-
-class _wr_atomic(Structure):
-    _fields_ = [("remote_addr", c_uint64), ("compare_add", c_uint64), ("swap", c_uint64),
-                ("rkey", c_uint32)]
-
-
-class _wr_ud(Structure):
-    _fields_ = [("ah", c_void_p), ("remote_qpn", c_uint32), ("remote_qkey", c_uint32)]
-
-
-class _wr_union(Union):
-    _fields_ = [("rdma", _wr_rdma), ("atomic", _wr_atomic), ("ud", _wr_ud)]
-
-
-class _wr_xrc(Structure):
-    _fields_ = [("remote_srqn", c_uint32)]
-
-
-class _wr_qp_type(Union):
-    _fields_ = [("xrc", _wr_xrc)]
-
-
-class _wr_bind_mw(Structure):
-    _fields_ = [("mw", c_void_p), ("rkey", c_uint32), ("bind_info", ibv_mw_bind_info)]
-
-
-class _wr_tso(Structure):
-    _fields_ = [("hdr", c_void_p), ("hdr_sz", c_uint16), ("mss", c_uint16)]
-
-
-class _wr_imm(Union):
-    _fields_ = [("imm_data", c_uint32), ("invalidate_rkey", c_uint32)]
-
-
-class _wr_ext(Union):
-    _fields_ = [("bind_mw", _wr_bind_mw), ("tso", _wr_tso)]
-
-
-class ibv_send_wr(Structure):
-    pass
-
-
-ibv_send_wr._anonymous_ = ("_u_imm", "_u_ext")
-ibv_send_wr._fields_ = [("wr_id", c_uint64), ("next", c_void_p), ("sg_list", c_void_p),
-                        ("num_sge", c_int), ("opcode", c_int),
-                        ("send_flags", c_uint32), ("_u_imm", _wr_imm), ("wr", _wr_union),
-                        ("qp_type", _wr_qp_type), ("_u_ext", _wr_ext)]
-
-
-class ibv_recv_wr(Structure):
-    pass
-
-
-ibv_recv_wr._fields_ = [("wr_id", c_uint64), ("next", c_void_p), ("sg_list", c_void_p),
-                        ("num_sge", c_int)]
-
-
-class _wc_imm(Union):
-    _fields_ = [("imm_data", c_uint32), ("invalidated_rkey", c_uint32)]
-
-
-class ibv_wc(Structure):
-    _anonymous_ = ("_u_imm",)
-    _fields_ = [("wr_id", c_uint64), ("status", c_int), ("opcode", c_int),
-                ("vendor_err", c_uint32), ("byte_len", c_uint32), ("_u_imm", _wc_imm),
-                ("qp_num", c_uint32), ("src_qp", c_uint32), ("wc_flags", c_uint32),
-                ("pkey_index", c_uint16), ("slid", c_uint16), ("sl", c_uint8),
-                ("dlid_path_bits", c_uint8)]
-
-
-class _async_element(Union):
-    _fields_ = [("cq", POINTER(ibv_cq)), ("qp", POINTER(ibv_qp)), ("srq", POINTER(ibv_srq)),
-                ("wq", c_void_p), ("port_num", c_int)]
-
-
-class ibv_async_event(Structure):
-    _fields_ = [("element", _async_element), ("event_type", c_int)]
-
-
-# Every struct the layout check compares with verbs.h: C name -> ctypes type. Helper
-# types for anonymous or nested members are reached through their parents.
+IBV_SYSFS_NAME_MAX = cdecls.CONSTANTS["IBV_SYSFS_NAME_MAX"]
+IBV_SYSFS_PATH_MAX = cdecls.CONSTANTS["IBV_SYSFS_PATH_MAX"]
+
+# The structs, from the one description both directions share (softrdma.ibverbs.cdecls).
+# Every pointer member is a plain address (c_void_p): the data path stores ints, ~10x
+# cheaper than ctypes.cast; assign an address, read an int (or None for NULL).
+_T = cdecls.ctypes_types()
+ibv_device = _T["struct ibv_device"]
+ibv_context_ops = _T["struct ibv_context_ops"]
+ibv_context = _T["struct ibv_context"]
+verbs_context = _T["struct verbs_context"]
+ibv_device_attr = _T["struct ibv_device_attr"]
+ibv_device_attr_ex = _T["struct ibv_device_attr_ex"]
+ibv_port_attr = _T["struct ibv_port_attr"]
+ibv_gid = _T["union ibv_gid"]
+ibv_gid_entry = _T["struct ibv_gid_entry"]
+ibv_pd = _T["struct ibv_pd"]
+ibv_mr = _T["struct ibv_mr"]
+ibv_mw = _T["struct ibv_mw"]
+ibv_mw_bind_info = _T["struct ibv_mw_bind_info"]
+ibv_mw_bind = _T["struct ibv_mw_bind"]
+ibv_comp_channel = _T["struct ibv_comp_channel"]
+ibv_cq = _T["struct ibv_cq"]
+ibv_cq_ex = _T["struct ibv_cq_ex"]
+ibv_srq = _T["struct ibv_srq"]
+ibv_srq_attr = _T["struct ibv_srq_attr"]
+ibv_srq_init_attr = _T["struct ibv_srq_init_attr"]
+ibv_qp = _T["struct ibv_qp"]
+ibv_qp_ex = _T["struct ibv_qp_ex"]
+ibv_ah = _T["struct ibv_ah"]
+ibv_global_route = _T["struct ibv_global_route"]
+ibv_ah_attr = _T["struct ibv_ah_attr"]
+ibv_qp_cap = _T["struct ibv_qp_cap"]
+ibv_qp_init_attr = _T["struct ibv_qp_init_attr"]
+ibv_qp_init_attr_ex = _T["struct ibv_qp_init_attr_ex"]
+ibv_qp_attr = _T["struct ibv_qp_attr"]
+ibv_sge = _T["struct ibv_sge"]
+ibv_send_wr = _T["struct ibv_send_wr"]
+ibv_recv_wr = _T["struct ibv_recv_wr"]
+ibv_wc = _T["struct ibv_wc"]
+ibv_async_event = _T["struct ibv_async_event"]
+
+# Every struct the layout check compares with the libibverbs headers (layout.VERBS_H): all
+# of the description but glibc's and librdmacm's, which cma_ffi.STRUCTS checks against
+# rdma_cma.h. Nested anonymous types are reached through their parents.
 STRUCTS: dict[str, type] = {
-    "struct ibv_device": ibv_device, "struct ibv_context_ops": ibv_context_ops,
-    "struct ibv_context": ibv_context, "struct verbs_context": verbs_context,
-    "struct ibv_device_attr": ibv_device_attr, "struct ibv_port_attr": ibv_port_attr,
-    "union ibv_gid": ibv_gid, "struct ibv_gid_entry": ibv_gid_entry, "struct ibv_pd": ibv_pd,
-    "struct ibv_mr": ibv_mr, "struct ibv_mw": ibv_mw,
-    "struct ibv_mw_bind_info": ibv_mw_bind_info, "struct ibv_mw_bind": ibv_mw_bind,
-    "struct ibv_comp_channel": ibv_comp_channel, "struct ibv_cq": ibv_cq,
-    "struct ibv_srq": ibv_srq, "struct ibv_srq_attr": ibv_srq_attr,
-    "struct ibv_srq_init_attr": ibv_srq_init_attr, "struct ibv_qp": ibv_qp,
-    "struct ibv_ah": ibv_ah, "struct ibv_global_route": ibv_global_route,
-    "struct ibv_ah_attr": ibv_ah_attr, "struct ibv_qp_cap": ibv_qp_cap,
-    "struct ibv_qp_init_attr": ibv_qp_init_attr, "struct ibv_qp_attr": ibv_qp_attr,
-    "struct ibv_sge": ibv_sge, "struct ibv_send_wr": ibv_send_wr,
-    "struct ibv_recv_wr": ibv_recv_wr, "struct ibv_wc": ibv_wc,
-    "struct ibv_async_event": ibv_async_event,
-}
+    name: t for name, t in _T.items()
+    if not name.startswith(("struct sockaddr", "struct in", "struct rdma_"))}
 
 # -- the exported functions -------------------------------------------------------------------
 

@@ -25,7 +25,9 @@ __all__ = ["expected", "c_program", "check", "toolchain_missing", "LayoutError"]
 
 Row = tuple[str, str, int, int, int]  # (C type, member path or "", offset, size, align)
 
-VERBS_H = ("infiniband/verbs.h",)  # what the ibverbs structs are checked against
+# what the ibverbs structs are checked against (sa.h and the uAPI headers: path records and
+# the kernel ABI structs of ibv_copy_*_kern)
+VERBS_H = ("infiniband/verbs.h", "infiniband/sa.h", "rdma/ib_user_sa.h", "rdma/ib_user_verbs.h")
 
 
 class LayoutError(RuntimeError):

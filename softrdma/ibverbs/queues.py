@@ -7,7 +7,6 @@ backends check, this class calls libibverbs."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import socket
 from ctypes import addressof, byref, sizeof
@@ -150,10 +149,9 @@ class HwQP:
         hw_scq = hw_impl(scq, v_cq.CQ, HwCQ, what, "init_attr.scq")
         hw_rcq = hw_impl(rcq, v_cq.CQ, HwCQ, what, "init_attr.rcq")
         c = ffi.ibv_qp_init_attr()
-        c.send_cq = ctypes.cast(hw_scq._addr, ctypes.POINTER(ffi.ibv_cq))
-        c.recv_cq = ctypes.cast(hw_rcq._addr, ctypes.POINTER(ffi.ibv_cq))
+        c.send_cq, c.recv_cq = hw_scq._addr, hw_rcq._addr
         if srq is not None:
-            c.srq = ctypes.cast(srq.impl._addr, ctypes.POINTER(ffi.ibv_srq))
+            c.srq = srq.impl._addr
         convert.cap_to_c(cap, c.cap, what, "init_attr.cap")
         c.qp_type = qpt
         c.sq_sig_all = 1 if sq_sig_all else 0
