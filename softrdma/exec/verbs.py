@@ -24,9 +24,10 @@ Structures this part declares for cffi (no other part may declare them again):
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
-from . import devices, shim
+from . import devices, pages, shim
 from .shim import Errno, errno_of, guard, handles
 
 __all__ = ["IMPLEMENTS", "install", "pd_of", "mr_of", "ah_of", "ptr_of",
@@ -142,6 +143,7 @@ def _wc_from_c(wc: Any) -> Any:
 def install(ffi: Any, lib: Any) -> None:
     """Define this part's functions."""
     from ..verbs_api import AH, MR, PD
+    from ..verbs_api.mr import check_mr_access
 
     # ---- protection domains ---------------------------------------------------------
     @ffi.def_extern(name="ibv_alloc_pd")
@@ -176,11 +178,21 @@ def install(ffi: Any, lib: Any) -> None:
 
     # ---- memory regions ---------------------------------------------------------------
     def register(pd_ptr: Any, addr: Any, length: int, iova: int, access: int) -> Any:
+        # in the order ib_uverbs_reg_mr checks: the page offsets (EINVAL), the access
+        # flags (EINVAL), then the pages themselves (ib_umem_get: EFAULT)
         pd = pd_of(pd_ptr)
         access &= ~_OPTIONAL_ACCESS
         a = int(ffi.cast("uintptr_t", addr))
         if length and not a:
             raise Errno(22, "ibv_reg_mr: NULL address")
+        if (a ^ iova) & (mmap.PAGESIZE - 1):
+            raise Errno(22, f"ibv_reg_mr: addr 0x{a:x} and iova 0x{iova:x} must have the "
+                        f"same offset in a page")
+        try:
+            access = check_mr_access(access, "ibv_reg_mr")
+        except OSError as e:
+            raise errno_of(e) from None
+        pages.check_range(a, length, access)
         buf = ffi.buffer(ffi.cast("char *", addr), length)
         try:
             return MR(pd, length, access, address=iova, buffer=buf)
