@@ -1,0 +1,221 @@
+"""A program that names only the remote address works as on an rxe host (issue 27): the
+route's source address gets a soft device when rdma_cm needs one (softrdma/rdmacm/addr.py
+``interface_device``; docs/cm.md, "Interface devices").
+
+A veth pair joins this host (route-h0, 10.202.0.1/24) to a network namespace (route-n0,
+10.202.0.2/24 in ``route-ns``). A server under ``softrdma exec --addr 10.202.0.2`` runs in
+the namespace; a client on the host names only 10.202.0.2: no ``-I``, no ``--addr``, the
+default device left on loopback. Before the rule, each client ended with
+``RDMA_CM_EVENT_ADDR_ERROR, error -101``. The bind rule has its own test: a listener
+binding 10.202.0.2 with no ``--addr`` gets a device there (before: ENODEV). The refusals are run inside the namespace, whose only route is 10.202.0.0/24:
+a destination with no route, the rule switched off, and UDP 4791 taken on the route's
+source as kernel rxe takes it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import IN_CI, require_tool
+
+NS, HOST_IF, NS_IF = "route-ns", "route-h0", "route-n0"
+HOST_IP, NS_IP = "10.202.0.1", "10.202.0.2"
+#: a generous bound for one tool's whole run (three messages on a veth)
+TIMEOUT = 90
+#: nothing pins the programs' device (an empty SOFTRDMA_IP is no pin), interface devices
+#: on, whatever this test run's own environment says
+ENV = {"SOFTRDMA_IP": "", "SOFTRDMA_AUTO_DEVICES": "1"}
+
+
+def _sh(*argv: str, ns: bool = False) -> None:
+    subprocess.run((["ip", "netns", "exec", NS] if ns else []) + list(argv), check=True,
+                   capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def veth():
+    """The namespace and the veth pair (removed afterwards: deleting the namespace takes
+    its end of the pair, and the pair goes with it)."""
+    if os.geteuid() != 0:
+        if IN_CI:
+            pytest.fail("CI=true and not root: a network namespace needs root")
+        pytest.skip("needs root for a network namespace")
+    require_tool("ip")
+    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    subprocess.run(["ip", "link", "del", HOST_IF], capture_output=True)
+    _sh("ip", "netns", "add", NS)
+    try:
+        _sh("ip", "link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF)
+        _sh("ip", "link", "set", NS_IF, "netns", NS)
+        _sh("ip", "addr", "add", f"{HOST_IP}/24", "dev", HOST_IF)
+        _sh("ip", "link", "set", HOST_IF, "up")
+        _sh("ip", "link", "set", "lo", "up", ns=True)
+        _sh("ip", "addr", "add", f"{NS_IP}/24", "dev", NS_IF, ns=True)
+        _sh("ip", "link", "set", NS_IF, "up", ns=True)
+        from softrdma.exec.build import library_path
+        library_path()  # built once, before any server waits on the build
+        yield
+    finally:
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+        subprocess.run(["ip", "link", "del", HOST_IF], capture_output=True)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    root = str(Path(__file__).resolve().parent.parent)
+    return {**os.environ, **ENV, **extra,
+            "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _softrdma(*argv: str, ns: bool = False) -> list[str]:
+    return (["ip", "netns", "exec", NS] if ns else []) + [sys.executable, "-m", "softrdma",
+                                                          *argv]
+
+
+def _run(argv: list[str], **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT,
+                          env=_env(**extra))
+
+
+def _serve(*server: str, pin: bool):
+    """Start ``softrdma exec -- SERVER`` in the namespace (``--addr 10.202.0.2`` if
+    ``pin``) and return once its rdma_listen returned 0 (its rdma_* trace on stderr)."""
+    addr = ["--addr", NS_IP] if pin else []
+    p = subprocess.Popen(_softrdma("exec", *addr, "--", *server, ns=True),
+                         stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env=_env(SOFTRDMA_EXEC_CM_TRACE="1"))
+    lines: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "rdma_listen -> 0" in line:
+            return p
+    p.kill()
+    raise AssertionError(f"the server never listened: {lines} {p.communicate()}")
+
+
+def _pair(server: list[str], client: list[str], *, pin_server: bool = True) -> tuple[str, str]:
+    """The server in the namespace, the client on the host; both outputs (each exit 0).
+    The server's device is pinned to 10.202.0.2 (as before the rule), unless
+    ``pin_server`` is False and its bind has to find one by the rule."""
+    srv = _serve(*server, pin=pin_server)
+    try:
+        cli = _run(client)
+        # a client that failed leaves the server waiting: say why at once
+        assert cli.returncode == 0, f"client: {cli.stdout}\n{cli.stderr}"
+        out, err = srv.communicate(timeout=TIMEOUT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert srv.returncode == 0, f"server: {out}\n{err}"
+    return out, cli.stdout
+
+
+def _pings(prefix: str, count: int = 3) -> list[str]:
+    from softrdma.tools.rping import ping_data
+    data = [ping_data(i, 64).split(b"\0")[0].decode() for i in range(count)]
+    return [f"{prefix}ping data: {d}" for d in data]
+
+
+RPING_SERVER = ["rping", "-s", "-a", NS_IP, "-v", "-C", "3"]
+
+
+def test_softrdma_rping_names_only_the_remote_address(veth):
+    """``softrdma rping -c -a 10.202.0.2`` without -I: a device comes up on the route's
+    source 10.202.0.1 and rping's three pings go through."""
+    out, cli = _pair(RPING_SERVER, _softrdma("rping", "-c", "-a", NS_IP, "-v", "-C", "3"))
+    assert cli.splitlines() == _pings("")
+    assert out.splitlines() == _pings("server ")
+
+
+def test_c_rping_under_exec_names_only_the_remote_address(veth):
+    """Debian's rping -c under ``softrdma exec`` with no --addr, naming only 10.202.0.2."""
+    out, cli = _pair(RPING_SERVER, _softrdma("exec", "--", "rping", "-c", "-a", NS_IP,
+                                             "-v", "-C", "3"))
+    assert cli.splitlines() == _pings("")
+    assert _pings("server ")[-1] in out.splitlines()
+
+
+def test_c_ucmatose_under_exec_names_only_the_remote_address(veth):
+    """Debian's ucmatose -s 10.202.0.2 under ``softrdma exec`` with no --addr, against
+    ucmatose -b 10.202.0.2 in the namespace: a connection, data both ways, a disconnect."""
+    out, cli = _pair(["ucmatose", "-b", NS_IP, "-C", "3"],
+                     _softrdma("exec", "--", "ucmatose", "-s", NS_IP, "-C", "3"))
+    assert cli.splitlines()[-2:] == ["test complete", "return status 0"]
+    assert "disconnected" in out.splitlines() and out.splitlines()[-1] == "return status 0"
+
+
+def test_a_c_listener_on_an_interface_address_gets_a_device(veth):
+    """Debian's rping -s -a 10.202.0.2 under ``softrdma exec`` with no --addr: its
+    rdma_bind_addr finds no device on 10.202.0.2 and gets one (before: ENODEV); the client
+    on the host is pinned to 10.202.0.1, as before the rule."""
+    srv = _serve(*RPING_SERVER, pin=False)
+    try:
+        cli = _run(_softrdma("exec", "--addr", HOST_IP, "--", "rping", "-c", "-a", NS_IP,
+                             "-v", "-C", "3"))
+        assert cli.returncode == 0, f"client: {cli.stdout}\n{cli.stderr}"
+        out, err = srv.communicate(timeout=TIMEOUT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert srv.returncode == 0, f"server: {out}\n{err}"
+    assert cli.stdout.splitlines() == _pings("")
+    assert _pings("server ")[-1] in out.splitlines()
+
+
+# ---- what does not get a device -----------------------------------------------------------
+
+def test_a_destination_with_no_route_is_enetunreach(veth):
+    """No route to 10.203.0.9 in the namespace: no route's source, no device, and rping
+    reports ADDR_ERROR -101 (ENETUNREACH) as on Linux, both softrdma's and Debian's."""
+    r = _run(_softrdma("rping", "-c", "-a", "10.203.0.9", "-C", "1", ns=True))
+    assert r.returncode != 0
+    assert "RDMA_CM_EVENT_ADDR_ERROR, error -101" in r.stderr, r.stderr
+    r = _run(_softrdma("exec", "--", "rping", "-c", "-a", "10.203.0.9", "-C", "1", ns=True))
+    assert r.returncode != 0
+    assert "RDMA_CM_EVENT_ADDR_ERROR, error -101" in r.stdout + r.stderr, (r.stdout, r.stderr)
+
+
+def test_softrdma_auto_devices_0_leaves_the_route_source_without_a_device(veth):
+    """``SOFTRDMA_AUTO_DEVICES=0``: the route's source gets no device (ADDR_ERROR -101),
+    and a bind to the interface's address is ENODEV, as before the rule."""
+    r = _run(_softrdma("exec", "--", "rping", "-c", "-a", HOST_IP, "-C", "1", ns=True),
+             SOFTRDMA_AUTO_DEVICES="0")
+    assert "RDMA_CM_EVENT_ADDR_ERROR, error -101" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    r = _run(_softrdma("exec", "--", "rping", "-s", "-a", NS_IP, "-C", "1", ns=True),
+             SOFTRDMA_AUTO_DEVICES="0")
+    assert r.returncode != 0
+    assert "rdma_bind_addr: No such device" in r.stdout + r.stderr, (r.stdout, r.stderr)
+
+
+_HOLD_4791 = r'''
+import socket, subprocess, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 4791))       # what kernel rxe's UDP tunnel holds
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=60)
+print(r.returncode)
+print(r.stdout + r.stderr)
+'''
+
+
+def test_udp_4791_taken_on_the_route_source_is_a_clear_eaddrinuse(veth):
+    """UDP 4791 held on the namespace's wildcard address, as kernel rxe holds it: the
+    route's source 10.202.0.2 cannot get a device, rping reports ADDR_ERROR -98
+    (EADDRINUSE) and softrdma's log says which address and what to do."""
+    r = _run(["ip", "netns", "exec", NS, sys.executable, "-c", _HOLD_4791, sys.executable,
+              "-m", "softrdma", "exec", "--", "rping", "-c", "-a", HOST_IP, "-C", "1"])
+    rc, _, out = r.stdout.partition("\n")
+    assert rc.strip() != "0", r.stdout
+    assert "RDMA_CM_EVENT_ADDR_ERROR, error -98" in out, out
+    assert f"no soft device on {NS_IP} ({NS_IF}): UDP port 4791 on {NS_IP} is taken" in out
