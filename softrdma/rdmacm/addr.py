@@ -98,8 +98,9 @@ _auto_lock = threading.Lock()  # one device per address when two threads resolve
 
 
 class NoDevice(PyverbsRDMAError):
-    """An interface device was due but could not come up (its UDP port 4791 is taken):
-    ``error_code`` is the errno, the message says what to do."""
+    """An interface device was due but could not bind UDP 4791 on its address (taken by
+    kernel rxe or another process: EADDRINUSE): ``error_code`` is the errno, the message
+    says what to do."""
 
 
 def auto_devices() -> bool:
@@ -115,11 +116,12 @@ def interface_device(ip: IPAddress, keep: list[CmaDevice]) -> Any | None:
     when no device holds ``ip`` yet, as rxe's device is there on its netdev; it binds UDP
     4791 on ``ip`` now (held open through ``keep``). None when ``ip`` may not get one: a
     loopback or wildcard address, not this host's, an interface that is down, or
-    ``SOFTRDMA_AUTO_DEVICES=0``. :class:`NoDevice` (EADDRINUSE, and one warning in the
-    log) when UDP 4791 on ``ip`` is taken -- kernel rxe on that interface, or another
-    softrdma process holding the address."""
-    if ip.is_loopback or ip.is_unspecified or ip.is_multicast or not auto_devices():
-        return None
+    ``SOFTRDMA_AUTO_DEVICES=0``. :class:`NoDevice` (the errno, and one warning in the
+    log) when the device cannot bind: EADDRINUSE when UDP 4791 on ``ip`` is taken --
+    kernel rxe on that interface, or another softrdma process holding the address."""
+    if ip.is_loopback or ip.is_unspecified or ip.is_multicast or ip.is_link_local \
+            or not auto_devices():
+        return None  # (an IPv6 link-local address needs a scope no device address has)
     held = interface_of(str(ip))
     if held is None or not held[1] & IFF_UP:
         return None
@@ -134,13 +136,13 @@ def interface_device(ip: IPAddress, keep: list[CmaDevice]) -> Any | None:
         except PyverbsRDMAError as e:
             if made:
                 unregister_device(name)
-            if e.error_code != errno.EADDRINUSE:
-                raise
-            msg = (f"no soft device on {ip} ({held[0]}): UDP port 4791 on {ip} is taken "
-                   f"(kernel rxe on {held[0]}, or another softrdma process on {ip}); give "
-                   f"this program another address (-I/-b, softrdma exec --addr, SOFTRDMA_IP)")
+            why = (f"UDP port 4791 on {ip} is taken (kernel rxe on {held[0]}, or another "
+                   f"softrdma process on {ip})" if e.error_code == errno.EADDRINUSE
+                   else e.msg)
+            msg = (f"no soft device on {ip} ({held[0]}): {why}; give this program another "
+                   f"address (-I/-b, softrdma exec --addr, SOFTRDMA_IP)")
             log.warning("softrdma: %s", msg)  # rdma_cm's answer is an errno alone
-            raise NoDevice(msg, errno.EADDRINUSE) from None
+            raise NoDevice(msg, e.error_code) from None
     log.debug("softrdma: device %s on %s for rdma_cm", name, held[0])
     return dev
 
