@@ -6,8 +6,10 @@ A veth pair joins this host (route-h0, 10.202.0.1/24) to a network namespace (ro
 10.202.0.2/24 in ``route-ns``). A server under ``softrdma exec --addr 10.202.0.2`` runs in
 the namespace; a client on the host names only 10.202.0.2: no ``-I``, no ``--addr``, the
 default device left on loopback. Before the rule, each client ended with
-``RDMA_CM_EVENT_ADDR_ERROR, error -101``. The bind rule has its own test: a listener
-binding 10.202.0.2 with no ``--addr`` gets a device there (before: ENODEV). The refusals are run inside the namespace, whose only route is 10.202.0.0/24:
+``RDMA_CM_EVENT_ADDR_ERROR, error -101`` (softrdma rping and udaddy; rping and ucmatose
+under exec). The bind rule has its own test: a listener binding 10.202.0.2 with no
+``--addr`` gets a device there (before: ENODEV); and a client naming this host's own
+10.202.0.1, which another process serves, goes over loopback (before: -101). The refusals are run inside the namespace, whose only route is 10.202.0.0/24:
 a destination with no route, the rule switched off, and UDP 4791 taken on the route's
 source as kernel rxe takes it.
 """
@@ -90,6 +92,12 @@ def _serve(*server: str, pin: bool):
                          stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,
                          env=_env(SOFTRDMA_EXEC_CM_TRACE="1"))
+    _wait_listening(p)
+    return p
+
+
+def _wait_listening(p: subprocess.Popen) -> None:
+    """Until the exec'd server's rdma_listen returned 0 (its trace line on stderr)."""
     lines: list[str] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -98,16 +106,15 @@ def _serve(*server: str, pin: bool):
             break
         lines.append(line)
         if "rdma_listen -> 0" in line:
-            return p
+            return
     p.kill()
     raise AssertionError(f"the server never listened: {lines} {p.communicate()}")
 
 
-def _pair(server: list[str], client: list[str], *, pin_server: bool = True) -> tuple[str, str]:
-    """The server in the namespace, the client on the host; both outputs (each exit 0).
-    The server's device is pinned to 10.202.0.2 (as before the rule), unless
-    ``pin_server`` is False and its bind has to find one by the rule."""
-    srv = _serve(*server, pin=pin_server)
+def _pair(server: list[str], client: list[str]) -> tuple[str, str]:
+    """The server in the namespace, its device pinned to 10.202.0.2 (as before the rule),
+    the client on the host; both outputs (each exit 0)."""
+    srv = _serve(*server, pin=True)
     try:
         cli = _run(client)
         # a client that failed leaves the server waiting: say why at once
@@ -153,6 +160,37 @@ def test_c_ucmatose_under_exec_names_only_the_remote_address(veth):
                      _softrdma("exec", "--", "ucmatose", "-s", NS_IP, "-C", "3"))
     assert cli.splitlines()[-2:] == ["test complete", "return status 0"]
     assert "disconnected" in out.splitlines() and out.splitlines()[-1] == "return status 0"
+
+
+def test_softrdma_udaddy_names_only_the_remote_address(veth):
+    """``softrdma udaddy -s 10.202.0.2`` without -b against Debian's udaddy in the
+    namespace: the UD path (SIDR) from the interface device, data both ways."""
+    out, cli = _pair(["udaddy", "-b", NS_IP, "-c", "1"],
+                     _softrdma("udaddy", "-s", NS_IP, "-c", "1"))
+    assert cli.splitlines()[-2:] == ["test complete", "return status 0"]
+    assert out.splitlines()[-1] == "return status 0"
+
+
+def test_this_hosts_own_address_served_by_another_process(veth):
+    """rping -c -a 10.202.0.1 on the host, where another process's device holds
+    10.202.0.1: the route's source is the destination itself, so the client goes from its
+    default device over loopback (as to a loopback address) instead of fighting the server
+    for the address; before, ADDR_ERROR -101."""
+    srv = subprocess.Popen(_softrdma("exec", "--addr", HOST_IP, "--", "rping", "-s", "-a",
+                                     HOST_IP, "-v", "-C", "3"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=_env(SOFTRDMA_EXEC_CM_TRACE="1"))
+    try:
+        _wait_listening(srv)
+        cli = _run(_softrdma("exec", "--", "rping", "-c", "-a", HOST_IP, "-v", "-C", "3"))
+        assert cli.returncode == 0, f"client: {cli.stdout}\n{cli.stderr}"
+        out, err = srv.communicate(timeout=TIMEOUT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert srv.returncode == 0, f"server: {out}\n{err}"
+    assert cli.stdout.splitlines() == _pings("")
 
 
 def test_a_c_listener_on_an_interface_address_gets_a_device(veth):
