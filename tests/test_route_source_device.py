@@ -9,9 +9,10 @@ default device left on loopback. Before the rule, each client ended with
 ``RDMA_CM_EVENT_ADDR_ERROR, error -101`` (softrdma rping and udaddy; rping and ucmatose
 under exec). The bind rule has its own test: a listener binding 10.202.0.2 with no
 ``--addr`` gets a device there (before: ENODEV); and a client naming this host's own
-10.202.0.1, which another process serves, goes over loopback (before: -101). The refusals are run inside the namespace, whose only route is 10.202.0.0/24:
-a destination with no route, the rule switched off, and UDP 4791 taken on the route's
-source as kernel rxe takes it.
+10.202.0.1, which another process serves, goes over loopback (before: -101). The
+refusals are run inside the namespace, whose only route is 10.202.0.0/24: a destination
+with no route, the rule switched off, and UDP 4791 taken on the route's source as kernel
+rxe takes it.
 """
 
 from __future__ import annotations

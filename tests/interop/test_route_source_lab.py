@@ -1,6 +1,8 @@
 """Programs that name only the remote address, against kernel rxe (issue 27, "the device
-model stays softrdma's"): ``rping -c -a 10.77.0.11`` with no ``-I``, as one runs it on an
-rxe host, where the device is simply there on the netdev.
+model stays softrdma's"): ``rping -c -a 10.77.0.11`` with no ``-I`` (softrdma's and
+Debian's under ``softrdma exec``), ``cmatose``/``udaddy -s 10.77.0.11`` with no ``-b``,
+and an exec'd listener binding 10.77.0.1 with no ``--addr``, as one runs them on an rxe
+host, where the device is simply there on the netdev.
 
 softrdma's side is the lab's namespace, whose one interface (br0) holds 10.77.0.1, the
 route's source for the guests. Nothing pins the programs' device there: SOFTRDMA_IP is
@@ -15,6 +17,9 @@ from __future__ import annotations
 
 from softrdma.harness.lab import HOST_IP, guest_ip
 
+from .test_rdmacm_interop import (
+    UCMATOSE_CLIENT, UCMATOSE_SERVER, UDADDY_CLIENT, UDADDY_SERVER, rxe_server,
+)
 from .test_rdmacm_lab import rping_data
 
 PORTS = iter(range(19500, 19549))  # the other lab files use 7300-7998, 18600-18999, 19600-
@@ -81,3 +86,26 @@ def test_c_rping_server_under_exec_binds_the_interface_address(scenario):
     assert srv.returncode == 0 and rxe.rc == 0, f"exec: {err}\nrxe: {rxe.stderr}"
     _pings(out, "server ")
     _pings(rxe.stdout, "")
+
+
+def test_softrdma_cmatose_names_only_the_guest(scenario):
+    """``softrdma cmatose -s 10.77.0.11`` without -b against ucmatose on kernel rxe: two
+    connections, data both ways, the disconnects, as test_rdmacm_interop's with -b."""
+    lab, port = scenario, next(PORTS)
+    opts = f"-p {port} -c 2 -C 5"
+    soft, rxe = rxe_server(lab, f"ucmatose -b {G0} {opts}", port,
+                           f"softrdma cmatose -s {G0} {opts}", env=ENV)
+    assert soft.rc == 0 and rxe.rc == 0, f"softrdma: {soft.stderr}\nrxe: {rxe.stderr}"
+    assert soft.stdout.splitlines() == UCMATOSE_CLIENT
+    assert rxe.stdout.splitlines() == UCMATOSE_SERVER
+
+
+def test_softrdma_udaddy_names_only_the_guest(scenario):
+    """``softrdma udaddy -s 10.77.0.11`` without -b against udaddy on kernel rxe (its
+    fixed port 7174, the UDP port space): SIDR from the interface device, then UD data."""
+    lab = scenario
+    soft, rxe = rxe_server(lab, f"udaddy -b {G0} -c 2", 7174,
+                           f"softrdma udaddy -s {G0} -c 2", ps="UDP", env=ENV)
+    assert soft.rc == 0 and rxe.rc == 0, f"softrdma: {soft.stderr}\nrxe: {rxe.stderr}"
+    assert soft.stdout.splitlines() == UDADDY_CLIENT
+    assert rxe.stdout.splitlines() == UDADDY_SERVER
