@@ -29,6 +29,8 @@ from .conftest import IN_CI, require_tool
 
 NS, HOST_IF, NS_IF = "route-ns", "route-h0", "route-n0"
 HOST_IP, NS_IP = "10.202.0.1", "10.202.0.2"
+NS_IP2 = "10.202.0.3"  # route-n0's secondary address
+DOWN_IF, DOWN_IP = "route-d0", "10.202.9.1"  # in the namespace, never up
 #: a generous bound for one tool's whole run (three messages on a veth)
 TIMEOUT = 90
 #: nothing pins the programs' device (an empty SOFTRDMA_IP is no pin), interface devices
@@ -61,6 +63,10 @@ def veth():
         _sh("ip", "link", "set", "lo", "up", ns=True)
         _sh("ip", "addr", "add", f"{NS_IP}/24", "dev", NS_IF, ns=True)
         _sh("ip", "link", "set", NS_IF, "up", ns=True)
+        # a secondary address, and an address on an interface that stays down
+        _sh("ip", "addr", "add", f"{NS_IP2}/24", "dev", NS_IF, ns=True)
+        _sh("ip", "link", "add", DOWN_IF, "type", "veth", "peer", "name", "route-d1", ns=True)
+        _sh("ip", "addr", "add", f"{DOWN_IP}/24", "dev", DOWN_IF, ns=True)
         from softrdma.exec.build import library_path
         library_path()  # built once, before any server waits on the build
         yield
@@ -213,6 +219,31 @@ def test_a_c_listener_on_an_interface_address_gets_a_device(veth):
     assert _pings("server ")[-1] in out.splitlines()
 
 
+def test_a_secondary_address_gets_a_device_with_its_interfaces_mac(veth):
+    """rping -s -a 10.202.0.3, route-n0's secondary address (which SIOCGIFADDR does not
+    report), with no --addr: the listener's device is on route-n0 (its GID 0 from
+    route-n0's MAC, as rxe's), and a client pinned on the host connects to it."""
+    srv = _serve("rping", "-s", "-a", NS_IP2, "-v", "-C", "1", pin=False)
+    try:
+        cli = _run(_softrdma("exec", "--addr", HOST_IP, "--", "rping", "-c", "-a", NS_IP2,
+                             "-v", "-C", "1"))
+        assert cli.returncode == 0, f"client: {cli.stdout}\n{cli.stderr}"
+        out, err = srv.communicate(timeout=TIMEOUT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert srv.returncode == 0, f"server: {out}\n{err}"
+    assert cli.stdout.splitlines() == _pings("", 1)
+    info = _run(["ip", "netns", "exec", NS, sys.executable, "-c",
+                 "from softrdma.soft.netdev import netdev_for_ip, interface_of;"
+                 f"n = netdev_for_ip('{NS_IP2}'); print(n.ifname, n.mac.hex(), "
+                 f"interface_of('{NS_IP2}')[0])"])
+    mac = subprocess.run(["ip", "netns", "exec", NS, "cat", f"/sys/class/net/{NS_IF}/address"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert info.stdout.split() == [NS_IF, mac.replace(":", ""), NS_IF], info
+
+
 # ---- what does not get a device -----------------------------------------------------------
 
 def test_a_destination_with_no_route_is_enetunreach(veth):
@@ -234,6 +265,15 @@ def test_softrdma_auto_devices_0_leaves_the_route_source_without_a_device(veth):
     assert "RDMA_CM_EVENT_ADDR_ERROR, error -101" in r.stdout + r.stderr, (r.stdout, r.stderr)
     r = _run(_softrdma("exec", "--", "rping", "-s", "-a", NS_IP, "-C", "1", ns=True),
              SOFTRDMA_AUTO_DEVICES="0")
+    assert r.returncode != 0
+    assert "rdma_bind_addr: No such device" in r.stdout + r.stderr, (r.stdout, r.stderr)
+
+
+def test_an_interface_that_is_down_gets_no_device(veth):
+    """rping -s -a 10.202.9.1, an address of route-d0, which is down: still this host's
+    address (a UDP socket could bind it), but no UP interface, so no device: ENODEV, as
+    rdma_bind_addr answers for an address no RDMA device has."""
+    r = _run(_softrdma("exec", "--", "rping", "-s", "-a", DOWN_IP, "-C", "1", ns=True))
     assert r.returncode != 0
     assert "rdma_bind_addr: No such device" in r.stdout + r.stderr, (r.stdout, r.stderr)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import fcntl
+import functools
 import ipaddress
 import os
 import socket
@@ -77,6 +78,11 @@ _Ifaddrs._fields_ = [("ifa_next", ctypes.POINTER(_Ifaddrs)), ("ifa_name", ctypes
                      ("ifa_flags", ctypes.c_uint), ("ifa_addr", ctypes.c_void_p)]
 
 
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
 def interface_of(ip: str) -> tuple[str, int] | None:
     """(interface name, ``IFF_*`` flags) of the interface holding ``ip``, from libc's
     ``getifaddrs`` (every address, secondary IPv4 ones included, which ``SIOCGIFADDR``
@@ -84,7 +90,7 @@ def interface_of(ip: str) -> tuple[str, int] | None:
     no interface holds it."""
     addr = ipaddress.ip_address(ip)
     fam, off = (socket.AF_INET, 4) if addr.version == 4 else (socket.AF_INET6, 8)
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = _libc()
     head = ctypes.POINTER(_Ifaddrs)()
     if libc.getifaddrs(ctypes.byref(head)) != 0:
         return None
