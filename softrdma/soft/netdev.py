@@ -18,10 +18,10 @@ import struct
 from dataclasses import dataclass, field
 
 __all__ = ["NetdevInfo", "netdev_for_ip", "interface_of", "eui64_link_local",
-           "ipv4_mapped_gid", "IFF_UP", "IFF_LOOPBACK"]
+           "ipv4_mapped_gid", "IFF_UP"]
 
 _SIOCGIFADDR = 0x8915
-IFF_UP, IFF_LOOPBACK = 0x1, 0x8  # <net/if.h>
+IFF_UP = 0x1  # <net/if.h>: the interface is up (`ip link set ... up`)
 
 
 @dataclass
