@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from ipaddress import ip_address
 from pathlib import Path
 
 import pytest
@@ -152,12 +153,19 @@ def test_softrdma_rping_names_only_the_remote_address(veth):
     assert out.splitlines() == _pings("server ")
 
 
-def test_c_rping_under_exec_names_only_the_remote_address(veth):
-    """Debian's rping -c under ``softrdma exec`` with no --addr, naming only 10.202.0.2."""
-    out, cli = _pair(RPING_SERVER, _softrdma("exec", "--", "rping", "-c", "-a", NS_IP,
-                                             "-v", "-C", "3"))
+def test_c_rping_under_exec_names_only_the_remote_address(veth, tmp_path):
+    """Debian's rping -c under ``softrdma exec`` with no --addr, naming only 10.202.0.2;
+    ``--pcap`` captures on the device that came up, ``softrdma-10.202.0.1``, every packet
+    of the connection going between the veth's two addresses."""
+    pcap = tmp_path / "cli-{name}.pcap"
+    out, cli = _pair(RPING_SERVER, _softrdma("exec", "--pcap", str(pcap), "--", "rping",
+                                             "-c", "-a", NS_IP, "-v", "-C", "3"))
     assert cli.splitlines() == _pings("")
     assert _pings("server ")[-1] in out.splitlines()
+    from softrdma.harness.replay import load_capture
+    pkts = load_capture(str(tmp_path / f"cli-softrdma-{HOST_IP}.pcap"))
+    ends = {(str(ip_address(p.src)), str(ip_address(p.dst))) for p in pkts}
+    assert ends == {(HOST_IP, NS_IP), (NS_IP, HOST_IP)}, ends
 
 
 def test_c_ucmatose_under_exec_names_only_the_remote_address(veth):
