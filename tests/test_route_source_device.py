@@ -252,6 +252,42 @@ def test_a_secondary_address_gets_a_device_with_its_interfaces_mac(veth):
     assert info.stdout.split() == [NS_IF, mac.replace(":", ""), NS_IF], info
 
 
+def test_resolve_with_no_wildcard_or_own_source_uses_one_device_for_the_process(
+        veth, monkeypatch):
+    """In this process: rdma_resolve_addr to 10.202.0.2 with no source, with 0.0.0.0 and
+    with 10.202.0.1 itself all resolve on the one device ``softrdma-10.202.0.1``, made
+    by the first; when the ids are gone the device stays registered (the process's, like
+    the default device) with its UDP socket closed."""
+    from softrdma.rdmacm import AddrInfo, CMEvent, CMEventChannel, CMID
+    from softrdma.rdmacm import enums as ce
+    from softrdma.verbs_api.device import find_device, unregister_device
+    monkeypatch.setenv("SOFTRDMA_AUTO_DEVICES", "1")
+    name = f"softrdma-{HOST_IP}"
+    unregister_device(name)
+    ch = CMEventChannel()
+    ids = []
+    try:
+        for src in (None, "0.0.0.0", HOST_IP):
+            cid = CMID(ch)
+            ids.append(cid)
+            cid.resolve_addr(AddrInfo(src=src, dst=NS_IP, dst_service="7999"))
+            ev = CMEvent(ch, 10.0)
+            assert ev.event_type == ce.rdma_cm_event_type.RDMA_CM_EVENT_ADDR_RESOLVED, \
+                (src, ev.event_str(), ev.status)
+            assert cid.id.cdev.device is find_device(name), src
+        dev = find_device(name)
+        assert dev.udp is not None and dev.ip == HOST_IP
+        for cid in ids:
+            cid.close()
+        ids.clear()
+        assert find_device(name) is dev and dev.udp is None
+    finally:
+        for cid in ids:
+            cid.close()
+        ch.close()
+        unregister_device(name)
+
+
 # ---- what does not get a device -----------------------------------------------------------
 
 def test_a_destination_with_no_route_is_enetunreach(veth):
