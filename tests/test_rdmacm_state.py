@@ -21,8 +21,8 @@ from softrdma.rdmacm import (
     RAI_PASSIVE, AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam, RdmaCmId,
 )
 from softrdma.rdmacm import enums as ce
-from softrdma.rdmacm.state import TRANSITIONS, next_state
 from softrdma.rdmacm.addr import AUTO_DEVICES_ENV, route_source
+from softrdma.rdmacm.state import TRANSITIONS, next_state
 from softrdma.verbs_api import QPCap, QPInitAttr, add_device, remove_device
 from softrdma.verbs_api.device import unregister_device
 from softrdma.verbs_api.enums import ibv_qp_type
@@ -247,12 +247,14 @@ def test_failures_go_back_as_cma_c_undoes_them(devices, steps, monkeypatch):
     ch.close()
 
 
-def test_the_route_source_of_a_remote_destination_gets_an_interface_device(steps):
+def test_the_route_source_of_a_remote_destination_gets_an_interface_device(steps,
+                                                                          monkeypatch):
     """The rule that changed the expectation above: with interface devices on (the
     default), the destination 192.0.2.9 resolves on ``softrdma-<route's source>``, a
     device made for the address eth0 holds (192.0.2.2 on this machine), as rping without
     -I finds rxe's device on its netdev; with no route (an isolated runner) it is
     ADDR_ERROR -ENETUNREACH, as on Linux. The device is this test's to forget."""
+    monkeypatch.setenv(AUTO_DEVICES_ENV, "1")
     dst = ip_address("192.0.2.9")
     src = route_source(dst)
     ch = CMEventChannel()
