@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import time
 from collections import deque
+from ipaddress import ip_address
 
 import pytest
 
@@ -20,8 +21,10 @@ from softrdma.rdmacm import (
     RAI_PASSIVE, AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam, RdmaCmId,
 )
 from softrdma.rdmacm import enums as ce
+from softrdma.rdmacm.addr import AUTO_DEVICES_ENV, route_source
 from softrdma.rdmacm.state import TRANSITIONS, next_state
 from softrdma.verbs_api import QPCap, QPInitAttr, add_device, remove_device
+from softrdma.verbs_api.device import unregister_device
 from softrdma.verbs_api.enums import ibv_qp_type
 
 E = ce.rdma_cm_event_type
@@ -209,7 +212,11 @@ def test_failures_go_back_as_cma_c_undoes_them(devices, steps, monkeypatch):
     assert ei.value.error_code == errno.EADDRINUSE
     assert of(steps, second.id)[-2:] == [("listen", "ADDR_BOUND", "LISTEN"),
                                          ("listen_failed", "LISTEN", "ADDR_BOUND")]
-    # a destination no device reaches: ADDR_ERROR, through ADDR_RESOLVED back to ADDR_BOUND
+    # a destination no device reaches: ADDR_ERROR, through ADDR_RESOLVED back to ADDR_BOUND.
+    # 192.0.2.9 is routed through this host's eth0 (192.0.2.2): by default its route's
+    # source gets an interface device (docs/cm.md, "Interface devices"; below), so
+    # interface devices are switched off here, leaving the route's source without one
+    monkeypatch.setenv(AUTO_DEVICES_ENV, "0")
     c = CMID(ch)
     c.resolve_addr(AddrInfo(dst="192.0.2.9", dst_service="7502"))  # no device on the way
     ev = expect(ch, E.RDMA_CM_EVENT_ADDR_ERROR)
@@ -217,6 +224,7 @@ def test_failures_go_back_as_cma_c_undoes_them(devices, steps, monkeypatch):
     assert of(steps, c.id)[1:] == [("resolve_addr", "ADDR_BOUND", "ADDR_QUERY"),
                                    ("addr_resolved", "ADDR_QUERY", "ADDR_RESOLVED"),
                                    ("addr_error", "ADDR_RESOLVED", "ADDR_BOUND")]
+    monkeypatch.delenv(AUTO_DEVICES_ENV)
     # a REQ that cannot be sent: back to ROUTE_RESOLVED
     d = CMID(ch)
     d.resolve_addr(AddrInfo(src=C_IP, dst=S_IP, dst_service="7502"))
@@ -237,6 +245,34 @@ def test_failures_go_back_as_cma_c_undoes_them(devices, steps, monkeypatch):
     for x in (a, first, second, c, d):
         x.close()
     ch.close()
+
+
+def test_the_route_source_of_a_remote_destination_gets_an_interface_device(steps,
+                                                                          monkeypatch):
+    """The rule that changed the expectation above: with interface devices on (the
+    default), the destination 192.0.2.9 resolves on ``softrdma-<route's source>``, a
+    device made for the address eth0 holds (192.0.2.2 on this machine), as rping without
+    -I finds rxe's device on its netdev; with no route (an isolated runner) it is
+    ADDR_ERROR -ENETUNREACH, as on Linux. The device is this test's to forget."""
+    monkeypatch.setenv(AUTO_DEVICES_ENV, "1")
+    dst = ip_address("192.0.2.9")
+    src = route_source(dst)
+    ch = CMEventChannel()
+    c = CMID(ch)
+    try:
+        c.resolve_addr(AddrInfo(dst=str(dst), dst_service="7504"))
+        if src is None or src.is_loopback:
+            assert expect(ch, E.RDMA_CM_EVENT_ADDR_ERROR).status == -errno.ENETUNREACH
+            return
+        expect(ch, E.RDMA_CM_EVENT_ADDR_RESOLVED)
+        assert c.id.cdev.device.name == f"softrdma-{src}"
+        assert c.id.cdev.ip == str(src)
+        assert of(steps, c.id)[1:] == [("resolve_addr", "ADDR_BOUND", "ADDR_QUERY"),
+                                       ("addr_resolved", "ADDR_QUERY", "ADDR_RESOLVED")]
+    finally:
+        c.close()
+        ch.close()
+        unregister_device(f"softrdma-{src}")
 
 
 def test_calls_in_the_wrong_state_are_einval_and_change_nothing(devices):

@@ -5,23 +5,35 @@ destination is reached from, and the RoCE path (what the kernel's ``addr.c`` and
 On RoCE there is no SA: the path is made locally from IP-mapped GIDs, the port's MTU,
 hop limit 64, packet lifetime 18 and the flow label ``(sport * 31 + dport) & 0xFFFFF``
 that decides the RC UDP source port (:class:`Route`, :func:`flow_label`).
+
+**Interface devices.** An rxe device is there on its netdev, so a program that names only
+the remote address finds it. softrdma makes the same device when rdma_cm needs one
+(:func:`interface_device`): ``softrdma-<IP>`` on a non-loopback address of an UP
+interface that is the route's source for a destination (``rdma_resolve_addr``) or that a
+program binds to (``rdma_bind_addr``). ``SOFTRDMA_AUTO_DEVICES=0`` turns this off.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
+import os
 import socket
+import threading
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
 from ..errors import PyverbsRDMAError
-from ..verbs_api.device import soft_devices
+from ..soft.netdev import IFF_UP, interface_of
+from ..verbs_api.device import add_device, find_device, soft_devices, unregister_device
 from .device import CmaDevice
 
 __all__ = ["Route", "flow_label", "device_for_ip", "device_for_dst", "route_source",
-           "parse_ip", "check_port", "soft_devices", "HOP_LIMIT",
-           "CMA_IBOE_PACKET_LIFETIME"]
+           "interface_device", "auto_devices", "NoDevice", "parse_ip", "check_port",
+           "soft_devices", "HOP_LIMIT", "CMA_IBOE_PACKET_LIFETIME", "AUTO_DEVICES_ENV"]
+
+log = logging.getLogger("softrdma")
 
 IPAddress = IPv4Address | IPv6Address
 
@@ -80,6 +92,61 @@ def device_for_ip(ip: IPAddress, keep: list[CmaDevice]) -> Any | None:
     return None
 
 
+#: the variable that turns interface devices off (``0``, ``no``, ``off``, ``false``)
+AUTO_DEVICES_ENV = "SOFTRDMA_AUTO_DEVICES"
+_auto_lock = threading.Lock()  # one device per address when two threads resolve at once
+
+
+class NoDevice(PyverbsRDMAError):
+    """An interface device was due but could not bind UDP 4791 on its address (taken by
+    kernel rxe or another process: EADDRINUSE): ``error_code`` is the errno, the message
+    says what to do."""
+
+
+def auto_devices() -> bool:
+    """Whether rdma_cm may make interface devices (``SOFTRDMA_AUTO_DEVICES``, on unless
+    it says 0/no/off/false)."""
+    v = os.environ.get(AUTO_DEVICES_ENV, "").strip().lower()
+    return v not in ("0", "no", "off", "false")
+
+
+def interface_device(ip: IPAddress, keep: list[CmaDevice]) -> Any | None:
+    """The soft device ``softrdma-<ip>`` for a non-loopback address ``ip`` of an UP
+    interface, made (and registered for the rest of the process, like the default device)
+    when no device holds ``ip`` yet, as rxe's device is there on its netdev; it binds UDP
+    4791 on ``ip`` now (held open through ``keep``). None when ``ip`` may not get one: a
+    loopback or wildcard address, not this host's, an interface that is down, or
+    ``SOFTRDMA_AUTO_DEVICES=0``. :class:`NoDevice` (the errno, and one warning in the
+    log) when the device cannot bind: EADDRINUSE when UDP 4791 on ``ip`` is taken --
+    kernel rxe on that interface, or another softrdma process holding the address."""
+    if ip.is_loopback or ip.is_unspecified or ip.is_multicast or ip.is_link_local \
+            or not auto_devices():
+        return None  # (an IPv6 link-local address needs a scope no device address has)
+    held = interface_of(str(ip))
+    if held is None or not held[1] & IFF_UP:
+        return None
+    name = f"softrdma-{ip}"
+    with _auto_lock:
+        dev = find_device(name)
+        made = dev is None
+        if made:
+            dev = add_device(str(ip), name=name)
+        try:
+            keep.append(CmaDevice.acquire(dev))  # binds UDP 4791 on ip
+        except PyverbsRDMAError as e:
+            if made:
+                unregister_device(name)
+            why = (f"UDP port 4791 on {ip} is taken (kernel rxe on {held[0]}, or another "
+                   f"softrdma process on {ip})" if e.error_code == errno.EADDRINUSE
+                   else e.msg)
+            msg = (f"no soft device on {ip} ({held[0]}): {why}; give this program another "
+                   f"address (-I/-b, softrdma exec --addr, SOFTRDMA_IP)")
+            log.warning("softrdma: %s", msg)  # rdma_cm's answer is an errno alone
+            raise NoDevice(msg, e.error_code) from None
+    log.debug("softrdma: device %s on %s for rdma_cm", name, held[0])
+    return dev
+
+
 def route_source(dst: IPAddress) -> IPAddress | None:
     """The source address the host's routing table picks for ``dst`` (a connected UDP
     socket sends nothing), as ``rdma_resolve_addr`` asks the IP stack."""
@@ -94,17 +161,25 @@ def route_source(dst: IPAddress) -> IPAddress | None:
 
 def device_for_dst(dst: IPAddress, keep: list[CmaDevice]) -> Any | None:
     """The device a connection to ``dst`` leaves from: one holding ``dst`` itself
-    (loopback to a local device), else the one holding the route's source address,
-    else for a loopback destination the default device."""
+    (loopback to a local device), else the one holding the route's source address (an
+    interface device made for it if none does: :func:`interface_device`), else for a
+    loopback destination, or an address of this host's that another process serves, the
+    default device. None when nothing reaches ``dst``; :class:`NoDevice` when the route's
+    source should have a device and cannot."""
     dev = device_for_ip(dst, keep)
     if dev is not None:
         return dev
     src = route_source(dst)
+    local = src is not None and src == dst  # this host's own address: loopback
     if src is not None:
         dev = device_for_ip(src, keep)
         if dev is not None:
             return dev
-    if dst.is_loopback:
+        if not local:
+            dev = interface_device(src, keep)
+            if dev is not None:
+                return dev
+    if dst.is_loopback or local:
         for d in soft_devices():
             if ip_address(d.ip).version == dst.version:
                 return d

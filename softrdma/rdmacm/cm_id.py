@@ -42,8 +42,8 @@ from ..verbs_api.enums import (
     ibv_access_flags as A, ibv_qp_attr_mask as M, ibv_qp_state as Q, ibv_qp_type,
 )
 from .addr import (
-    CMA_IBOE_PACKET_LIFETIME, IPAddress, Route, check_port, device_for_dst, device_for_ip,
-    flow_label, parse_ip, soft_devices,
+    CMA_IBOE_PACKET_LIFETIME, IPAddress, NoDevice, Route, check_port, device_for_dst,
+    device_for_ip, flow_label, interface_device, parse_ip, soft_devices,
 )
 from .channel import EventChannel
 from .device import CmaDevice
@@ -215,8 +215,10 @@ class RdmaCmId:
 
     def bind_addr(self, ip: Any = None, port: int = 0) -> None:
         """``rdma_bind_addr``: a local address (None or the wildcard: any device) and port
-        (0: an ephemeral one). A specific address binds the id to its device (ENODEV if
-        no soft device holds it)."""
+        (0: an ephemeral one). A specific address binds the id to its device: a non-loopback
+        address of an UP interface gets one if none holds it (``interface_device``;
+        EADDRINUSE when kernel rxe or another process has UDP 4791 there); ENODEV for an
+        address no device can hold."""
         what = "rdma_bind_addr"
         self._check("bind_addr", what)
         addr = parse_ip(ip, what)
@@ -226,7 +228,7 @@ class RdmaCmId:
         self._move("bind_addr", what)
         try:
             if addr is not None and not addr.is_unspecified:
-                dev = device_for_ip(addr, keep)
+                dev = device_for_ip(addr, keep) or interface_device(addr, keep)
                 if dev is None and addr.is_loopback:
                     # all of 127/8 (and ::1) is local: the device of this process, as
                     # Linux's cma_bind_loopback takes any device (LoopbackListeners)
@@ -251,8 +253,10 @@ class RdmaCmId:
     def resolve_addr(self, src: Any, dst: Any, dst_port: int = 0,
                      timeout_ms: int = 2000) -> None:
         """``rdma_resolve_addr``: pick the device a connection to ``dst`` leaves from
-        (binding the id if it is not), then ADDR_RESOLVED, or ADDR_ERROR when no soft
-        device can reach ``dst``."""
+        (binding the id if it is not; an interface device on the route's source comes up
+        if needed), then ADDR_RESOLVED, or ADDR_ERROR: status -ENETUNREACH when nothing
+        reaches ``dst``, -EADDRINUSE (and one log line) when the route's source address
+        has UDP 4791 taken by kernel rxe or another process."""
         what = "rdma_resolve_addr"
         if self.state != RdmaCmState.IDLE or self.destroyed:  # IDLE: bound first
             self._check("resolve_addr", what)
@@ -271,12 +275,15 @@ class RdmaCmId:
                            errno.EAFNOSUPPORT)
             self.dst_ip, self.dst_port = daddr, dst_port
             dev = self.device
+            status = -errno.ENETUNREACH  # no device reaches dst, as Linux with no route
             if dev is None:
                 keep: list[CmaDevice] = []
                 try:
                     dev = device_for_dst(daddr, keep)
                     if dev is not None:
                         self._attach(dev)
+                except NoDevice as e:  # the route's source is taken (logged)
+                    status = -e.error_code
                 finally:
                     for c in keep:
                         c.release()
@@ -286,7 +293,7 @@ class RdmaCmId:
         self._move("addr_resolved")  # addr_handler: resolved, or failed to find a device
         if dev is None:
             self._move("addr_error")
-            self._event(E.RDMA_CM_EVENT_ADDR_ERROR, status=-errno.ENETUNREACH)
+            self._event(E.RDMA_CM_EVENT_ADDR_ERROR, status=status)
             return
         self._event(E.RDMA_CM_EVENT_ADDR_RESOLVED)
 

@@ -7,16 +7,21 @@ explicit arguments. Nothing here sends packets.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import fcntl
+import functools
 import ipaddress
 import os
 import socket
 import struct
 from dataclasses import dataclass, field
 
-__all__ = ["NetdevInfo", "netdev_for_ip", "eui64_link_local", "ipv4_mapped_gid"]
+__all__ = ["NetdevInfo", "netdev_for_ip", "interface_of", "eui64_link_local",
+           "ipv4_mapped_gid", "IFF_UP"]
 
 _SIOCGIFADDR = 0x8915
+IFF_UP = 0x1  # <net/if.h>: the interface is up (`ip link set ... up`)
 
 
 @dataclass
@@ -64,6 +69,45 @@ def _interfaces() -> list[str]:
         return [name for _, name in socket.if_nameindex()]
 
 
+class _Ifaddrs(ctypes.Structure):
+    pass
+
+
+# <ifaddrs.h>: the part read here (ifa_ifu and ifa_data follow, unread)
+_Ifaddrs._fields_ = [("ifa_next", ctypes.POINTER(_Ifaddrs)), ("ifa_name", ctypes.c_char_p),
+                     ("ifa_flags", ctypes.c_uint), ("ifa_addr", ctypes.c_void_p)]
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def interface_of(ip: str) -> tuple[str, int] | None:
+    """(interface name, ``IFF_*`` flags) of the interface holding ``ip``, from libc's
+    ``getifaddrs`` (every address, secondary IPv4 ones included, which ``SIOCGIFADDR``
+    does not show; a label such as ``eth0:1`` names its interface ``eth0``); None when
+    no interface holds it."""
+    addr = ipaddress.ip_address(ip)
+    fam, off = (socket.AF_INET, 4) if addr.version == 4 else (socket.AF_INET6, 8)
+    libc = _libc()
+    head = ctypes.POINTER(_Ifaddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        return None
+    try:
+        p = head
+        while p:
+            ifa = p.contents
+            if ifa.ifa_addr and ctypes.c_ushort.from_address(ifa.ifa_addr).value == fam:
+                raw = ctypes.string_at(ifa.ifa_addr + off, len(addr.packed))
+                if raw == addr.packed:
+                    return ifa.ifa_name.decode().split(":")[0], int(ifa.ifa_flags)
+            p = ifa.ifa_next
+        return None
+    finally:
+        libc.freeifaddrs(head)
+
+
 def netdev_for_ip(ip: str) -> NetdevInfo:
     """Describe the interface holding ``ip``. Loopback addresses (all of 127/8 and ::1)
     belong to ``lo``. An address no interface holds gives ifname None, a locally
@@ -81,6 +125,12 @@ def netdev_for_ip(ip: str) -> NetdevInfo:
             if mac == bytes(6):
                 mac = _derived_mac(addr)
             return NetdevInfo(name, mac, mtu, [v4] if v4 else [], v6)
+    held = interface_of(ip) if not addr.is_loopback else None
+    if held is not None:  # a secondary IPv4 address: its interface's MAC and MTU
+        mac = bytes.fromhex((_read(f"/sys/class/net/{held[0]}/address") or "").replace(":", ""))
+        mtu = int(_read(f"/sys/class/net/{held[0]}/mtu") or 1500)
+        return NetdevInfo(held[0], mac if len(mac) == 6 and any(mac) else _derived_mac(addr),
+                          mtu, [ip] if addr.version == 4 else [], _ipv6_of(held[0]))
     return NetdevInfo(None, _derived_mac(addr), 1500)
 
 
