@@ -84,16 +84,16 @@ def _prerequisites() -> None:
         _missing(why)
 
 
-def _exec_python(argv: list[str], cwd: Path, rdmacm_dir: Path, timeout: float = 900
-                 ) -> subprocess.CompletedProcess:
-    """``PYTHON argv`` under ``softrdma exec`` on ADDR, with nothing of softrdma's
-    environment but what the suite needs."""
+def _exec_python(argv: list[str], cwd: Path, rdmacm_dir: Path, timeout: float = 900,
+                 form: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``PYTHON argv`` under ``softrdma exec`` on ADDR (``form``: more exec options), with
+    nothing of softrdma's environment but what the suite needs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTRDMA_")}
     env.update(PYTHONPATH=str(ROOT), SOFTRDMA_NETDEV="1", PYTHONFAULTHANDLER="1",
                SOFTRDMA_RDMACM_DIR=str(rdmacm_dir))
-    return subprocess.run([sys.executable, "-m", "softrdma", "exec", "--addr", ADDR, "--",
-                           PYTHON, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "softrdma", "exec", *form, "--addr", ADDR,
+                           "--", PYTHON, *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +232,16 @@ def test_a_forked_child_never_takes_its_parents_address(suite_dir, tmp_path):
     parent, child, again = (ast.literal_eval(line) for line in p.stdout.splitlines()[-3:])
     assert parent == again and parent[1].endswith(":7f00:043c")  # ::ffff:127.0.4.60
     assert child[1].endswith(":7f00:043d"), child  # 127.0.4.61
+
+
+def test_the_ld_library_path_form_gives_the_same_results(suite_run, suite_dir, tmp_path):
+    """``softrdma exec --ld-library-path``: no preload; pyverbs' extension modules load
+    softrdma's libibverbs.so.1 and librdmacm.so.1 as their own dependencies (the form for
+    launchers that set the environment themselves). Every test ends as in the preload run."""
+    rc, text, res = suite_run
+    p = _exec_python(["tests/run_tests.py", "--dev", "softrdma0", "-v"], suite_dir, tmp_path,
+                     form=("--ld-library-path",))
+    ldlp = parse_unittest_output(p.stdout + p.stderr)
+    differ = {t: (res.get(t), o) for t, o in ldlp.items() if res.get(t) != o}
+    assert p.returncode in (0, 1) and ldlp and not differ, \
+        f"status {p.returncode}; (preload, ld-library-path): {differ}\n" + p.stderr[-3000:]
