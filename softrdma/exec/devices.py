@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..errors import PyverbsRDMAError
 from . import shim
 from .shim import be64, guard, handles
 
@@ -188,7 +189,11 @@ def install(ffi: Any, lib: Any) -> None:
     @ffi.def_extern(name="ibv_query_port")
     @guard("errno")
     def query_port(ctx: Any, port: int, attr: Any) -> int:
-        p = context_of(ctx).query_port(port)
+        c = context_of(ctx)
+        try:
+            p = c.query_port(port)
+        except PyverbsRDMAError as e:  # a port the device lacks: the caller's EINVAL
+            raise shim.errno_of(e) from None
         out = ffi.cast("struct ibv_port_attr *", attr)
         # the fields every release's ibv_port_attr has: a caller of the exported symbol
         # may pass the older, shorter structure (_compat_ibv_port_attr)

@@ -152,6 +152,9 @@ def install(lib_ffi: Any, lib: Any) -> None:
     os.environ.setdefault("SOFTRDMA_BACKEND", "soft")  # never load libibverbs: it is us
     from .profile import start_from_environment
     start_from_environment()  # SOFTRDMA_EXEC_PROFILE: cProfile from this first call on
+    if os.environ.get("SOFTRDMA_NETDEV", "").strip() == "1":
+        from ..pyverbs_compat._netdev import install as install_netdev
+        install_netdev()
     from .build import implemented, parts
     for mod in parts():
         mod.install(lib_ffi, lib)

@@ -109,13 +109,34 @@ def _ensure_default() -> None:
                                    errno.EINVAL)
         # a forked child's default device starts at the pinned address but moves on if
         # it is taken: the parent, still alive, holds it (softrdma exec -- a forking program)
-        _registry[DEFAULT_NAME] = SoftDevice(DEFAULT_NAME, pinned or "127.0.0.1",
+        _registry[DEFAULT_NAME] = SoftDevice(DEFAULT_NAME, _child_start(pinned or "127.0.0.1"),
                                              live=mode == "thread",
                                              auto_address=not pinned or _forked)
 
 
+def _child_start(ip: str) -> str:
+    """Where a default device starts looking for a free address: past the addresses of
+    its ancestors' default devices in a forked child. Those stay theirs even while no
+    context of theirs is open (on Linux the address is the netdev's and every process
+    shares it): rdma-core's rdma_cm tests open and close the device in the parent, then
+    fork two sides that bind and connect to its address, and a side that took the freed
+    address would hold that address itself and connect to itself."""
+    if not _forked:
+        return ip
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if not (addr.is_loopback and addr.version == 4):
+        return ip
+    while str(addr) in _ancestors_ips and str(addr) != "127.255.255.255":
+        addr += 1
+    return str(addr)
+
+
 _made: dict[str, dict[str, Any]] = {}  # name -> how add_device made it (for forks)
 _forked = False  # this process is a forked child (of a process that had softrdma)
+_ancestors_ips: set[str] = set()  # the default devices' addresses of the parents (forks)
 
 
 def _after_fork_in_child() -> None:
@@ -129,6 +150,8 @@ def _after_fork_in_child() -> None:
     _forked = True
     old = dict(_registry)
     _registry.clear()
+    if DEFAULT_NAME in old:
+        _ancestors_ips.add(old[DEFAULT_NAME].ip)
     for name, dev in old.items():
         udp = getattr(dev, "udp", None)
         if udp is not None:
