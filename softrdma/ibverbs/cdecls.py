@@ -856,6 +856,11 @@ struct rdma_cm_event {
         struct rdma_ud_param ud;
     } param;
 };
+struct rdma_cm_join_mc_attr_ex {
+    uint32_t comp_mask;
+    uint32_t join_flags;
+    struct sockaddr *addr;
+};
 struct rdma_addrinfo {
     int ai_flags;
     int ai_family;
