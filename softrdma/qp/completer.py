@@ -44,7 +44,7 @@ _U64 = struct.Struct("<Q")  # atomics are host-order (little-endian) 64-bit word
 
 
 class Completer:
-    __slots__ = ("qp", "psn", "opcode", "retry_cnt", "rnr_retry", "started_retry")
+    __slots__ = ("qp", "psn", "opcode", "retry_cnt", "rnr_retry", "started_retry", "retry_psn")
 
     def __init__(self, qp: "QpEngine") -> None:
         self.qp = qp  # the QP engine (rxe: struct rxe_qp)
@@ -56,6 +56,7 @@ class Completer:
         self.retry_cnt = 0
         self.rnr_retry = 0
         self.started_retry = False
+        self.retry_psn = 0  # comp.psn when the retry under way (started_retry) began
 
     def reset_retry_counters(self) -> None:
         a = self.qp.attr
@@ -132,7 +133,8 @@ class Completer:
             if psn_diff(pkt.psn, wqe.last_psn) > 0:
                 if wqe.state == WqeState.PENDING:
                     if is_rd_atm:
-                        self.error_retry(wqe, timeout=False)
+                        self.error_retry(wqe, timeout=False,
+                                         why="a response past the READ/atomic awaited")
                         return
                     # a coalesced ACK: everything up to this WQE's last PSN arrived (comp_wqe)
                     self.reset_retry_counters()
@@ -264,15 +266,29 @@ class Completer:
             return
         self.error_retry(wqe, timeout=True)
 
-    def error_retry(self, wqe: SendWqe, timeout: bool) -> None:
+    def error_retry(self, wqe: SendWqe, timeout: bool, why: str = "PSN sequence NAK") -> None:
+        """Go back to ``self.psn`` (comp.psn) once more, if ``retry_cnt`` allows: the timer
+        fired (``timeout``), a PSN-sequence NAK came, or a READ/atomic response answered a
+        later request than the one we wait for (``why`` says which, for the trace).
+
+        rxe starts one retry sequence from packets and ignores every later one until an
+        ACK arrives (comp.started_retry, "IB/rxe: avoid back-to-back retries"): then a loss
+        among the resent packets, NAK'd by the responder at once, waits for the retransmit
+        timer. That costs a whole timeout (67 ms at perftest's timeout 14) for most losses
+        of a lossy link, because an ACK comes only once per message. Here a packet-driven
+        retry is still ignored while the retry under way has made no progress (the storm
+        of later READ responses still in flight, a second report of the same gap), but
+        not once comp.psn has passed the PSN that retry went back to: the responder got
+        the resent packets up to a new gap and says so, which nothing else will."""
         qp = self.qp
-        why = "timeout" if timeout else "PSN sequence NAK"
-        if self.started_retry and not timeout:
+        if timeout:
+            why = "timeout"
+        elif self.started_retry and psn_diff(self.psn, self.retry_psn) <= 0:
             if qp.device.trace is not None:
-                qp.trace("retry", f"{why} for PSN {self.psn} ignored: a retry is already "
-                                  "under way (rxe: comp.started_retry)", why=why,
-                         psn=self.psn, action="ignored")
-            return  # one retry sequence at a time, unless the timer says it failed
+                qp.trace("retry", f"{why} for PSN {self.psn} ignored: the retry under way "
+                                  f"went back to PSN {self.retry_psn} and has made no "
+                                  "progress since", why=why, psn=self.psn, action="ignored")
+            return  # nothing new since the retry began: it covers this PSN already
         if self.retry_cnt > 0:
             if self.retry_cnt != 7:  # rxe treats 7 as infinite, like rnr_retry
                 self.retry_cnt -= 1
@@ -285,6 +301,7 @@ class Completer:
                 qp.device.counters.completer_retry_err += 1
                 qp.req.need_retry = True
                 self.started_retry = True
+                self.retry_psn = self.psn
                 qp.req_wake()
             return
         qp.device.counters.retry_exceeded_err += 1
