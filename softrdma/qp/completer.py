@@ -221,7 +221,7 @@ class Completer:
                         qp.device.counters.rcvd_seq_err += 1
                         self.psn = pkt.psn
                         qp.req_wake()
-                    self.error_retry(wqe, timeout=False)
+                    self.error_retry(wqe, timeout=False, nak=True)
                     return
                 self._fail(wqe, _NAK_STATUS.get(syn, WCS.IBV_WC_REM_OP_ERR))
                 return
@@ -266,24 +266,28 @@ class Completer:
             return
         self.error_retry(wqe, timeout=True)
 
-    def error_retry(self, wqe: SendWqe, timeout: bool, why: str = "PSN sequence NAK") -> None:
+    def error_retry(self, wqe: SendWqe, timeout: bool, why: str = "PSN sequence NAK",
+                    nak: bool = False) -> None:
         """Go back to ``self.psn`` (comp.psn) once more, if ``retry_cnt`` allows: the timer
-        fired (``timeout``), a PSN-sequence NAK came, or a READ/atomic response answered a
-        later request than the one we wait for (``why`` says which, for the trace).
+        fired (``timeout``), a PSN-sequence NAK came (``nak``), or a READ/atomic response
+        answered a later request than the one we wait for (``why`` says which, for the
+        trace).
 
         rxe starts one retry sequence from packets and ignores every later one until an
         ACK arrives (comp.started_retry, "IB/rxe: avoid back-to-back retries"): then a loss
         among the resent packets, NAK'd by the responder at once, waits for the retransmit
         timer. That costs a whole timeout (67 ms at perftest's timeout 14) for most losses
-        of a lossy link, because an ACK comes only once per message. Here a packet-driven
-        retry is still ignored while the retry under way has made no progress (the storm
-        of later READ responses still in flight, a second report of the same gap), but
-        not once comp.psn has passed the PSN that retry went back to: the responder got
-        the resent packets up to a new gap and says so, which nothing else will."""
+        of a lossy link, because an ACK comes only once per message. Here a NAK always
+        sends the requester back: a responder NAKs a gap once, and again only when it saw
+        a go-back that still lacks the PSN (softrdma's responder; rxe's never does), so
+        each NAK is news. A READ response past the one awaited is not: those still in
+        flight behind a missing one would each start a retry (rxe's storm), so they are
+        ignored while the retry under way has made no progress (comp.psn has not passed
+        the PSN it went back to)."""
         qp = self.qp
         if timeout:
             why = "timeout"
-        elif self.started_retry and psn_diff(self.psn, self.retry_psn) <= 0:
+        elif not nak and self.started_retry and psn_diff(self.psn, self.retry_psn) <= 0:
             if qp.device.trace is not None:
                 qp.trace("retry", f"{why} for PSN {self.psn} ignored: the retry under way "
                                   f"went back to PSN {self.retry_psn} and has made no "
