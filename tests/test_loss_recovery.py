@@ -238,9 +238,8 @@ def test_seeded_5_percent_loss_needs_a_timer_only_where_no_nak_can_come(traced):
 def test_ib_write_bw_under_exec_with_5_percent_loss(tmp_path):
     """Debian's ib_write_bw, both ends under softrdma exec, the client (the requester)
     losing 5 % of what it sends, seeded; MTU 1024 as perftest has it on rxe. Both exit 0
-    with their result row, and the client's trace shows the same rules as above: a
-    go-back for every NAK, none ignored, a timer only after the last packet sent was
-    lost."""
+    with their result row, and the client's trace shows the rule the 80-fold slowdown
+    broke: every NAK sends the requester back at once, none is ignored."""
     port = _free_port()
     log = tmp_path / "client.jsonl"
     args = ["ib_write_bw", "-n", "20", "-s", "65536", "-m", "1024", "-p", port]
@@ -255,5 +254,6 @@ def test_ib_write_bw_under_exec_with_5_percent_loss(tmp_path):
     ev = _events(recs, qpn)
     lost = _lost_psns(recs, qpn)
     assert len(lost) > 20 and ev["naks"], (len(lost), ev["naks"])
+    # (no rule about the timer here: a live process stalled past 67 ms by the machine's
+    # load times out legitimately; the simulated runs above hold the timer's rules)
     assert ev["ignored"] == [] and ev["nak_retries"] == ev["naks"]
-    assert _timeouts_follow_a_lost_tail(recs, qpn), ev["timeouts"]
