@@ -13,7 +13,8 @@ with 5 % loss and 64-packet messages that was nearly every loss, and perftest's
 resend of the NAK'd PSN itself is lost it stays silent and the timer again has to help.
 softrdma's requester acts on every NAK (softrdma/qp/completer.py
 ``Completer.error_retry``) and softrdma's responder NAKs again when it sees a go-back
-that still lacks the expected PSN (softrdma/qp/responder.py). These tests assert on the
+that still lacks the expected PSN (softrdma/qp/responder.py); a READ response after a
+missing one of the same READ re-reads at once, where rxe waits. These tests assert on the
 protocol events (NAKs, go-backs, timer expiries, packets resent), taken from the trace on
 the simulated network's virtual clock and from a perftest run under ``softrdma exec``;
 never on speed.
