@@ -1,8 +1,9 @@
 """The responder: executes incoming requests and answers them (rxe_resp.c).
 
 For each request packet, in rxe's order: PSN check (RC: a packet ahead of the expected PSN
-gets one NAK "PSN sequence error" naming the expected PSN, then silence until it arrives;
-behind it is a duplicate), opcode sequence, opcode allowed by the QP's access flags,
+gets one NAK "PSN sequence error" naming the expected PSN, then silence until it arrives,
+except that a go-back of the requester still lacking it is NAK'd again, where rxe waits for
+the requester's timer; behind it is a duplicate), opcode sequence, opcode allowed by the QP's access flags,
 resources (a receive WQE for sends and write-with-immediate, else an RNR NAK; responder
 resources for reads and atomics), lengths, the rkey and range, then execution. Sends land
 in the receive WQE's buffers, writes in the MR the rkey names, reads are answered with
@@ -193,7 +194,7 @@ def _write_fits(resid: int, n: int, pad: int, mtu: int) -> bool:
 
 
 class Responder:
-    __slots__ = ("qp", "psn", "ack_psn", "msn", "opcode", "sent_psn_nak", "drop_msg",
+    __slots__ = ("qp", "psn", "ack_psn", "msn", "opcode", "sent_psn_nak", "nak_top", "drop_msg",
                  "wqe", "wqe_offset", "va", "rkey", "resid", "length", "resources", "res_head",
                  "status", "syndrome", "goto_error", "far_dup_ack_at", "duplicates", "res",
                  "held", "budget")
@@ -212,6 +213,7 @@ class Responder:
         self.msn = 0
         self.opcode = -1
         self.sent_psn_nak = False
+        self.nak_top = 0  # the highest PSN received since that NAK (while sent_psn_nak)
         self.drop_msg = False
         self.wqe = None  # the receive WQE being filled by a multi-packet send
         self.wqe_offset = 0
@@ -329,8 +331,23 @@ class Responder:
                                              "a gap (one NAK, later packets dropped)",
                                       psn=pkt.psn, expected=self.psn)
                     self.sent_psn_nak = True
+                    self.nak_top = pkt.psn
+                    self.send_ack(NakCode.PSN_SEQ_ERROR, self.psn)
+                elif psn_diff(self.nak_top, pkt.psn) >= 2 and diff <= RXE_MAX_UNACKED_PSNS:
+                    # The requester went back (a PSN well below one seen since the NAK:
+                    # not two neighbours swapped, nor one bad PSN) and its resend of the
+                    # expected PSN was lost: say so again, once per go-back, or only its
+                    # retransmit timer would. rxe stays silent here.
+                    dev.counters.out_of_seq_request += 1
+                    if dev.trace is not None:
+                        self.qp.trace("ack", f"PSN {pkt.psn} arrived again, {self.psn} still "
+                                             "expected: the resend of the NAK'd PSN was lost "
+                                             "(NAK again)", psn=pkt.psn, expected=self.psn)
+                    self.nak_top = pkt.psn
                     self.send_ack(NakCode.PSN_SEQ_ERROR, self.psn)
                 else:
+                    if psn_diff(pkt.psn, self.nak_top) > 0:
+                        self.nak_top = pkt.psn
                     dev.counters.drop(Drop.PSN_OUT_OF_SEQ)  # the silent drops that follow
                 return
             if diff < 0:
