@@ -17,6 +17,10 @@ import re
 
 import pytest
 
+from softrdma.harness.lab import guest_ip
+from softrdma.wire.frames import decode_frame
+from softrdma.wire.pcap import read_pcap
+
 from .exec_pair import ROLES, Ready, ok, run_pair
 
 PORTS = iter(range(19750, 19799))  # test_exec_interop_verbs.py has 19700-19749
@@ -111,3 +115,41 @@ def test_perftest_with_loss_under_exec_against_rxe(scenario, role, tmp_path):
     text = trace.read_text()
     seen = "go back to PSN" in text if role == "exec-client" else "NAK PSN_SEQ_ERROR" in text
     assert seen, text[-3000:]
+
+
+def _rxe_answers(pcap, rxe_ip: str) -> list[tuple[str, int]]:
+    """What rxe sent in a capture: ("ACK" or "NAK", PSN) for each RC ACKNOWLEDGE."""
+    out = []
+    for rec in read_pcap(pcap):
+        f = decode_frame(rec.data, rec.linktype)
+        if f is None or f.dport != 4791 or f.src != rxe_ip or f.payload[0] != 0x11:
+            continue
+        psn = int.from_bytes(f.payload[9:12], "big")
+        out.append(("NAK" if f.payload[12] >> 5 == 3 else "ACK", psn))
+    return out
+
+
+def test_one_lost_write_packet_against_rxe(scenario, tmp_path):
+    """The kernel-rxe facts behind ib_write_bw's crawl under loss (docs/exec.md, "Against
+    kernel rxe in the lab"): one RDMA WRITE packet the exec'd client never sends (its
+    --fault drops the 100th WRITE MIDDLE, in the second of 20 64 KiB writes) makes rxe
+    answer exactly one NAK (PSN sequence error, naming that PSN) and drop what follows
+    without a word, and softrdma goes back to that PSN at once: no timeout, no NAK
+    ignored, the transfer whole. -u 20 (a 4.3 s retransmit timer instead of 67 ms): a
+    guest starved of CPU for 67 ms would otherwise ACK late, a timeout would start a retry
+    first, and the NAK would be ignored, as rxe ignores it."""
+    lab, trace, pcap = scenario, tmp_path / "exec.trace", tmp_path / "one-loss.pcap"
+    cap = lab.capture(pcap)
+    try:
+        ours, rxe = perftest_pair(lab, "exec-client", "ib_write_bw -u 20 -s 65536 -n 20",
+                                  exec_opts="--fault 'tx:drop(RDMA_WRITE_MIDDLE,nth=100)' "
+                                            f"--trace retry --trace-file {trace}")
+    finally:
+        cap.terminate()
+        cap.wait(timeout=10)
+    check_perftest(ours, rxe, "exec-client", "ib_write_bw", 65536, 20, 1)
+    text = trace.read_text()
+    back = re.findall(r"go back to PSN (\d+): PSN sequence NAK", text)
+    assert len(back) == 1 and "timeout" not in text and "ignored" not in text, text
+    naks = [psn for kind, psn in _rxe_answers(pcap, guest_ip(0)) if kind == "NAK"]
+    assert naks == [int(back[0])], naks
