@@ -1028,6 +1028,14 @@ def install(ffi: Any, lib: Any) -> None:
         handles.release("srq", srq)
         return 0
 
+    @guard("errno")
+    def cq_at_close(cq: Any) -> int:
+        cq_of(cq).unacked = 0  # closing the context does not wait for the acks
+        return destroy_cq(cq)
+
+    shim.destroyers.update(qp=ibv_destroy_qp, srq=ibv_destroy_srq, cq=cq_at_close,
+                           comp_channel=ibv_destroy_comp_channel)
+
     @ffi.def_extern(name="softrdma_post_srq_recv")
     @guard("errno")
     def post_srq_recv(srq: Any, wr: Any, bad_wr: Any) -> int:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from . import abi
 
 __all__ = ["install", "guard", "Errno", "errno_of", "Handles", "handles", "be64", "address", "ffi",
-           "read_like_libc"]
+           "read_like_libc", "destroyers"]
 
 log = logging.getLogger("softrdma.exec")
 
@@ -120,9 +120,25 @@ class Handles:
     def of_kind(self, kind: str) -> list[Any]:
         return [e[2] for e in self._by_addr.values() if e[0] == kind]
 
+    def items(self, kind: str) -> list[tuple[Any, Any]]:
+        """``(structure, object)`` of every ``kind`` handed out, oldest first."""
+        return [(e[1], e[2]) for e in self._by_addr.values() if e[0] == kind]
+
+    def count(self) -> dict[str, int]:
+        """How many structures of each kind are handed out (tests, leak checks)."""
+        out: dict[str, int] = {}
+        for kind, _, _ in self._by_addr.values():
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
 
 #: every structure handed out, by address
 handles = Handles()
+
+#: kind of handle -> its destroy verb's body (guarded: 0, or the failure value with errno
+#: set), filled by the parts: what ``ibv_close_device`` calls for the objects a program
+#: left in the context (see :func:`softrdma.exec.devices.destroy_children`)
+destroyers: dict[str, Callable[[Any], Any]] = {}
 
 
 def be64(v: int) -> int:
