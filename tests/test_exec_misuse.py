@@ -13,8 +13,11 @@ of tests/programs/ compiled here against the installed headers):
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +124,144 @@ def test_closing_a_context_forgets_the_exec_records_of_its_objects(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == "['comp_channel', 'context', 'cq', 'mr', 'pd'] True", \
         r.stdout + r.stderr
+
+
+# ---- a program killed in the middle of an rdma_cm transfer ------------------------------
+
+class _Lines:
+    """A process's merged output, read line by line on a thread, with times."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.lines: list[tuple[float, str]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip()[:120]))
+
+    def wait_for(self, pred, timeout: float, start: int = 0) -> float:
+        """Until a line from the ``start``-th on that ``pred`` accepts; the time it
+        came. Fails after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, line in list(self.lines)[start:]:
+                if pred(line):
+                    return t
+            assert self.proc.poll() is None, self.lines[-20:]
+            time.sleep(0.02)
+        raise AssertionError(f"no such line in {timeout} s: {self.lines[-20:]}")
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _settled_fds(pid: int, want: int, timeout: float = 20) -> int:
+    """The descriptor count of ``pid`` once it is ``want`` (a connection's teardown runs
+    on the server's threads after the event), or the last seen after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (n := _fds(pid)) != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return n
+
+
+#: the peer learns of the death from the DREQ the dead program's guardian sends as soon
+#: as the program's descriptors close (milliseconds); this is a generous bound for a
+#: loaded machine, not the expected time
+DISCONNECT_BOUND = 30.0
+
+
+@pytest.mark.parametrize("server_kind", ["exec", "python"])
+def test_a_killed_rping_client_disconnects_its_long_lived_server(server_kind):
+    """A persistent rping server (Debian's under exec, or softrdma's Python rping -P),
+    its client -- Debian's rping under exec -- killed with SIGKILL in the middle of its
+    pings (the server between its RDMA READ, WRITE and SEND). On Linux the kernel closes
+    the dead client's rdma_cm file and sends the DREQ; under exec the program's guardian
+    (softrdma.exec.reaper) does, so the server prints "DISCONNECT EVENT" within
+    milliseconds (bound asserted: DISCONNECT_BOUND); without the guardian it waits for
+    the client's next SEND for ever. Then the server's device lives (a new client pings
+    3 times) and it holds exactly the descriptors it held before the killed connection
+    (its connection's channel, CQ and the QP's UDP source-port socket went with it)."""
+    require_tool("rping")
+    srv_ip, cli_ip, port = "127.0.3.24", "127.0.3.25", str(7600 + (server_kind == "python"))
+    size = ["-S", "200"]
+    if server_kind == "exec":
+        argv = _exec(srv_ip, "stdbuf", "-oL", "rping", "-s", "-P", "-v", "-a", srv_ip,
+                     "-p", port, *size)
+    else:
+        argv = SOFT + ["rping", "-s", "-P", "-v", "-a", srv_ip, "-p", port, *size]
+    srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                "SOFTRDMA_EXEC_CM_TRACE": "1", "SOFTRDMA_IP": srv_ip})
+    out = _Lines(srv)
+    victim = None
+    try:
+        if server_kind == "exec":
+            out.wait_for(lambda ln: "rdma_listen -> 0" in ln, 60)
+        client = _exec(cli_ip, "rping", "-c", "-a", srv_ip, "-p", port, *size)
+        warm = subprocess.run(client + ["-C", "2"], capture_output=True, text=True,
+                              timeout=120)
+        assert warm.returncode == 0, warm.stdout + warm.stderr
+        before = _settled_fds(srv.pid, -1, timeout=1)
+        victim = subprocess.Popen(client + ["-C", "0"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        out.wait_for(lambda ln: "ping data: rdma-ping-20:" in ln, 120, start=len(out.lines))
+        victim.kill()
+        killed = time.monotonic()
+        victim.wait(timeout=30)
+        seen = out.wait_for(lambda ln: "DISCONNECT EVENT" in ln, DISCONNECT_BOUND)
+        assert seen - killed < DISCONNECT_BOUND
+        again = subprocess.run(client + ["-C", "3", "-v"], capture_output=True, text=True,
+                               timeout=120)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert again.stdout.count("ping data: rdma-ping-") == 3
+        assert _settled_fds(srv.pid, before) == before
+        assert srv.poll() is None
+    finally:
+        if victim is not None:
+            victim.kill()
+        srv.kill()
+        srv.wait()
+
+
+def test_a_killed_rstream_client_fails_its_server_in_bounded_time():
+    """Debian's rstream, both ends under exec, 10,000-byte transfers with -T a (rpoll
+    before each call); the client is killed with SIGKILL mid-transfer. The server's rpoll
+    says POLLHUP once the dead client's DREQ arrived (sent by its guardian), and rstream
+    ends with an error instead of waiting for ever (bound: DISCONNECT_BOUND). (With its
+    default -T, non-blocking calls and no rpoll, rstream takes rrecv's 0 at the end of
+    the stream with a stale EAGAIN in errno for "try again" and spins: rstream's own
+    loop, the same on Linux, where rsocket.c's rrecv also returns 0.)"""
+    require_tool("rstream")
+    srv_ip, cli_ip, port = "127.0.3.26", "127.0.3.27", "7602"
+    args = ["-p", port, "-C", "100000000", "-S", "10000", "-T", "a"]
+    srv = subprocess.Popen(_exec(srv_ip, "rstream", "-b", srv_ip, *args),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = None
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the server listens: a client refused before then is retried
+            victim = subprocess.Popen(_exec(cli_ip, "rstream", "-s", srv_ip, *args),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True)
+            try:
+                err = victim.communicate(timeout=3)[1]
+            except subprocess.TimeoutExpired:
+                break  # connected, transferring
+            assert time.monotonic() < deadline and srv.poll() is None, err
+            time.sleep(0.5)
+        victim.kill()
+        killed = time.monotonic()
+        victim.wait(timeout=30)
+        try:
+            out, err = srv.communicate(timeout=DISCONNECT_BOUND)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            raise AssertionError(f"the server still runs: {srv.communicate()}") from None
+        assert time.monotonic() - killed < DISCONNECT_BOUND
+        assert srv.returncode != 0, out + err
+    finally:
+        if victim is not None:
+            victim.kill()
+        srv.kill()

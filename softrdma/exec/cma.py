@@ -632,6 +632,8 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
     names = _event_names()
     unknown = ffi.new("char[]", b"UNKNOWN EVENT")
     _at_exit()
+    from . import reaper
+    reaper.install()  # the kernel's DREQs for a program that dies connected
 
     @ffi.def_extern(name="rdma_create_event_channel")
     @cm_call(ffi.NULL)
