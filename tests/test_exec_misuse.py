@@ -15,38 +15,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from softrdma.exec.build import library_path
-
 from .conftest import require_tool
+from .exec_pair import SOFT, compile_program, exec_argv
 
-SOFT = [sys.executable, "-m", "softrdma"]
-PROGRAMS = Path(__file__).parent / "programs"
-
-
-def _exec(addr: str, *argv: str) -> list[str]:
-    return SOFT + ["exec", "--addr", addr, "--", *argv]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _library_built():
-    """Build the preload library once, before two launchers would build it at once."""
-    library_path()
-
-
-def _compile(tmp_path: Path, name: str, *libs: str) -> str:
-    gcc = require_tool("gcc")
-    exe = tmp_path / name
-    r = subprocess.run([gcc, "-O1", "-Wall", "-o", str(exe), str(PROGRAMS / f"{name}.c"),
-                        "-libverbs", *libs], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return str(exe)
+pytestmark = pytest.mark.usefixtures("exec_library")
 
 
 @pytest.mark.parametrize("mode,expected", [
@@ -63,8 +40,8 @@ def test_a_signal_ends_a_blocking_wait_with_eintr_unless_sa_restart(tmp_path, mo
     event a thread makes 0.3 s after the handler ran. (Python's own waits retry after
     EINTR, PEP 475: without the libc read the first case hangs, bounded here by the
     timeout.)"""
-    exe = _compile(tmp_path, "exec_eintr", "-lrdmacm", "-lpthread")
-    r = subprocess.run(_exec("127.0.3.21", exe, mode, "127.0.3.21"), capture_output=True,
+    exe = compile_program(tmp_path, "exec_eintr", "-lrdmacm", "-lpthread")
+    r = subprocess.run(exec_argv("127.0.3.21", exe, mode, "127.0.3.21"), capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split("\n")[:-1] == expected, r.stdout + r.stderr
@@ -80,8 +57,8 @@ def test_closing_a_context_with_live_objects_destroys_them_as_closing_uverbs_doe
     60 s), each stale pointer afterwards -- the data path's inlines through
     ``qp->context->ops`` included -- is EINVAL and never a crash, and a context opened
     after works."""
-    exe = _compile(tmp_path, "exec_close_live")
-    r = subprocess.run(_exec("127.0.3.22", exe), capture_output=True, text=True, timeout=120)
+    exe = compile_program(tmp_path, "exec_close_live")
+    r = subprocess.run(exec_argv("127.0.3.22", exe), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     oks = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("OK ")]
     assert oks == ["connected", "closed", "descriptors", "stale", "peer", "device"], \
@@ -119,7 +96,7 @@ def test_closing_a_context_forgets_the_exec_records_of_its_objects(tmp_path):
     go with the context: after ibv_close_device of a context left with a PD, a channel,
     a CQ and an MR, the records are exactly those from before it was opened (seen from a
     Python host, whose interpreter runs the library)."""
-    r = subprocess.run(_exec("127.0.3.23", "/usr/bin/python3", "-c", _RECORDS_PROBE),
+    r = subprocess.run(exec_argv("127.0.3.23", "/usr/bin/python3", "-c", _RECORDS_PROBE),
                        capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == "['comp_channel', 'context', 'cq', 'mr', 'pd'] True", \
@@ -187,7 +164,7 @@ def test_a_killed_rping_client_disconnects_its_long_lived_server(server_kind):
     srv_ip, cli_ip, port = "127.0.3.24", "127.0.3.25", str(7600 + (server_kind == "python"))
     size = ["-S", "200"]
     if server_kind == "exec":
-        argv = _exec(srv_ip, "stdbuf", "-oL", "rping", "-s", "-P", "-v", "-a", srv_ip,
+        argv = exec_argv(srv_ip, "stdbuf", "-oL", "rping", "-s", "-P", "-v", "-a", srv_ip,
                      "-p", port, *size)
     else:
         argv = SOFT + ["rping", "-s", "-P", "-v", "-a", srv_ip, "-p", port, *size]
@@ -199,7 +176,7 @@ def test_a_killed_rping_client_disconnects_its_long_lived_server(server_kind):
     try:
         if server_kind == "exec":
             out.wait_for(lambda ln: "rdma_listen -> 0" in ln, 60)
-        client = _exec(cli_ip, "rping", "-c", "-a", srv_ip, "-p", port, *size)
+        client = exec_argv(cli_ip, "rping", "-c", "-a", srv_ip, "-p", port, *size)
         warm = subprocess.run(client + ["-C", "2"], capture_output=True, text=True,
                               timeout=120)
         assert warm.returncode == 0, warm.stdout + warm.stderr
@@ -236,13 +213,13 @@ def test_a_killed_rstream_client_fails_its_server_in_bounded_time():
     require_tool("rstream")
     srv_ip, cli_ip, port = "127.0.3.26", "127.0.3.27", "7602"
     args = ["-p", port, "-C", "100000000", "-S", "10000", "-T", "a"]
-    srv = subprocess.Popen(_exec(srv_ip, "rstream", "-b", srv_ip, *args),
+    srv = subprocess.Popen(exec_argv(srv_ip, "rstream", "-b", srv_ip, *args),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = None
     try:
         deadline = time.monotonic() + 60
         while True:  # until the server listens: a client refused before then is retried
-            victim = subprocess.Popen(_exec(cli_ip, "rstream", "-s", srv_ip, *args),
+            victim = subprocess.Popen(exec_argv(cli_ip, "rstream", "-s", srv_ip, *args),
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       text=True)
             try:
