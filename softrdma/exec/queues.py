@@ -19,7 +19,8 @@ fd, or inside ``ibv_get_cq_event``, holds no GIL while the thread delivers.
 Channels and async events have **real descriptors** (:class:`EventFd`, an eventfd):
 readable exactly while an event is pending, blocking unless the program sets O_NONBLOCK,
 in which case ``ibv_get_cq_event``/``ibv_get_async_event`` fail with EAGAIN as
-libibverbs' ``read()`` would.
+libibverbs' ``read()`` would. They wait in that very ``read()`` (libc's, not Python's,
+which retries after EINTR): a signal handled without SA_RESTART ends the wait with EINTR.
 
 Public names for the other parts (the ``ext`` and ``cma`` helpers build on them):
 
