@@ -173,8 +173,9 @@ def _pair(argv: list[str], port: int, server_ip: str, client_ip: str,
     """A server and a client of the same binary, each under softrdma exec. The client
     starts once the server listens on its TCP port (their out-of-band exchange); with
     ``rdma_cm`` once the server's device is up. A client that came before the server's
-    rdma_listen is rejected at once: then both start again (a few times at most; a
-    listener that rejected an early REQ does not take the next one, see the report)."""
+    rdma_listen is rejected at once: then both start again (a few times at most; the
+    rejected perftest client gives up and its server waits for ever for its data
+    connection, so that server is killed at once -- perftest's, see docs/exec.md)."""
     rejected = lambda r: rdma_cm and ("Unexpected CM event" in r.stdout + r.stderr  # noqa: E731
                                       or "REJECTED" in r.stdout + r.stderr)
     for attempt in range(5 if rdma_cm else 1):
