@@ -78,11 +78,17 @@ class Server:
     a readiness read on the way are part of what it collects."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, stdin: bool = False) -> None:
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env, cwd=cwd)
+                                     stdin=subprocess.PIPE if stdin else None, text=True,
+                                     env=env, cwd=cwd)
         self.seen = {"stdout": "", "stderr": ""}
+
+    def send_line(self, text: str) -> None:
+        """A line to the server's stdin (made with ``stdin=True``)."""
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
 
     def until(self, ready: Callable[[], bool], what: str, timeout: float = READY) -> None:
         """Poll ``ready()`` until true; fails if the server exits or ``timeout`` passes."""

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from .conftest import require_tool
-from .exec_pair import SOFT, compile_program, exec_argv
+from .exec_pair import SOFT, Server, compile_program, exec_argv, line as printed, run
 
 pytestmark = pytest.mark.usefixtures("exec_library")
 
@@ -242,3 +242,36 @@ def test_a_killed_rstream_client_fails_its_server_in_bounded_time():
         if victim is not None:
             victim.kill()
         srv.kill()
+
+
+# ---- a server between two listeners (perftest -R) ----------------------------------------
+
+def test_a_request_between_two_listeners_is_rejected_and_the_next_listener_serves():
+    """What softrdma does in perftest -R's gap (tests/programs/exec_cm_relisten.py plays
+    its server: listen, accept, destroy the listener, listen again on the same port): a
+    client's request while no listener exists is REJECTED with reason 8 (no listener), as
+    Linux's CM answers it, at once; the listener made afterwards takes the next client,
+    which connects and disconnects normally. (What hangs after a rejected perftest client
+    is perftest's own: its server waits for ever for the data connection, and a later
+    client's control connection is taken as one; docs/exec.md.)"""
+    srv_ip, cli_ip, port = "127.0.3.28", "127.0.3.29", "7603"
+    programs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+    client = exec_argv(cli_ip, "/usr/bin/python3", os.path.join(programs, "exec_cm_ctypes.py"),
+                       "client", srv_ip, port)
+    with Server(exec_argv(srv_ip, "/usr/bin/python3",
+                          os.path.join(programs, "exec_cm_relisten.py"), srv_ip, port),
+                stdin=True) as srv:
+        printed("listening", "stdout")(srv)
+        first = run(client)
+        assert first.returncode == 0, first.stdout + first.stderr
+        printed("no listener", "stdout")(srv)
+        early = run(client)
+        assert early.returncode != 0
+        assert "event RDMA_CM_EVENT_REJECTED 8 " in early.stdout, early.stdout + early.stderr
+        srv.send_line("go")
+        printed("listening again", "stdout")(srv)
+        later = run(client)
+        assert later.returncode == 0, later.stdout + later.stderr
+        res = srv.finish()
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.splitlines()[-1] == "done", res.stdout
