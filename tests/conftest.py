@@ -43,6 +43,14 @@ def wait_until(cond: Callable[[], Any], timeout: float = 10.0) -> bool:
     return True
 
 
+@pytest.fixture(scope="session")
+def exec_library():
+    """softrdma exec's preload library, built once for the session, before two launchers
+    of a test would both build it (the exec test files use it: ``pytestmark``)."""
+    from softrdma.exec.build import library_path
+    return library_path()
+
+
 @pytest.fixture
 def live_device():
     """A factory of live soft devices on loopback: ``live_device(ip, name)`` registers

@@ -8,9 +8,9 @@ import pstats
 import re
 import subprocess
 import sys
-import time
 
 from .conftest import ROOT
+from .exec_pair import exec_argv, pair, tcp_port
 
 SERVER_IP, CLIENT_IP = "127.0.5.11", "127.0.5.12"
 
@@ -44,35 +44,16 @@ def test_bench_exec_prints_both_paths_at_both_sizes_and_their_ratios():
         assert 0 < low <= ratio <= high
 
 
-def _listening(port: int) -> bool:
-    want = f":{port:04X}"
-    with open("/proc/net/tcp") as f:
-        return any(line.split()[1].endswith(want) and line.split()[3] == "0A"
-                   for line in f.readlines()[1:])
-
-
 def test_exec_profile_writes_the_programs_statistics_at_exit(tmp_path):
     """softrdma exec --profile: the C program's process writes cProfile statistics when
     it exits ('{pid}' in the name becomes its pid); they count the verbs it called --
     the data path's post_send once per write, poll_cq -- and the device's progress
     thread (received packets) as well as the program's own."""
     argv = ["ib_write_bw", "-d", "softrdma0", "-s", "64", "-n", "40", "-p", "20570", "-F"]
-    base = [sys.executable, "-m", "softrdma", "exec"]
     prof = tmp_path / "client-{pid}.prof"
-    srv = subprocess.Popen(base + ["--addr", SERVER_IP, "--"] + argv, cwd=ROOT, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while not _listening(20570) and srv.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        cli = subprocess.run(base + ["--profile", str(prof), "--addr", CLIENT_IP, "--"] + argv
-                             + [SERVER_IP], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)
-        srv.communicate(timeout=120)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.wait()
+    cli, _srv = pair(exec_argv(SERVER_IP, *argv),
+                     exec_argv(CLIENT_IP, *argv, SERVER_IP, opts=("--profile", str(prof))),
+                     tcp_port(20570), cwd=str(ROOT))
     assert cli.returncode == 0, cli.stdout + cli.stderr
     files = list(tmp_path.glob("client-*.prof"))
     assert len(files) == 1 and re.fullmatch(r"client-\d+\.prof", files[0].name), files

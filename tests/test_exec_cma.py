@@ -12,29 +12,25 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from .conftest import require_tool
+from .exec_pair import LIMIT as TIMEOUT, exec_argv, line as printed, pair, run, started
 
 SERVER, CLIENT = "127.0.3.11", "127.0.3.12"
 PROGRAM = str(Path(__file__).parent / "programs" / "exec_cm_ctypes.py")
-#: a generous bound for one tool's whole run (a handful of messages on loopback)
-TIMEOUT = 120
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _library_built():
-    """The preload library built once, here, before any pair starts (two launchers
-    building at once both succeed, but the first server would wait on its build)."""
-    from softrdma.exec.build import library_path
-    library_path()
+pytestmark = pytest.mark.usefixtures("exec_library")
+#: the server is ready once its rdma_listen returned 0 (SOFTRDMA_EXEC_CM_TRACE's line on
+#: stderr: a tool's stdout is a pipe, so block-buffered, and says nothing until it ends)
+LISTENING = printed("rdma_listen -> 0")
 
 
 def _exec(addr: str, *argv: str) -> list[str]:
-    return [sys.executable, "-m", "softrdma", "exec", "--addr", addr, "--", *argv]
+    return exec_argv(addr, *argv)
 
 
 def _env() -> dict[str, str]:
@@ -42,47 +38,21 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
+def _trace_env() -> dict[str, str]:
+    return {**_env(), "SOFTRDMA_EXEC_CM_TRACE": "1"}
+
+
 def _run(addr: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(_exec(addr, *argv), capture_output=True, text=True,
-                          timeout=TIMEOUT, env=_env())
-
-
-def _start(addr: str, *argv: str) -> subprocess.Popen:
-    # the rdma_* trace on stderr says when the server listens (a tool's stdout is a pipe,
-    # so block-buffered: it says nothing until the tool ends)
-    return subprocess.Popen(_exec(addr, *argv), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**_env(), "SOFTRDMA_EXEC_CM_TRACE": "1"})
-
-
-def _wait_listening(p: subprocess.Popen, timeout: float = 60) -> None:
-    """Until the server's rdma_listen returned 0 (its trace line on stderr)."""
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = p.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "rdma_listen -> 0" in line:
-            return
-    p.kill()
-    raise AssertionError(f"the server never listened: {lines} {p.stdout.read()}")
+    return run(_exec(addr, *argv), env=_env(), timeout=TIMEOUT)
 
 
 def _pair(server_argv: list[str], client_argv: list[str],
           client_addr: str = CLIENT) -> tuple[str, str]:
     """Run a server until it listens, then the client; both outputs once both ended
     (each must exit 0)."""
-    srv = _start(SERVER, *server_argv)
-    try:
-        _wait_listening(srv)
-        cli = _run(client_addr, *client_argv)
-        out, err = srv.communicate(timeout=TIMEOUT)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
+    cli, srv = pair(_exec(SERVER, *server_argv), _exec(client_addr, *client_argv), LISTENING,
+                    server_env=_trace_env(), client_env=_env(), timeout=TIMEOUT)
+    out, err = srv.stdout, srv.stderr
     assert cli.returncode == 0, (cli.stdout, cli.stderr)
     assert srv.returncode == 0, (out, err)
     return out, cli.stdout
@@ -238,32 +208,20 @@ def test_rping_against_softrdmas_own_rping(exec_role):
     port = "7486" if exec_role == "client" else "7487"
     py = [sys.executable, "-m", "softrdma", "rping"]
     if exec_role == "client":
-        # -d: the Python server says "rdma_listen" (flushed) just before it listens
-        srv = subprocess.Popen(py + ["-s", "-v", "-d", "-a", SERVER, "-p", port],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**_env(), "SOFTRDMA_IP": SERVER})
+        # -d: the Python server says "rdma_listen" (flushed) just before it listens; a
+        # request in the instant before listen() is rejected: again
+        cli, res = pair(py + ["-s", "-v", "-d", "-a", SERVER, "-p", port],
+                        _exec(CLIENT, "rping", "-c", "-v", "-C", "3", "-a", SERVER, "-p", port),
+                        printed("rdma_listen", "stdout"),
+                        again=lambda r: r.returncode != 0 and "REJECTED" in r.stdout + r.stderr,
+                        server_env={**_env(), "SOFTRDMA_IP": SERVER}, client_env=_env(),
+                        timeout=TIMEOUT)
     else:
-        srv = _start(SERVER, "rping", "-s", "-v", "-a", SERVER, "-p", port)
-    try:
-        if exec_role == "client":
-            while "rdma_listen" not in (line := srv.stdout.readline()):
-                assert line, srv.communicate()
-            deadline = time.monotonic() + 30
-            while True:  # a request in the instant before listen() is rejected: again
-                cli = _run(CLIENT, "rping", "-c", "-v", "-C", "3", "-a", SERVER, "-p", port)
-                if cli.returncode == 0 or time.monotonic() > deadline or \
-                        "REJECTED" not in cli.stdout + cli.stderr:
-                    break
-        else:
-            _wait_listening(srv)
-            cli = subprocess.run(py + ["-c", "-v", "-C", "3", "-a", SERVER, "-p", port],
-                                 capture_output=True, text=True, timeout=TIMEOUT,
-                                 env={**_env(), "SOFTRDMA_IP": CLIENT})
-        out, err = srv.communicate(timeout=TIMEOUT)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
+        cli, res = pair(_exec(SERVER, "rping", "-s", "-v", "-a", SERVER, "-p", port),
+                        py + ["-c", "-v", "-C", "3", "-a", SERVER, "-p", port], LISTENING,
+                        server_env=_trace_env(), client_env={**_env(), "SOFTRDMA_IP": CLIENT},
+                        timeout=TIMEOUT)
+    srv, out, err = res, res.stdout, res.stderr
     assert cli.returncode == 0, (cli.stdout, cli.stderr)
     assert srv.returncode == 0, (out, err)
     pings = _ping_lines(cli.stdout, "ping data: ")
@@ -287,16 +245,11 @@ def test_a_program_exiting_with_a_live_connection_disconnects_its_peer(host, tmp
         client = [str(exe), SERVER, port]
     else:
         client = ["/usr/bin/python3", PROGRAM, "client-exit", SERVER, port]
-    srv = _start(SERVER, "/usr/bin/python3", PROGRAM, "server", SERVER, port)
-    try:
-        _wait_listening(srv)
-        cli = _run(CLIENT, *client)
-        # the server's wait for each event is 60 s: the DREQ must come long before
-        out, err = srv.communicate(timeout=30)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
+    # the server's wait for each event is 60 s: the DREQ must come long before
+    cli, srv = pair(_exec(SERVER, "/usr/bin/python3", PROGRAM, "server", SERVER, port),
+                    _exec(CLIENT, *client), LISTENING, server_env=_trace_env(),
+                    client_env=_env(), timeout=30)
+    out, err = srv.stdout, srv.stderr
     assert cli.returncode == 0, (cli.stdout, cli.stderr)
     assert "exiting without rdma_destroy_id" in cli.stdout
     assert srv.returncode == 0, (out, err)
@@ -324,28 +277,15 @@ def test_cmatose_and_udaddy_against_softrdmas_own(tool, exec_role):
     fill = lambda args: [a.format(addr=SERVER, port=port) for a in args]  # noqa: E731
     py = [sys.executable, "-m", "softrdma", tool]
     if exec_role == "client":
-        srv = subprocess.Popen(py + fill(sargs), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True,
-                               env={**_env(), "SOFTRDMA_IP": SERVER})
+        cli, srv = pair(py + fill(sargs), _exec(CLIENT, binary, *fill(cargs)), started,
+                        again=lambda r: r.returncode != 0,
+                        server_env={**_env(), "SOFTRDMA_IP": SERVER}, client_env=_env(),
+                        timeout=TIMEOUT)
     else:
-        srv = _start(SERVER, binary, *fill(sargs))
-    try:
-        if exec_role == "client":
-            deadline = time.monotonic() + 60
-            while True:
-                cli = _run(CLIENT, binary, *fill(cargs))
-                if cli.returncode == 0 or time.monotonic() > deadline or srv.poll() is not None:
-                    break
-                time.sleep(0.2)
-        else:
-            _wait_listening(srv)
-            cli = subprocess.run(py + fill(cargs), capture_output=True, text=True,
-                                 timeout=TIMEOUT, env={**_env(), "SOFTRDMA_IP": CLIENT})
-        out, err = srv.communicate(timeout=TIMEOUT)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
+        cli, srv = pair(_exec(SERVER, binary, *fill(sargs)), py + fill(cargs), LISTENING,
+                        server_env=_trace_env(), client_env={**_env(), "SOFTRDMA_IP": CLIENT},
+                        timeout=TIMEOUT)
+    out, err = srv.stdout, srv.stderr
     assert cli.returncode == 0, (cli.stdout, cli.stderr)
     assert srv.returncode == 0, (out, err)
     assert "return status 0" in cli.stdout and "return status 0" in out, (cli.stdout, out)

@@ -12,10 +12,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from softrdma.tools.exectool import exec_environment
+
+from .exec_pair import exec_argv, pair, started
 
 SOFTRDMA = [sys.executable, "-m", "softrdma"]
 
@@ -225,25 +226,15 @@ def test_capture_faults_and_trace_reach_a_c_programs_device(tmp_path):
     drops its first message's last packet, so it sends that message again (its first
     PSN twice in the capture), and ``--trace drop`` there logs the injected loss to its trace file."""
     pcap, log = tmp_path / "server.pcap", tmp_path / "client.log"
-    server = subprocess.Popen(SOFTRDMA + ["exec", "--addr", "127.0.5.24", "--pcap", str(pcap),
-                                          "--", "ibv_rc_pingpong", "-g", "1", "-n", "3",
-                                          "-p", "18555"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        client = None
-        for _ in range(60):  # the server listens once its library is up
-            client = _run(SOFTRDMA + ["--trace", "drop", "--trace-file", str(log), "exec",
-                                      "--addr", "127.0.5.25", "--fault",
-                                      "tx:drop(RC_SEND_LAST)", "--", "ibv_rc_pingpong",
-                                      "-g", "1", "-n", "3", "-p", "18555", "127.0.5.24"])
-            if "Couldn't connect" not in client.stderr + client.stdout:
-                break
-            time.sleep(0.5)
-        out, err = server.communicate(timeout=120)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+    # the server listens once its library is up: a client before that cannot connect
+    client, res = pair(exec_argv("127.0.5.24", "ibv_rc_pingpong", "-g", "1", "-n", "3",
+                                 "-p", "18555", opts=("--pcap", str(pcap))),
+                       SOFTRDMA + ["--trace", "drop", "--trace-file", str(log), "exec",
+                                   "--addr", "127.0.5.25", "--fault", "tx:drop(RC_SEND_LAST)",
+                                   "--", "ibv_rc_pingpong", "-g", "1", "-n", "3", "-p",
+                                   "18555", "127.0.5.24"],
+                       started, again=lambda r: "Couldn't connect" in r.stderr + r.stdout)
+    server, out, err = res, res.stdout, res.stderr
     assert client is not None and client.returncode == 0, client.stderr
     assert server.returncode == 0, err
     assert "3 iters" in out and "3 iters" in client.stdout
@@ -362,23 +353,13 @@ def test_the_ld_library_path_form_runs_perftest_which_links_providers_directly()
     verbs_register_driver_34): the library directory defines them, inert, so Debian's
     ib_send_bw loads -- before, it died with "symbol lookup error" -- and two of them
     complete a run under ``--ld-library-path``."""
-    base = SOFTRDMA + ["exec", "--ld-library-path"]
-    server = subprocess.Popen(base + ["--addr", "127.0.5.28", "--", "ib_send_bw", "-n", "5",
-                                      "-s", "4096", "-p", "18562"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(60):
-            client = _run(base + ["--addr", "127.0.5.29", "--", "ib_send_bw", "-n", "5",
-                                  "-s", "4096", "-p", "18562", "127.0.5.28"])
-            if client.returncode == 0 or "symbol lookup error" in client.stderr \
-                    or server.poll() is not None:
-                break
-            time.sleep(0.5)
-        out, err = server.communicate(timeout=120)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+    argv = ["ib_send_bw", "-n", "5", "-s", "4096", "-p", "18562"]
+    opts = ("--ld-library-path",)
+    client, res = pair(exec_argv("127.0.5.28", *argv, opts=opts),
+                       exec_argv("127.0.5.29", *argv, "127.0.5.28", opts=opts), started,
+                       again=lambda r: r.returncode != 0
+                       and "symbol lookup error" not in r.stderr)
+    server, out, err = res, res.stdout, res.stderr
     assert client.returncode == 0, client.stdout + client.stderr
     assert server.returncode == 0, out + err
     for text in (out, client.stdout):

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from .exec_pair import LIMIT, Server, exec_argv, line as printed, pair, run_until, started
+
 ROOT = Path(__file__).resolve().parent.parent
 STREAM = str(ROOT / "tests" / "programs" / "rsocket_stream.py")
 CHECKS = str(ROOT / "tests" / "programs" / "rsocket_exec_checks.py")
 SERVER, CLIENT, SINGLE = "127.0.4.1", "127.0.4.2", "127.0.4.5"
-LIMIT = 120  # seconds a tool may take: small transfers finish in well under 10
+pytestmark = pytest.mark.usefixtures("exec_library")
 
 
 def _env(ip: str | None = None) -> dict[str, str]:
@@ -37,63 +39,39 @@ def _env(ip: str | None = None) -> dict[str, str]:
 
 
 def _exec(ip: str, *argv: str) -> list[str]:
-    return [sys.executable, "-m", "softrdma", "exec", "--addr", ip, "--", *argv]
+    return exec_argv(ip, *argv)
 
 
 def _port() -> int:
     return random.randint(20000, 40000)
 
 
-def _start(argv: list[str], ip: str) -> subprocess.Popen:
-    return subprocess.Popen(argv, env=_env(ip), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+def _refused(r: subprocess.CompletedProcess) -> bool:
+    """The client found nobody listening (the server still starting; its stdout is a
+    pipe, so it says nothing before it ends): it is run again."""
+    return r.returncode != 0 and ("Connection refused" in r.stderr
+                                  or "ConnectionRefused" in r.stderr)
 
 
-def _client(argv: list[str], ip: str, server: subprocess.Popen) -> subprocess.CompletedProcess:
-    """Run the client until the server listens: a client that finds nobody listening
-    (the server still starting; its stdout is a pipe, so it says nothing before it
-    ends) says so and is run again."""
-    deadline = time.monotonic() + 60
-    while True:
-        r = subprocess.run(argv, env=_env(ip), capture_output=True, text=True, timeout=LIMIT,
-                           cwd=ROOT)
-        refused = "Connection refused" in r.stderr or "ConnectionRefused" in r.stderr
-        if r.returncode == 0 or not refused or time.monotonic() > deadline \
-                or server.poll() is not None:
-            return r
-        time.sleep(0.5)
+#: softrdma's Python rsocket server says "listening" (flushed) once it listens
+LISTENING = printed("listening", "stdout")
 
 
-def _wait_listening(p: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([p.stdout], [], [], 0.5)
-        if r and "listening" in p.stdout.readline():
-            return
-        if p.poll() is not None:
-            break
-    p.kill()
-    raise AssertionError("the server never listened: " + p.communicate()[1])
-
-
-def _finish(p: subprocess.Popen) -> tuple[int, str, str]:
-    try:
-        out, err = p.communicate(timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-    return p.returncode, out, err
+def _run_pair(server: list[str], client: list[str], python_server: bool = False
+              ) -> tuple[subprocess.CompletedProcess, tuple]:
+    """``server`` until it listens (a C tool says nothing: its client is run again while
+    refused), then ``client``; the client's result and the server's (rc, out, err)."""
+    cli, res = pair(server, client, LISTENING if python_server else started,
+                    again=None if python_server else _refused, server_env=_env(SERVER),
+                    client_env=_env(CLIENT), cwd=str(ROOT), timeout=LIMIT)
+    return cli, (res.returncode, res.stdout, res.stderr)
 
 
 def _pair(tool: str, args: list[str]) -> tuple[subprocess.CompletedProcess, tuple]:
     """``tool`` as server and client, both under softrdma exec."""
     port = str(_port())
-    srv = _start(_exec(SERVER, tool, "-b", SERVER, "-p", port, *args), SERVER)
-    try:
-        cli = _client(_exec(CLIENT, tool, "-s", SERVER, "-p", port, *args), CLIENT, srv)
-    finally:
-        res = _finish(srv)
-    return cli, res
+    return _run_pair(_exec(SERVER, tool, "-b", SERVER, "-p", port, *args),
+                     _exec(CLIENT, tool, "-s", SERVER, "-p", port, *args))
 
 
 def _perf_line(out: str, size: int, count: int) -> str:
@@ -143,19 +121,18 @@ def test_rcopy_copies_a_file_both_ends_under_exec(tmp_path):
     src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
     src.write_bytes(random.randbytes(3_000_000))
     port = str(_port())
-    srv = _start(_exec(SERVER, "rcopy", "-p", port), SERVER)
-    try:
-        cli = _client(_exec(CLIENT, "rcopy", str(src), f"{SERVER}:{dst}", "-p", port),
-                      CLIENT, srv)
+    with Server(_exec(SERVER, "rcopy", "-p", port), env=_env(SERVER), cwd=str(ROOT)) as srv:
+        cli = run_until(_exec(CLIENT, "rcopy", str(src), f"{SERVER}:{dst}", "-p", port),
+                        srv, _refused, env=_env(CLIENT), cwd=str(ROOT))
         # the server says what it did when it waits for the next client (its fflush)
         out, deadline = "", time.monotonic() + 60
         while out.count("waiting for connection") < 2 and time.monotonic() < deadline \
-                and srv.poll() is None:
-            if select.select([srv.stdout], [], [], 0.5)[0]:
-                out += os.read(srv.stdout.fileno(), 4096).decode()
-    finally:
+                and srv.proc.poll() is None:
+            if select.select([srv.proc.stdout], [], [], 0.5)[0]:
+                out += os.read(srv.proc.stdout.fileno(), 4096).decode()
         srv.kill()
-        rest, err = srv.communicate()
+        res = srv.finish()
+        rest, err = res.stdout, res.stderr
         out += rest
     assert cli.returncode == 0, cli.stderr + cli.stdout
     assert "3000000 bytes in" in cli.stdout and "done" in cli.stdout
@@ -187,21 +164,14 @@ def test_tool_against_softrdma_python_rsocket(tool, c_role):
           "-B", str(1 << 19)] + (["--rio"] if tool == "riostream" else [])
     c_args = ["-p", port, "-S", size, "-C", count, "-T", "v"]
     if c_role == "client":
-        srv = _start([x if x else "server" for x in py], SERVER)
-        try:
-            _wait_listening(srv)
-            cli = subprocess.run(_exec(CLIENT, tool, "-s", SERVER, *c_args), env=_env(CLIENT),
-                                 capture_output=True, text=True, timeout=LIMIT, cwd=ROOT)
-        finally:
-            src, sout, serr = _finish(srv)
+        cli, (src, sout, serr) = _run_pair([x if x else "server" for x in py],
+                                           _exec(CLIENT, tool, "-s", SERVER, *c_args),
+                                           python_server=True)
         c_out, c_rc, c_err, py_out, py_rc, py_err = (cli.stdout, cli.returncode, cli.stderr,
                                                       sout, src, serr)
     else:
-        srv = _start(_exec(SERVER, tool, "-b", SERVER, *c_args), SERVER)
-        try:
-            cli = _client([x if x else "client" for x in py], CLIENT, srv)
-        finally:
-            src, sout, serr = _finish(srv)
+        cli, (src, sout, serr) = _run_pair(_exec(SERVER, tool, "-b", SERVER, *c_args),
+                                           [x if x else "client" for x in py])
         c_out, c_rc, c_err, py_out, py_rc, py_err = (sout, src, serr, cli.stdout,
                                                       cli.returncode, cli.stderr)
     assert c_rc == 0, c_err + c_out

@@ -28,9 +28,7 @@ import sys
 
 import pytest
 
-from softrdma.exec.build import library_path
-
-from .test_exec_verbs import _compile, _free_port, _pair
+from .exec_pair import compile_program, free_port, pair, tcp_port
 
 SOFT = [sys.executable, "-m", "softrdma"]
 SERVER, CLIENT = "127.0.8.1", "127.0.8.2"
@@ -41,10 +39,7 @@ def _tool(name: str) -> str:
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _library_built():
-    """Build the preload library once, before two launchers would build it at once."""
-    library_path()
+pytestmark = pytest.mark.usefixtures("exec_library")
 
 
 @pytest.fixture
@@ -103,10 +98,11 @@ def _perftest(under_exec, test: str, *extra: str, server_opts: tuple[str, ...] =
     """``ucx_perftest -t test`` between two exec'd processes (``server_opts``: softrdma
     exec's options for the server); the client's output, after checking both exit 0 and
     the client prints its result table's final row."""
-    perftest, port = _tool("ucx_perftest"), _free_port()
-    cli, (rc, out, err) = _pair(
-        under_exec(SERVER, perftest, "-p", port, opts=server_opts),
-        under_exec(CLIENT, perftest, SERVER, "-p", port, "-t", test, *extra))
+    perftest, port = _tool("ucx_perftest"), free_port()
+    cli, srv = pair(under_exec(SERVER, perftest, "-p", port, opts=server_opts),
+                    under_exec(CLIENT, perftest, SERVER, "-p", port, "-t", test, *extra),
+                    tcp_port(port), timeout=90)
+    rc, out, err = srv.returncode, srv.stdout, srv.stderr
     assert cli.returncode == 0, (cli.stdout, cli.stderr, out, err)
     assert rc == 0, (out, err)
     final = [ln for ln in cli.stdout.splitlines() if ln.startswith("Final:")]
@@ -154,7 +150,7 @@ def test_a_destroyed_qps_pending_async_event_goes_with_it(tmp_path):
     along (as uverbs), so ibv_get_async_event on the O_NONBLOCK async_fd is EAGAIN -- not
     an event whose element.qp is NULL, which UCX dereferenced (the deterministic form of
     the SIGSEGV the perftest runs above met at their end)."""
-    exe = _compile(tmp_path, "exec_async_destroyed")
+    exe = compile_program(tmp_path, "exec_async_destroyed")
     r = subprocess.run([*SOFT, "exec", "--addr", "127.0.8.3", "--", exe], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

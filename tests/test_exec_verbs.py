@@ -10,76 +10,30 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from softrdma.exec.build import library_path
-
 from .conftest import require_tool
+from .exec_pair import Server, compile_program, exec_argv, free_port as _free_port, \
+    pair, tcp_port
 
 SOFT = [sys.executable, "-m", "softrdma"]
 PROGRAMS = Path(__file__).parent / "programs"
-
-
-def _free_port() -> str:
-    """A TCP port nothing uses now (the pingpong servers listen on every address: a fixed
-    port could collide with another test's)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return str(s.getsockname()[1])
+pytestmark = pytest.mark.usefixtures("exec_library")
 
 
 def _exec(addr: str, *argv: str) -> list[str]:
-    return SOFT + ["exec", "--addr", addr, "--", *argv]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _library_built():
-    """Build the preload library once, before two launchers would build it at once."""
-    library_path()
-
-
-def _listening(port: int) -> bool:
-    """Some socket of this machine listens on TCP ``port`` (/proc/net/tcp: a connect
-    attempt would take the server's only accept)."""
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as f:
-                for line in f.readlines()[1:]:
-                    local, state = line.split()[1], line.split()[3]
-                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                        return True
-        except OSError:
-            pass
-    return False
-
-
-def _wait_listening(proc: subprocess.Popen, port: str, timeout: float = 60.0) -> None:
-    """Until the server ``proc`` listens on ``port`` (its interpreter and device take a
-    moment to start, more under load); fails if it exits or never does."""
-    deadline = time.monotonic() + timeout
-    while not _listening(int(port)):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"nothing listens on port {port}"
-        time.sleep(0.05)
+    return exec_argv(addr, *argv)
 
 
 def _pair(server: list[str], client: list[str]) -> tuple[subprocess.CompletedProcess, tuple]:
     """Start ``server``, then, once it listens (the port is the argument after ``-p``),
     ``client``; wait for both."""
-    srv = subprocess.Popen(server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_listening(srv, server[server.index("-p") + 1])
-        cli = subprocess.run(client, capture_output=True, text=True, timeout=90)
-        out, err = srv.communicate(timeout=90)
-    finally:
-        srv.kill()
-    return cli, (srv.returncode, out, err)
+    cli, srv = pair(server, client, tcp_port(server[server.index("-p") + 1]), timeout=90)
+    return cli, (srv.returncode, srv.stdout, srv.stderr)
 
 
 def _check_pingpong_output(out: str, me: str, peer: str, n: int) -> None:
@@ -139,12 +93,7 @@ def test_rc_pingpong_against_softrdma_pingpong(c_role):
 
 
 def _compile(tmp_path: Path, name: str) -> str:
-    gcc = require_tool("gcc")
-    exe = tmp_path / name
-    r = subprocess.run([gcc, "-O1", "-Wall", "-o", str(exe), str(PROGRAMS / f"{name}.c"),
-                        "-libverbs"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return str(exe)
+    return compile_program(tmp_path, name)
 
 
 def test_verbs_checks_program(tmp_path):
@@ -185,12 +134,11 @@ def test_a_killed_exec_program_fails_its_peers_sends_in_bounded_time():
     peer's own scheduling; the assertion allows a generous 60 s, never a hang."""
     require_tool("ibv_rc_pingpong")
     port = _free_port()
-    victim = subprocess.Popen(_exec("127.0.1.16", "ibv_rc_pingpong", "-g", "1", "-n",
-                                    "1000000", "-p", port),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = Server(_exec("127.0.1.16", "ibv_rc_pingpong", "-g", "1", "-n", "1000000",
+                          "-p", port))
     survivor = None
     try:
-        _wait_listening(victim, port)
+        tcp_port(port)(victim)
         survivor = subprocess.Popen([sys.executable, str(PROGRAMS / "exec_rc_survivor.py"),
                                      port, "127.0.1.16"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -199,7 +147,6 @@ def test_a_killed_exec_program_fails_its_peers_sends_in_bounded_time():
         line = survivor.stdout.readline()
         assert line == "sent 3\n", line + survivor.stderr.read()
         victim.kill()
-        victim.wait(timeout=30)
         survivor.stdin.write("go\n")
         survivor.stdin.flush()
         out, err = survivor.communicate(timeout=180)
@@ -212,7 +159,6 @@ def test_a_killed_exec_program_fails_its_peers_sends_in_bounded_time():
         victim.kill()
         if survivor is not None:
             survivor.kill()
-
 
 
 def test_a_program_asleep_in_poll_on_its_channel_fd_is_woken_by_the_device(tmp_path):

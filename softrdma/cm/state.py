@@ -633,6 +633,14 @@ class CmAgent:
         self._send(cm_id, mad, now, expect_answer=True)
         self._dispatch()
 
+    def dreq_mad(self, cm_id: IbCmId) -> bytes:
+        """The DREQ :meth:`send_dreq` would send for ``cm_id`` now, built and not sent
+        (no state changes): what a process's guardian sends for it when the process dies
+        without disconnecting (the kernel's part in ``ucma_close``)."""
+        return build_cm(DREQ, tid=new_tid(cm_id.local_id, self.hi_tid),
+                        local_comm_id=cm_id.local_id, remote_comm_id=cm_id.remote_id,
+                        remote_qpn=cm_id.remote_qpn)
+
     def send_drep(self, cm_id: IbCmId, private_data: bytes = b"") -> None:
         """``ib_send_cm_drep``: DREQ_RCVD -> TIMEWAIT; the DREP is resent when the
         DREQ is."""

@@ -56,7 +56,7 @@ from ..rdmacm.enums import rdma_cm_event_type as E
 from ..rdmacm.events import ConnParams, RdmaCmEvent
 from .cma_addr import read_sockaddr, sockaddr_bytes, sockaddr_len, write_sockaddr, \
     SOCKADDR_STORAGE
-from .shim import Errno, guard, handles
+from .shim import Errno, guard, handles, read_like_libc
 from .verbs import ah_attr_to_c
 
 __all__ = ["IMPLEMENTS", "install", "Id", "Channel", "Event", "CmaDev", "id_of",
@@ -422,16 +422,34 @@ def get_event(ch: Channel, block: bool) -> Event:
     block), registered for ``rdma_ack_cm_event``."""
     while True:
         try:
-            ev = ch.ec.get(None if block else 0)
+            # a channel whose devices have no progress thread is moved by its waiter
+            wait = None if block and ch.ec.manual_devices() else 0
+            ev = ch.ec.get(wait)
         except OSError as e:
             if ch.closed:
                 _wait_for_ever()
+            if block and e.errno == errno.ETIMEDOUT:
+                _block(ch)
+                continue
             code = errno.EAGAIN if e.errno == errno.ETIMEDOUT else e.errno
             raise Errno(code, "rdma_get_cm_event: no event") from None
         out = _process(ev)
         if out is not None:
             handles.add("cm_event", out.struct, out)
             return out
+
+
+def _block(ch: Channel) -> None:
+    """Wait as librdmacm waits, in a ``read()`` of the channel's fd (libc's, without the
+    GIL, not retried by Python: a signal handled without SA_RESTART fails
+    ``rdma_get_cm_event`` with EINTR, as on Linux; with SA_RESTART the kernel restarts
+    it). The byte read is one event's flag: the event it stands for is the next
+    ``get`` (which drains the pipe when it takes the last)."""
+    n = read_like_libc(ch.fd, 1)
+    if n == -errno.EINTR:
+        raise Errno(errno.EINTR, "rdma_get_cm_event: interrupted by a signal")
+    if n == -errno.EAGAIN:  # the program made it non-blocking meanwhile
+        raise Errno(errno.EAGAIN, "rdma_get_cm_event: no event")
 
 
 def _wait_for_ever() -> None:
@@ -591,6 +609,8 @@ def install(lib_ffi: Any, the_lib: Any) -> None:
     names = _event_names()
     unknown = ffi.new("char[]", b"UNKNOWN EVENT")
     _at_exit()
+    from . import reaper
+    reaper.install()  # the kernel's DREQs for a program that dies connected
 
     @ffi.def_extern(name="rdma_create_event_channel")
     @cm_call(ffi.NULL)

@@ -22,7 +22,7 @@ from . import shim
 from .shim import be64, guard, handles
 
 __all__ = ["IMPLEMENTS", "TYPES", "install", "context_of", "set_op", "verbs_context_of",
-           "ON_OPEN", "ON_CLOSE"]
+           "ON_OPEN", "ON_CLOSE", "TEARDOWN_ORDER", "destroy_children"]
 
 #: hooks of the other parts, each called as ``fn(ctx_ptr, context)`` when
 #: ibv_open_device has made a context (fill its ops slots, its async_fd) ...
@@ -162,13 +162,18 @@ def install(ffi: Any, lib: Any) -> None:
     @guard(-1)
     def close_device(ctx: Any) -> int:
         c = context_of(ctx)
+        left = destroy_children(ctx)
         for fn in ON_CLOSE:
             fn(ctx, c)
         handles.release("context", ctx)
-        _, fds = _contexts.pop(shim.address(ctx))
+        vctx, fds = _contexts.pop(shim.address(ctx))
         c.close()
         for fd in fds:
             os.close(fd)
+        if left:
+            # the program may still hold pointers into these: their memory stays (a
+            # stale ibv_post_send reads qp->context->ops and gets EINVAL, not a crash)
+            _graveyard.append((vctx, left))
         return 0
 
     @ffi.def_extern(name="ibv_query_device")
@@ -223,3 +228,29 @@ def install(ffi: Any, lib: Any) -> None:
 
 
 _contexts: dict[int, Any] = {}  # context address -> (its verbs_context, its fds)
+
+#: the order in which closing a context destroys what the program left in it: users
+#: before what they use (a QP holds its CQs, SRQ and PD; a window its MR's PD; a CQ its
+#: channel), as uverbs' cleanup of a closed file ends in the same place
+TEARDOWN_ORDER = ("qp", "srq", "cq", "ah", "mw", "mr", "pd", "comp_channel")
+
+#: structures of contexts closed with objects alive, kept from being freed (see
+#: close_device): (verbs_context, [(structure, record)])
+_graveyard: list[tuple[Any, list]] = []
+
+
+def destroy_children(ctx: Any) -> list[tuple[Any, Any]]:
+    """Destroy every object the program left in ``ctx`` (``ibv_close_device``: on Linux
+    closing the uverbs file destroys them all, and libibverbs itself does not check),
+    each through its own destroy verb, in :data:`TEARDOWN_ORDER`; a CQ's unacknowledged
+    events do not hold it (uverbs does not wait for them either). Returns the
+    ``(structure, record)`` pairs destroyed."""
+    me = shim.address(ctx)
+    gone: list[tuple[Any, Any]] = []
+    for kind in TEARDOWN_ORDER:
+        destroy = shim.destroyers[kind]
+        for struct, obj in handles.items(kind):
+            if shim.address(struct.context) == me:
+                gone.append((struct, obj))
+                destroy(struct)
+    return gone

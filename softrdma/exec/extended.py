@@ -481,6 +481,8 @@ def install(ffi: Any, lib: Any) -> None:
         handles.release("mw", mw_ptr)
         return 0
 
+    shim.destroyers["mw"] = dealloc_mw
+
     @ffi.def_extern(name="softrdma_bind_mw")
     @guard("errno")
     def bind_mw(qp_ptr: Any, mw_ptr: Any, bind: Any) -> int:

@@ -19,7 +19,8 @@ fd, or inside ``ibv_get_cq_event``, holds no GIL while the thread delivers.
 Channels and async events have **real descriptors** (:class:`EventFd`, an eventfd):
 readable exactly while an event is pending, blocking unless the program sets O_NONBLOCK,
 in which case ``ibv_get_cq_event``/``ibv_get_async_event`` fail with EAGAIN as
-libibverbs' ``read()`` would.
+libibverbs' ``read()`` would. They wait in that very ``read()`` (libc's, not Python's,
+which retries after EINTR): a signal handled without SA_RESTART ends the wait with EINTR.
 
 Public names for the other parts (the ``ext`` and ``cma`` helpers build on them):
 
@@ -59,7 +60,7 @@ from collections import deque
 from typing import Any
 
 from . import devices, shim
-from .shim import Errno, errno_of, guard, handles
+from .shim import Errno, errno_of, guard, handles, read_like_libc
 from .verbs import ah_attr_from_c, ah_attr_to_c, ah_of, forget, inline_lkey, \
     pd_of, ptr_of, remember
 
@@ -172,16 +173,34 @@ class EventFd:
     def nonblocking(self) -> bool:
         return bool(fcntl.fcntl(self.fd, fcntl.F_GETFL) & os.O_NONBLOCK)
 
-    def wait(self, timeout: float | None) -> None:
-        """Until the fd is readable (or ``timeout`` seconds), without the GIL."""
-        try:
-            select.select([self.fd], [], [], timeout)
-        except (OSError, ValueError):
-            pass
+    def wake(self) -> None:
+        """Make the fd readable with no event (the device stopped): a waiter in
+        :meth:`take` wakes and looks at the world again."""
+        with self._lock:
+            if not self.closed:
+                os.eventfd_write(self.fd, 1)
+                self._up = True
+
+    def _block(self, what: str) -> None:
+        """Wait as libibverbs waits, in a ``read()`` of the fd (libc's, without the GIL,
+        not retried by Python): a signal handled without SA_RESTART ends the wait with
+        EINTR, with SA_RESTART the kernel restarts it. The read takes the counter: it is
+        raised again for the events still queued."""
+        n = read_like_libc(self.fd, 8)
+        if n == -errno.EINTR:
+            raise Errno(errno.EINTR, f"{what}: interrupted by a signal")
+        if n < 0:
+            return  # made non-blocking or closed meanwhile: the caller's loop says which
+        with self._lock:
+            self._up = False
+            if self._items and not self.closed:
+                os.eventfd_write(self.fd, 1)
+                self._up = True
 
     def take(self, what: str, fatal: Any) -> Any:
         """The next event, waiting for it unless the fd is non-blocking (EAGAIN); a
-        device that stopped (``fatal()`` true) fails the wait with EIO."""
+        device that stopped (``fatal()`` true, its waiters woken by :meth:`wake`) fails
+        the wait with EIO; a signal handled without SA_RESTART with EINTR."""
         while (item := self.get()) is None:
             if self.closed:
                 raise Errno(errno.EBADF, f"{what}: closed")
@@ -189,7 +208,7 @@ class EventFd:
                 raise Errno(EAGAIN, f"{what}: no event")
             if fatal():
                 raise Errno(errno.EIO, f"{what}: the device stopped")
-            self.wait(1.0)
+            self._block(what)
         return item
 
     def close(self) -> None:
@@ -672,7 +691,7 @@ def _srq_attr_to_c(a: Any, out: Any) -> None:
 
 # ---- async events ------------------------------------------------------------------------------
 
-_async: dict[int, tuple[EventFd, Any]] = {}  # context address -> (its events, listener)
+_async: dict[int, tuple[EventFd, Any]] = {}  # context address -> (its events, listeners)
 
 
 def _on_open(ctx: Any, c: Any) -> None:
@@ -693,10 +712,19 @@ def _on_open(ctx: Any, c: Any) -> None:
         if owner is None or owner is c:
             events.put(ev)
 
+    def stopped(_exc: BaseException) -> None:
+        # the device failed: every waiter of this context wakes (EIO), as uverbs wakes
+        # the readers of its event files when a device goes
+        events.wake()
+        for ch in handles.of_kind("comp_channel"):
+            if ch.context is c:
+                ch.events.wake()
+
     dev = c.device
     with dev.lock:
         dev.async_listeners.append(listener)
-    _async[_addr(ctx)] = (events, listener)
+        dev.fatal_listeners.append(stopped)
+    _async[_addr(ctx)] = (events, (listener, stopped))
     ctx.async_fd = events.fd
 
 
@@ -712,11 +740,13 @@ def _on_close(ctx: Any, c: Any) -> None:
     entry = _async.pop(_addr(ctx), None)
     if entry is None:
         return
-    events, listener = entry
+    events, (listener, stopped) = entry
     dev = c.device
     with dev.lock:
         if listener in dev.async_listeners:
             dev.async_listeners.remove(listener)
+        if stopped in dev.fatal_listeners:
+            dev.fatal_listeners.remove(stopped)
     events.close()
 
 
@@ -945,6 +975,14 @@ def install(ffi: Any, lib: Any) -> None:
         forget(rec.srq)
         handles.release("srq", srq)
         return 0
+
+    @guard("errno")
+    def cq_at_close(cq: Any) -> int:
+        cq_of(cq).unacked = 0  # closing the context does not wait for the acks
+        return destroy_cq(cq)
+
+    shim.destroyers.update(qp=ibv_destroy_qp, srq=ibv_destroy_srq, cq=cq_at_close,
+                           comp_channel=ibv_destroy_comp_channel)
 
     @ffi.def_extern(name="softrdma_post_srq_recv")
     @guard("errno")

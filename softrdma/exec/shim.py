@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from . import abi
 
-__all__ = ["install", "guard", "Errno", "errno_of", "Handles", "handles", "be64", "address", "ffi"]
+__all__ = ["install", "guard", "Errno", "errno_of", "Handles", "handles", "be64", "address", "ffi",
+           "read_like_libc", "destroyers"]
 
 log = logging.getLogger("softrdma.exec")
 
@@ -119,14 +120,52 @@ class Handles:
     def of_kind(self, kind: str) -> list[Any]:
         return [e[2] for e in self._by_addr.values() if e[0] == kind]
 
+    def items(self, kind: str) -> list[tuple[Any, Any]]:
+        """``(structure, object)`` of every ``kind`` handed out, oldest first."""
+        return [(e[1], e[2]) for e in self._by_addr.values() if e[0] == kind]
+
+    def count(self) -> dict[str, int]:
+        """How many structures of each kind are handed out (tests, leak checks)."""
+        out: dict[str, int] = {}
+        for kind, _, _ in self._by_addr.values():
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
 
 #: every structure handed out, by address
 handles = Handles()
+
+#: kind of handle -> its destroy verb's body (guarded: 0, or the failure value with errno
+#: set), filled by the parts: what ``ibv_close_device`` calls for the objects a program
+#: left in the context (see :func:`softrdma.exec.devices.destroy_children`)
+destroyers: dict[str, Callable[[Any], Any]] = {}
 
 
 def be64(v: int) -> int:
     """A __be64 field's value: ``v``'s bytes in network order, read as a host integer."""
     return int.from_bytes(v.to_bytes(8, "big"), "little")
+
+
+_libc: Any = None
+
+
+def read_like_libc(fd: int, size: int) -> int:
+    """One ``read(fd, buf, size)`` of libc, without the GIL, **not retried on EINTR**:
+    the number of bytes read, or ``-errno``. This is how a verb blocks where libibverbs
+    and librdmacm block in a ``read()`` of a uverbs or rdma_cm file: a signal whose
+    handler was installed without SA_RESTART ends the wait with EINTR (a program's
+    ``alarm()`` stops ``ibv_get_cq_event``), one with SA_RESTART is restarted by the
+    kernel itself. Python's own ``os.read``/``select`` retry after EINTR (PEP 475), so a
+    C program under exec would never see it."""
+    global _libc
+    import ctypes
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.read.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+        _libc.read.restype = ctypes.c_ssize_t
+    buf = ctypes.create_string_buffer(size)
+    n = _libc.read(fd, buf, size)
+    return n if n >= 0 else -ctypes.get_errno()
 
 
 def _stub(name: str, prototype: str, lib_ffi: Any, c_name: str | None = None) -> None:

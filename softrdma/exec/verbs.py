@@ -281,6 +281,8 @@ def install(ffi: Any, lib: Any) -> None:
         handles.release("mr", ptr)
         return 0
 
+    shim.destroyers.update(pd=dealloc_pd, mr=dereg_mr)
+
     # ---- address handles ----------------------------------------------------------------
     def new_ah(pd_ptr: Any, attr: Any) -> Any:
         pd = pd_of(pd_ptr)
@@ -311,6 +313,8 @@ def install(ffi: Any, lib: Any) -> None:
         forget(ah)
         handles.release("ah", ptr)
         return 0
+
+    shim.destroyers["ah"] = destroy_ah
 
     def attr_from_wc(ctx: Any, port: int, wc: Any, grh: Any) -> Any:
         from ..verbs_api.ah import ah_attr_from_wc

@@ -28,7 +28,7 @@ from __future__ import annotations
 import queue
 from typing import Any, Callable, Hashable
 
-from ..cm.state import CmAgent, CmEvent, IbCmId
+from ..cm.state import CmAgent, CmEvent, CmState, IbCmId
 from .gsi import MadSource
 
 __all__ = ["CmService"]
@@ -48,7 +48,13 @@ class CmService:
     """The IB CM of one soft device (one port): ``CmService(device)``.
 
     ``id_operand`` and ``hi_tid`` default to random 32-bit values from the device's
-    secret random source (seeded devices give reproducible comm IDs and TIDs)."""
+    secret random source (seeded devices give reproducible comm IDs and TIDs).
+
+    :attr:`watchers` (process-wide) are called with the service after every call into
+    its agent, device lock held: the states of its ids may have changed (``softrdma
+    exec`` keeps its guardian's list of connections to disconnect current)."""
+
+    watchers: list[Callable[["CmService"], None]] = []
 
     def __init__(self, device: Any, on_event: Callable[[CmEvent], Any] | None = None, *,
                  id_operand: int | None = None, hi_tid: int | None = None) -> None:
@@ -109,6 +115,8 @@ class CmService:
                 if self._depth == 0:
                     self._flush()
                     dev.timer_changed(self)
+                    for watch in CmService.watchers:
+                        watch(self)
 
     def _flush(self) -> None:
         while self._outbox:
@@ -209,6 +217,11 @@ class CmService:
         """Forget ``cm_id`` saying goodbye as its state asks (:meth:`CmAgent.destroy`);
         ``err=-ENOMEM`` on a request not answered yet: no room, forgotten without a REJ."""
         self._run(lambda: self.agent.destroy(cm_id, err))
+
+    def established(self) -> list[IbCmId]:
+        """The ids whose connection is ESTABLISHED now (device lock held by the caller,
+        or a snapshot that may be stale)."""
+        return [c for c in list(self.agent.ids.values()) if c.state == CmState.ESTABLISHED]
 
     def holds(self, cm_id: IbCmId) -> bool:
         """Whether ``cm_id`` is still one of this service's ids (not destroyed, and not

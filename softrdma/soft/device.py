@@ -256,6 +256,15 @@ class SoftDevice:
         raise MemoryError("no free QP number")
 
     # -- data path ---------------------------------------------------------------------
+    def qp_destroyed(self, engine: Any) -> None:
+        """A QP's engine left :attr:`qps` (device lock held): the socket of its UDP source
+        port goes unless another QP sends from that port."""
+        if self.udp is None:
+            return
+        sport = engine.src_port
+        if not any(e.src_port == sport for e in self.qps.values()):
+            self.udp.release_sport(sport)
+
     def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None) -> None:
         """Called by the engines: fill the ICRC for our addresses and transmit."""
         if dst_ip is None:

@@ -184,6 +184,16 @@ class UdpTransport:
         return self._sel
 
     # -- send ---------------------------------------------------------------------------------
+    def release_sport(self, sport: int) -> None:
+        """No QP sends from ``sport`` any more: its pooled socket is closed (the pool
+        holds the ports of live QPs; a server's ended connections leave no descriptor
+        behind). A packet still queued for it binds the port again."""
+        s = self.tx.pop(sport, None)
+        if s is not None:
+            if sport == self._last_sport:
+                self._last_sport, self._last_sock = -1, None
+            s.close()
+
     def _tx_socket(self, sport: int) -> socket.socket | None:
         """The pooled socket bound to ``sport``, or None to fall back to port 4791."""
         if sport == self.port:

@@ -489,6 +489,7 @@ class SoftQP:
         """Stop the engine and free the QP number (the caller holds the device lock)."""
         self.engine.destroy()
         self.device.qps.pop(self.qp_num, None)
+        self.device.qp_destroyed(self.engine)
 
     def describe(self, closed: bool) -> str:
         return f"<QP {self.qp_type.name.removeprefix('IBV_QPT_')} 0x{self.qp_num:x} {S(self.state).name}>"
