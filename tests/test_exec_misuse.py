@@ -17,6 +17,7 @@ import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -202,6 +203,21 @@ def test_a_killed_rping_client_disconnects_its_long_lived_server(server_kind):
         srv.wait()
 
 
+def _guardian_of(pid: int, deadline: float) -> bool:
+    """Wait until ``pid`` has started its connection guardian (softrdma/exec/reaper.py)."""
+    while time.monotonic() < deadline:
+        for d in Path("/proc").iterdir():
+            try:
+                stat = (d / "stat").read_text()
+                cmd = (d / "cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if b"reaper.py" in cmd and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                return True
+        time.sleep(0.1)
+    return False
+
+
 def test_a_killed_rstream_client_fails_its_server_in_bounded_time():
     """Debian's rstream, both ends under exec, 10,000-byte transfers with -T a (rpoll
     before each call); the client is killed with SIGKILL mid-transfer. The server's rpoll
@@ -225,9 +241,13 @@ def test_a_killed_rstream_client_fails_its_server_in_bounded_time():
             try:
                 err = victim.communicate(timeout=3)[1]
             except subprocess.TimeoutExpired:
-                break  # connected, transferring
+                break  # running: connected, or still connecting on a loaded machine
             assert time.monotonic() < deadline and srv.poll() is None, err
             time.sleep(0.5)
+        # killed once connected: its guardian starts at the first ESTABLISHED connection
+        # (a client killed before that is a handshake the server's CM times out, a
+        # different case)
+        assert _guardian_of(victim.pid, deadline), "the client never got connected"
         victim.kill()
         killed = time.monotonic()
         victim.wait(timeout=30)
