@@ -37,6 +37,7 @@ from softrdma.pyverbs_compat.suite import (
 )
 
 from .conftest import IN_CI
+from .test_rdma_core_suite import NOT_PASSING_ON_EITHER, RDMACM_PASSING
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "tests" / "data" / "rdma_core_rxe_baseline.txt"
@@ -45,29 +46,9 @@ PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs")
 ADDR = "127.0.4.60"  # the test process's device; the rdma_cm tests' forked sides take the next
 
 # Tests that rxe does not pass either and that fail here, each for a cause that is not
-# softrdma exec's (docs/pyverbs.md, "Differences"). Kept exact: one that passes must leave.
-KNOWN_NOT_PASSING = {
-    # rxe 6.1: skipped (no rereg_user_mr). softrdma's rereg makes new keys (docs/verbs.md,
-    # difference 4); the test hands the peer the rkey read before rereg: Remote access error
-    "tests.test_mr.MRTest.test_mr_rereg_access",
-    # rxe 6.1: skipped. After the expected error the test moves both QPs RESET -> RTS and
-    # sends again; the flushed receives of the failed round are still in the CQ and are
-    # polled first (WR flush error). rxe's provider leaves them too; mlx5 removes a QP's
-    # completions on RESET (mlx5_cq_clean), which the test relies on
-    "tests.test_mr.MRTest.test_mr_rereg_addr",
-    "tests.test_mr.MRTest.test_mr_rereg_pd",
-    # rxe: skipped (no net interface). softrdma's rdma_cm has no multicast:
-    # rdma_join_multicast is EOPNOTSUPP ("Failed to Join multicast. Errno: 95")
-    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_multicast_traffic",
-    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_multicast_traffic",
-    "tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_leave_multicast_traffic",
-}
-
-# rdma_cm connections between two forked processes, through librdmacm's ABI: skipped on
-# rxe (no net interface in sysfs), passed here
-RDMACM_PASSING = {f"tests.test_rdmacm.CMTestCase.test_rdmacm_{n}" for n in (
-    "sync_traffic", "async_traffic", "async_reject_traffic", "async_traffic_external_qp",
-    "async_udp_traffic", "async_read", "async_write")}
+# softrdma exec's: the same as on softrdma's own pyverbs layer. Kept exact: one that passes
+# must leave. (ATOMIC WRITE is a skip under exec: ibv_create_qp_ex refuses the flag.)
+KNOWN_NOT_PASSING = NOT_PASSING_ON_EITHER
 
 
 def _missing(msg: str) -> None:

@@ -25,9 +25,7 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -36,7 +34,7 @@ from softrdma.enums import IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE
 from softrdma.harness.sim import SimNetwork
 from softrdma.harness.testing import connected_pair
 
-from .test_exec_verbs import _exec, _free_port, _library_built, _pair  # noqa: F401
+from .exec_pair import exec_argv, free_port, pair, tcp_port
 
 NAK_SEQ = 0x60  # AETH syndrome: NAK, PSN sequence error
 T14 = 4.096e-6 * 2 ** 14  # perftest's and the harness's timeout 14: 67.1 ms (IBTA)
@@ -259,19 +257,21 @@ def test_seeded_5_percent_loss_needs_a_timer_only_where_no_nak_can_come(traced):
     assert ev["timeouts"] == [] and _timeouts_follow_a_lost_tail(recs, a.qp.qp_num)
 
 
+@pytest.mark.usefixtures("exec_library")
 def test_ib_write_bw_under_exec_with_5_percent_loss(tmp_path):
     """Debian's ib_write_bw, both ends under softrdma exec, the client (the requester)
     losing 5 % of what it sends, seeded; MTU 1024 as perftest has it on rxe. Both exit 0
     with their result row, and the client's trace shows the rule the 80-fold slowdown
     broke: every NAK sends the requester back at once, none is ignored."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "client.jsonl"
     args = ["ib_write_bw", "-n", "20", "-s", "65536", "-m", "1024", "-p", port]
     client = [sys.executable, "-m", "softrdma", "exec", "--addr", "127.0.5.12",
               "--fault", "tx:loss=0.05;seed=7", "--trace", "packet,retry,timer,drop",
               "--trace-format", "json", "--trace-file", str(log), "--", *args, "127.0.5.11"]
-    cli, (rc, out, err) = _pair(_exec("127.0.5.11", *args), client)
-    assert cli.returncode == 0 and rc == 0, (cli.stdout, cli.stderr, out, err)
+    cli, srv = pair(exec_argv("127.0.5.11", *args), client, tcp_port(port))
+    assert cli.returncode == 0 and srv.returncode == 0, (cli.stdout, cli.stderr, srv.stdout,
+                                                         srv.stderr)
     assert any(line.split()[:2] == ["65536", "20"] for line in cli.stdout.splitlines())
     recs = [json.loads(line) for line in log.read_text().splitlines()]
     qpn = next(r["qpn"] for r in recs if r["kind"] == "packet" and r["dir"] == "tx")
