@@ -37,8 +37,6 @@ __all__ = ["Completer"]
 _AETH_TYPE, _AETH_VALUE = int(AETH_TYPE_MASK), int(AETH_VALUE_MASK)
 _ACK, _RNR_NAK, _NAK = int(AethType.ACK), int(AethType.RNR_NAK), int(AethType.NAK)
 _READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
-_READ_RESPONSES = {O.RC_RDMA_READ_RESPONSE_FIRST, O.RC_RDMA_READ_RESPONSE_MIDDLE,
-                   O.RC_RDMA_READ_RESPONSE_LAST, O.RC_RDMA_READ_RESPONSE_ONLY}
 _NAK_STATUS = {NakCode.INVALID_REQUEST: WCS.IBV_WC_REM_INV_REQ_ERR,
                NakCode.REMOTE_ACCESS_ERROR: WCS.IBV_WC_REM_ACCESS_ERR,
                NakCode.REMOTE_OPERATIONAL_ERROR: WCS.IBV_WC_REM_OP_ERR}
@@ -46,8 +44,7 @@ _U64 = struct.Struct("<Q")  # atomics are host-order (little-endian) 64-bit word
 
 
 class Completer:
-    __slots__ = ("qp", "psn", "opcode", "retry_cnt", "rnr_retry", "started_retry", "retry_psn",
-                 "resp_top", "rx_psn", "replayed")
+    __slots__ = ("qp", "psn", "opcode", "retry_cnt", "rnr_retry", "started_retry", "retry_psn")
 
     def __init__(self, qp: "QpEngine") -> None:
         self.qp = qp  # the QP engine (rxe: struct rxe_qp)
@@ -60,9 +57,6 @@ class Completer:
         self.rnr_retry = 0
         self.started_retry = False
         self.retry_psn = 0  # comp.psn when the retry under way (started_retry) began
-        self.resp_top: int | None = None  # the highest response PSN seen (since that retry)
-        self.rx_psn = 0  # the PSN of the response being handled
-        self.replayed = False  # since that retry, a response fell back: its replay came
 
     def reset_retry_counters(self) -> None:
         a = self.qp.attr
@@ -121,12 +115,6 @@ class Completer:
     def on_response(self, pkt: Any) -> None:
         """Handle one ACK / NAK / read response / atomic ACK (rxe_completer for a packet)."""
         qp = self.qp
-        psn = self.rx_psn = pkt.psn
-        top = self.resp_top
-        if top is None or psn_diff(psn, top) > 0:
-            self.resp_top = psn
-        elif self.started_retry:
-            self.replayed = True  # responses to the retry's requests, not the old ones
         while True:
             sq = qp.sq
             # get_wqe
@@ -166,12 +154,6 @@ class Completer:
                         O.RC_RDMA_READ_RESPONSE_FIRST, O.RC_RDMA_READ_RESPONSE_MIDDLE)):
                     return  # an old duplicate
             elif diff > 0 and is_rd_atm:
-                if pkt.opcode in _READ_RESPONSES and wqe.opcode == W.IBV_WR_RDMA_READ:
-                    # A later response of this READ: the ones before it were lost, and
-                    # nothing else will say so. rxe drops it and waits for a response
-                    # of a later READ, or for its timer; re-read from the gap now.
-                    self.error_retry(wqe, timeout=False,
-                                     why="a READ response after a missing one")
                 return
             self._check_ack(wqe, pkt)
             return
@@ -298,17 +280,14 @@ class Completer:
         of a lossy link, because an ACK comes only once per message. Here a NAK always
         sends the requester back: a responder NAKs a gap once, and again only when it saw
         a go-back that still lacks the PSN (softrdma's responder; rxe's never does), so
-        each NAK is news. A READ response after a missing one is news only once: those
-        still in flight behind it would each start a retry (rxe's storm), so they are
+        each NAK is news. A READ response past the one awaited is not: those still in
+        flight behind a missing one would each start a retry (rxe's storm), so they are
         ignored while the retry under way has made no progress (comp.psn has not passed
-        the PSN it went back to) and no response has fallen back below the highest seen
-        since it began (``replayed``: the responder's replay is arriving, and a gap in
-        it is a new loss that only its later responses can tell)."""
+        the PSN it went back to)."""
         qp = self.qp
         if timeout:
             why = "timeout"
-        elif not nak and self.started_retry and psn_diff(self.psn, self.retry_psn) <= 0 \
-                and not self.replayed:
+        elif not nak and self.started_retry and psn_diff(self.psn, self.retry_psn) <= 0:
             if qp.device.trace is not None:
                 qp.trace("retry", f"{why} for PSN {self.psn} ignored: the retry under way "
                                   f"went back to PSN {self.retry_psn} and has made no "
@@ -327,9 +306,6 @@ class Completer:
                 qp.req.need_retry = True
                 self.started_retry = True
                 self.retry_psn = self.psn
-                self.replayed = False
-                if not timeout:
-                    self.resp_top = self.rx_psn  # the responses after it: old, until one falls back
                 qp.req_wake()
             return
         qp.device.counters.retry_exceeded_err += 1
