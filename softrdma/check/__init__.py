@@ -11,31 +11,45 @@ expected against what was seen. ``softrdma check PCAP`` is the command line over
     >>> result.violations, len(result.flows)
     ([], 2)
 
-One module per job: :mod:`.decode` (records to packets), :mod:`.conversation` (pairing the
-two directions of each connection, grouping UD), :mod:`.frame` (per-packet rules),
-:mod:`.invariants` (per-QP constants), :mod:`.sequence` (the requester's PSNs and opcode
-sequences), :mod:`.responses` (ACK/NAK/MSN), :mod:`.reads`, :mod:`.atomics`, :mod:`.ud`,
-:mod:`.flows` (the walk that drives them), :mod:`.report` (text and JSON).
+Losses are observations, not violations: from the capture alone the checker infers, per
+flow and direction, which packets were lost before the capture point (never captured) and
+which after it (captured, but their receiver acted as if it never got them), and judges
+each endpoint by what it could have seen. The recovery report (:mod:`.recovery`, in
+``result.recovery``) says what the losses cost.
+
+The capture is read twice, one record at a time: a survey (who talks to whom, path MTUs,
+the commonest field values), then the walk that judges every packet. Memory stays bounded
+whatever the capture's length; a capture given as an iterator rather than a path or a list
+is held in memory for the second pass.
+
+One module per job: :mod:`.decode` (records to packets), :mod:`.conversation` (the survey:
+pairing the two directions of each connection, grouping UD), :mod:`.frame` (per-packet
+rules), :mod:`.invariants` (per-QP constants), :mod:`.sequence` (the requester's PSNs,
+opcode sequences and go-backs), :mod:`.responses` (ACK/NAK/MSN), :mod:`.reads`,
+:mod:`.atomics`, :mod:`.ud`, :mod:`.flows` (the walk that drives them), :mod:`.recovery`
+(what was lost and what recovery cost), :mod:`.report` (text and JSON).
 """
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Callable, Iterable, Sequence
 
 from ..wire.opcodes import Transport
 from ..wire.pcap import PcapRecord, read_pcap
-from .conversation import addr, reconstruct
-from .decode import decode
-from .flows import walk
+from .conversation import Survey, addr
+from .decode import Counted, decode
+from .flows import FlowWalk
 from .frame import check_frame
-from .invariants import check_invariants
+from .invariants import Invariants
+from .recovery import FlowRecovery, RecoveryEvent
 from .rules import RULES, Rule, Sink, Violation
-from .ud import check_ud
+from .ud import UdChecker
 
-__all__ = ["RULES", "Rule", "Violation", "QpSummary", "CheckResult", "check_records",
-           "check_pcap"]
+__all__ = ["RULES", "Rule", "Violation", "QpSummary", "CheckResult", "FlowRecovery",
+           "RecoveryEvent", "check_records", "check_pcap"]
 
 
 @dataclass
@@ -56,59 +70,140 @@ class CheckResult:
     packets: int  # RoCE packets among them
     violations: list[Violation] = field(default_factory=list)
     flows: list[QpSummary] = field(default_factory=list)
+    recovery: list[FlowRecovery] = field(default_factory=list)  # one per flow / UD sender
 
     @property
     def clean(self) -> bool:
         return not self.violations
 
 
+def _rules(rules: Iterable[str] | None) -> set[str] | None:
+    if rules is None:
+        return None
+    keep = set(rules)
+    unknown = keep - set(RULES)
+    if unknown:
+        raise ValueError(f"unknown rule(s): {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(RULES)})")
+    return keep
+
+
 def check_records(records: Iterable[PcapRecord], *, mtu: int | None = None,
                   rules: Iterable[str] | None = None, lossy: bool = False) -> CheckResult:
     """Check a capture given as pcap records. ``mtu`` fixes the path MTU (otherwise
     inferred per flow from its FIRST and MIDDLE packets); ``rules`` keeps only those rule
-    ids (ValueError for an unknown one). ``lossy``: the capture may have been taken behind a
-    lossy hop (on a responder's host, say), so skipped PSNs that are resent later are
-    losses, and what the requester received cannot be known (docs/check.md). Violations
-    come sorted by frame."""
-    keep = None
-    if rules is not None:
-        keep = set(rules)
-        unknown = keep - set(RULES)
-        if unknown:
-            raise ValueError(f"unknown rule(s): {', '.join(sorted(unknown))} "
-                             f"(known: {', '.join(RULES)})")
-    sink = Sink()
-    packets, frames = decode(records, sink)
-    for p in packets:
-        check_frame(p, sink)
-    conv = reconstruct(packets)
-    check_invariants(conv, sink)
-    check_ud(conv, sink, mtu, lossy)
-    owner: dict[int, QpSummary] = {}
-    summaries = []
-    for c in conv.connections:
-        for flow in c.flows():
-            st = walk(flow, sink, mtu, lossy)
-            s = QpSummary(flow.label, flow.transport.name, len(flow.requests),
-                          len(flow.responses), st.mtu)
-            summaries.append(s)
-            for p in flow.requests + flow.responses:
-                owner[p.frame] = s
-    for (src, sqp), group in conv.ud_senders.items():
-        s = QpSummary(f"{addr(src)} QP 0x{sqp:06x}", Transport.UD.name, len(group), 0, mtu)
-        summaries.append(s)
-        for p in group:
-            owner[p.frame] = s
-    found = sorted((v for v in sink.violations if keep is None or v.rule in keep),
-                   key=lambda v: (v.frame, list(RULES).index(v.rule)))
-    for v in found:
-        if v.frame in owner:
-            owner[v.frame].violations += 1
-    return CheckResult(frames, len(packets), found, summaries)
+    ids (ValueError for an unknown one). ``lossy``: the capture *itself* may have missed
+    packets (tcpdump reported drops), so what only a complete capture proves (that a
+    go-back skipped a PSN the responder later acknowledged, that an answer has no request)
+    is not judged; losses on the path need no option (docs/check.md). Violations come
+    sorted by frame. The records are read twice: pass a list, or use :func:`check_pcap`
+    for bounded memory."""
+    if not isinstance(records, Sequence):
+        records = list(records)
+    seq = records
+    return _check(lambda: iter(seq), mtu=mtu, keep=_rules(rules), lossy=lossy)
 
 
 def check_pcap(source: str | os.PathLike[str] | BinaryIO, *, mtu: int | None = None,
                rules: Iterable[str] | None = None, lossy: bool = False) -> CheckResult:
-    """:func:`check_records` over a pcap or pcapng file (path or binary file object).
-    Raises :class:`~softrdma.wire.pcap.PcapError` or OSError if it cannot be read."""
-    return check_records(read_pcap(source), mtu=mtu, rules=rules, lossy=lossy)
+    """:func:`check_records` over a pcap or pcapng file (path or binary file object), read
+    twice as a stream: memory stays bounded whatever its length (a file object that cannot
+    seek is read into memory first). Raises :class:`~softrdma.wire.pcap.PcapError` or
+    OSError if it cannot be read."""
+    keep = _rules(rules)
+    if isinstance(source, (str, os.PathLike)):
+        path = source
+        return _check(lambda: read_pcap(path), mtu=mtu, keep=keep, lossy=lossy)
+    f = source
+    if not (hasattr(f, "seekable") and f.seekable()):
+        f = io.BytesIO(f.read())
+    start = f.tell()
+
+    def again() -> Iterable[PcapRecord]:
+        f.seek(start)
+        return read_pcap(f)
+    return _check(again, mtu=mtu, keep=keep, lossy=lossy)
+
+
+def _check(records: Callable[[], Iterable[PcapRecord]], *, mtu: int | None,
+           keep: set[str] | None, lossy: bool) -> CheckResult:
+    # pass 1: the survey
+    survey = Survey()
+    for p in decode(records(), Sink(quiet=True)):
+        survey.add(p)
+    conv = survey.finish(mtu)
+    # pass 2: every packet judged, in frame order
+    sink = Sink()
+    inv = Invariants(conv)
+    inv.check_ports(sink)
+    ud = UdChecker(conv, mtu)
+    walks = [FlowWalk(f, lossy_capture=lossy) for _c, f in conv.flows]
+    resp_of = {f.resp_key: w for (_c, f), w in zip(conv.flows, walks) if f.req_key}
+    counted = Counted(records())
+    packets = 0
+    owner: dict[int, object] = {}  # frame -> its flow or UD sender, for frames with violations
+    for p in decode(counted, sink, conv.roce_flows):
+        packets += 1
+        before = len(sink.violations)
+        check_frame(p, sink)
+        inv.on_packet(p, sink)
+        t = p.info.transport
+        where: object = None
+        if t == Transport.UD:
+            ud.on_packet(p, sink)
+            where = (p.src, p.bth.src_qp or 0)
+        elif t != Transport.CNP:
+            i = conv.route(p)
+            if i is not None:
+                w = walks[i]
+                where = w
+                if p.info.is_request:
+                    w.request(p, sink)
+                else:
+                    w.response(p, sink)
+            if p.info.is_request:
+                # this packet's sender is the responder of the flow its half answers
+                rev = resp_of.get((p.src, p.dst, p.bth.dest_qp))
+                if rev is not None:
+                    rev.responder_request(p.frame)
+        if len(sink.violations) > before and where is not None:
+            owner[p.frame] = where
+    for w in walks:
+        w.end(sink)
+    found = sorted((v for v in sink.violations if keep is None or v.rule in keep),
+                   key=lambda v: (v.frame, list(RULES).index(v.rule)))
+    return CheckResult(counted.n, packets, found, *_summaries(conv, walks, ud, mtu, found,
+                                                              owner))
+
+
+def _summaries(conv, walks: list[FlowWalk], ud: UdChecker, mtu: int | None,
+               found: list[Violation], owner: dict[int, object]
+               ) -> tuple[list[QpSummary], list[FlowRecovery]]:
+    """One summary per flow and UD sender, with the violations that belong to it: those
+    labelled with it, or found at one of its packets."""
+    summaries: list[QpSummary] = []
+    by_owner: dict[int, QpSummary] = {}
+    by_label: dict[str, QpSummary] = {}
+    for w in walks:
+        f = w.flow
+        s = QpSummary(f.label, f.transport.name, f.requests, f.responses, w.mtu)
+        summaries.append(s)
+        by_owner[id(w)] = s
+        by_label[f.label] = s
+    recovery = [w.recovery for w in walks]
+    for fr in recovery:
+        fr.events.sort(key=lambda e: e.frame)  # found in walking order, listed by frame
+    for (src, sqp), g in conv.ud_senders.items():
+        s = QpSummary(f"{addr(src)} QP 0x{sqp:06x}", Transport.UD.name, g.packets, 0, mtu)
+        summaries.append(s)
+        by_owner[id(ud.senders[(src, sqp)])] = s
+        by_label[f"{addr(src)} UD QP 0x{sqp:06x}"] = s
+    recovery += ud.recoveries()
+    for v in found:
+        o = owner.get(v.frame)
+        if isinstance(o, tuple):
+            o = ud.senders.get(o)
+        s = by_owner.get(id(o)) if o is not None else by_label.get(v.qp)
+        if s is not None:
+            s.violations += 1
+    return summaries, recovery

@@ -5,7 +5,6 @@ keeps the result and replays it; executing the atomic twice would add twice).
 
 from __future__ import annotations
 
-from ..qp.psn import psn_diff
 from ..wire.headers import AethType
 from ..wire.opcodes import Opcode
 from .decode import Packet
@@ -20,29 +19,32 @@ _ATOMIC_ACK = int(Opcode.RC_ATOMIC_ACKNOWLEDGE)
 
 
 def on_request(st: FlowState, p: Packet, kind: str) -> None:
-    """Register an atomic: when new, or first seen as a resend (with ``lossy``, the first
-    copy may have been lost before the capture point)."""
-    if p.info.atomic and (kind == NEW or p.psn not in st.atomics):
-        st.atomics[p.psn] = Atomic(p.psn, p.frame)
-        st.open_answers.add(p.psn)
+    """Register an atomic first seen as a resend (the first copy may be from before the
+    capture); new ones are registered with the request (sequence)."""
+    if p.info.atomic and kind != NEW:
+        a = st.unwrap(p.psn)
+        if a not in st.atomics:
+            st.atomics[a] = Atomic(a, p.frame, resent=True)
+            st.open_answers.add(a)
 
 
 def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
     """Judge an ATOMIC ACKNOWLEDGE, or a plain ACK at an atomic's PSN. False if it answers
     no atomic."""
-    if st.first_psn is None:
+    if st.first is None:
         return True
     b, label = p.bth, st.flow.label
+    apsn = st.unwrap(p.psn)
     if b.opcode == _ATOMIC_ACK:
-        a = st.atomics.get(p.psn)
+        a = st.atomics.get(apsn)
         if a is None:
-            if not st.seen(p.psn):
+            if not st.seen(apsn) or apsn in st.missing or apsn not in st.reqs:
                 return True  # the ACK-PSN rule speaks for PSNs never sent
             sink.add("ATOMIC-ACK", p.frame, f"ATOMIC ACKNOWLEDGE at PSN {p.psn}, but the "
                                             "request there is no atomic", label)
             return False
-        if not st.blocked(p.psn):
-            st.open_answers.discard(p.psn)  # taken, unless an earlier answer is missing
+        if not st.blocked(apsn):
+            st.open_answers.discard(apsn)  # taken, unless an earlier answer is missing
         if a.orig is None:
             a.orig, a.ack_frame = b.orig, p.frame
         elif b.orig != a.orig:
@@ -51,20 +53,21 @@ def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
                                                f"answered (frame {a.ack_frame})", label)
         a.answered = True
     elif b.opcode == _ACK and (b.syndrome or 0) & 0x60 == AethType.ACK:
-        a = st.atomics.get(p.psn)
+        a = st.atomics.get(apsn)
         if a is not None and not a.answered:
             sink.add("ATOMIC-ACK", p.frame, f"plain ACKNOWLEDGE for the atomic at PSN "
                                             f"{p.psn} (frame {a.frame}), expected an ATOMIC "
                                             "ACKNOWLEDGE with its original value", label)
             a.answered = True  # reported once
-            st.open_answers.discard(p.psn)
+            st.open_answers.discard(apsn)
     return True
 
 
 def at_end(st: FlowState, sink: Sink) -> None:
     for a in st.atomics.values():
-        if not a.answered and st.acked is not None and psn_diff(st.acked, a.psn) > 0:
-            sink.add("ATOMIC-ACK", a.frame, f"atomic at PSN {a.psn} never answered by an "
-                                            "ATOMIC ACKNOWLEDGE, though later requests were "
-                                            f"acknowledged (up to PSN {st.acked})",
+        if not a.answered and st.acked is not None and st.acked > a.psn:
+            sink.add("ATOMIC-ACK", a.frame, f"atomic at PSN {a.psn & 0xFFFFFF} never answered "
+                                            "by an ATOMIC ACKNOWLEDGE, though later requests "
+                                            f"were acknowledged (up to PSN "
+                                            f"{st.acked & 0xFFFFFF})",
                      st.flow.label)

@@ -6,11 +6,14 @@ offset k carries min(MTU, L - k * MTU) bytes. When the requester re-reads from o
 (after losing responses), the answer may start there with FIRST/ONLY (a new READ, as the
 spec describes it) or, as rxe's responder does for a duplicate READ (rxe_resp.c,
 ``rdatm_res_state_replay``), go on with MIDDLE/LAST; both are accepted at a restart.
+
+A hole in a READ's responses is responses lost before the capture point; a response to a
+READ the capture never carried means the capture missed the request (nothing lost on the
+path reaches a responder), an observation rather than a fault.
 """
 
 from __future__ import annotations
 
-from ..qp.psn import psn_diff
 from ..wire.opcodes import Opcode
 from .decode import Packet
 from .rules import Sink
@@ -36,17 +39,35 @@ def _expected(k: int, n: int, restart: bool) -> set[int]:
 
 def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
     """Judge a READ response; False if it answers no READ (so it acknowledges nothing)."""
-    if not p.info.read or st.first_psn is None:
+    if not p.info.read or st.first is None:
         return True
     label = st.flow.label
-    r = st.find_read(p.psn)
+    a = st.unwrap(p.psn)
+    r = st.find_read(a)
     if r is None:
-        if psn_diff(p.psn, st.first_psn) < 0:
+        if a < st.first:
             return False  # answers a READ from before the capture
+        carried = a in st.reqs or (st.top is not None and st.first <= a <= st.top
+                                   and a not in st.missing)
+        if not carried or st.lossy_capture:
+            st.rec.add("not-captured", p.frame, p.ts, p.psn, 1,
+                       f"{p.info.name} at PSN {p.psn} answers a READ the capture never "
+                       "carried (the capture missed it)", "responses")
+            return False
         sink.add("READ-RESP-PSN", p.frame, f"{p.info.name} at PSN {p.psn}, but no READ "
                                            "request covers that PSN", label)
         return False
-    k = psn_diff(p.psn, r.psn)
+    k = a - r.psn
+    if k > r.hi + 1 and not r.restarts:
+        st.rec.add("lost-before", p.frame, p.ts, (r.psn + r.hi + 1) & 0xFFFFFF, k - r.hi - 1,
+                   f"{k - r.hi - 1} READ response(s) before PSN {p.psn} never captured (lost "
+                   "before the capture point)", "responses")
+        st.rec.open(r.psn + r.hi + 1, p.ts)
+    if k > r.hi:
+        r.hi = k
+        st.rec.good(p.bth.payload_len)
+    else:
+        st.rec.resent(p.bth.payload_len)
     if k == r.accepted and not st.blocked(r.psn):
         r.accepted += 1  # a requester takes READ responses in PSN order only
         if r.n is not None and r.accepted >= r.n:

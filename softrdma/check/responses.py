@@ -1,5 +1,5 @@
 """Rules about the responder's answers: AETH syndromes, ACK PSNs, the MSN, coalesced ACKs,
-and what a NAK obliges the requester to do.
+NAKs, and what a NAK obliges the requester to do.
 
 Every response with an AETH acknowledges the requests up to a PSN ("upto"): the response's
 own PSN for an ACK, a READ response or an atomic ACK (9.7.5.1.2: a response implicitly
@@ -9,63 +9,81 @@ duplicate answer (rxe re-ACKs duplicate requests, replays READ responses and ato
 and moves nothing.
 
 The MSN counts the messages the responder has completed: a SEND or WRITE at its LAST or
-ONLY packet, a READ or atomic when it is accepted (C9-148). So between two responses the
-MSN must grow by exactly the number of messages that end in between: every response's MSN
-minus the messages completed up to its PSN is the same number.
+ONLY packet, a READ or atomic when it is accepted (C9-148). Messages are counted in PSN
+order, so a message whose packets were lost and resent counts once, where its PSNs say:
+between two responses the MSN must grow by exactly the number of messages that end in
+between. A responder that executes a duplicate again counts it twice, and every answer
+after that one shows it.
+
+The responder sees only what passed the capture point, so it is judged by that: it NAKs a
+PSN-sequence gap once (rxe's ``sent_psn_nak``), and may NAK the same PSN again only after
+the capture shows the requester going back (softrdma NAKs once per go-back; rxe never does
+until the expected PSN arrives). A NAK for a PSN the capture already carried tells that
+the packet was lost after the capture point.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 
-from ..qp.params import RNR_NAK_USEC
-from ..qp.psn import psn_add, psn_diff
 from ..wire.headers import AETH_ACK_UNLIMITED, AethType, aeth_syndrome_name
 from ..wire.opcodes import Opcode
 from .decode import Packet
 from .rules import Sink
-from .sequence import NEW, RETRY
 from .state import FlowState, Nak
 
-__all__ = ["on_request", "on_response", "at_end"]
+__all__ = ["is_duplicate", "on_response", "at_end", "note_request"]
 
 _ACK = int(Opcode.RC_ACKNOWLEDGE)
 _ATOMIC_ACK = int(Opcode.RC_ATOMIC_ACKNOWLEDGE)
 _MSN_MASK = 0xFFFFFF
-_SLACK = 2e-6  # pcap timestamps are microseconds: forgive their rounding
+_BASE_VOTES = 16  # responses that elect the MSN before the capture's first message
+_DUP_WINDOW = 5e-6
+_RECENT = 16  # responses remembered to recognise the network's duplicates
 
 
-def on_request(st: FlowState, p: Packet, kind: str, sink: Sink) -> None:
-    """Follow a pending NAK: the next go-back must start at (or before) the NAK'd PSN, and
-    not too early after an RNR NAK. New requests, and resends that continue a go-back
-    burst already under way (BURST), were in flight when the NAK was sent."""
-    if st.fatal is not None and p.psn == st.fatal.psn and kind != NEW:
-        sink.add("NAK-FATAL", p.frame, f"resends PSN {p.psn}, NAK'd at frame {st.fatal.frame} "
-                                       "with a fatal code: the requester's QP is in error",
-                 st.flow.label)
-    nak = st.nak
-    if nak is None:
+def _wire(apsn: int) -> int:
+    return apsn & 0xFFFFFF
+
+
+def is_duplicate(st: FlowState, p: Packet) -> bool:
+    """A response the network delivered twice (the same bytes with the same IP ID, or within
+    microseconds). Recorded; it must not count as a second answer (a second NAK, say)."""
+    st.n_resp += 1
+    sig = (p.bth.opcode, p.psn, hash(bytes(p.bth.buf[:len(p.bth.buf) - 4])))
+    seen = st.last_resp.get(sig)
+    st.last_resp[sig] = (p.ip.ip_id, p.ts, st.n_req)
+    if len(st.last_resp) > _RECENT:
+        del st.last_resp[next(iter(st.last_resp))]
+    if seen is None:
+        return False
+    ip_id, ts, n_req = seen
+    # without IP IDs: within microseconds, and no request in between (a responder answers
+    # each duplicate request it gets with the same ACK: that is not the network's)
+    dup = bool(p.ip.ip_id and p.ip.ip_id == ip_id) or (
+        not p.ip.ip_id and p.ts - ts < _DUP_WINDOW and n_req == st.n_req)
+    if dup:
+        st.rec.add("duplicate", p.frame, p.ts, p.psn, 1, f"{p.info.name} PSN {p.psn} captured "
+                   "twice (the network duplicated it)", "responses")
+        st.rec.duplicated(p.bth.payload_len)
+    return dup
+
+
+def note_request(st: FlowState, a: int) -> None:
+    """A new request at ``a`` (unwrapped): it settles an ACK seen earlier for a PSN
+    beyond every request captured then."""
+    ab = st.ack_beyond
+    if ab is None:
         return
-    if kind != RETRY:
-        nak.new_after += kind == NEW  # sent before the NAK reached the requester
-        return
-    st.nak = None
-    if psn_diff(p.psn, nak.psn) > 0 and not st.lossy:  # (the resend may be lost too)
-        # going back further is allowed (a READ with a response missing is re-read from
-        # there); starting after the NAK'd PSN skips what the responder never got
-        sink.add("NAK-RETRY", p.frame, f"resend starts at PSN {p.psn} after the NAK of frame "
-                                       f"{nak.frame}, expected PSN {nak.psn} or earlier",
-                 st.flow.label)
-        return
-    if nak.rnr_timer is not None:
-        wait = RNR_NAK_USEC[nak.rnr_timer] * 1e-6
-        waited = p.ts - nak.ts
-        if waited + _SLACK < wait:
-            sink.add("RNR-WAIT", p.frame, f"resent PSN {p.psn} {waited * 1e6:.0f} us after the "
-                                          f"RNR NAK of frame {nak.frame}, expected at least "
-                                          f"{wait * 1e6:.0f} us (timer {nak.rnr_timer})",
-                     st.flow.label)
+    frame, apsn, text = ab
+    if a <= apsn:
+        st.ack_beyond = None
+        st.violation_later = ("ACK-PSN", frame, text)
+    elif a > apsn:
+        st.ack_beyond = None  # the capture missed the requests it acknowledged
+        st.rec.add("not-captured", frame, 0.0, _wire(apsn), 1,
+                   f"an ACK for PSN {_wire(apsn)}, which the capture never carried (the "
+                   "capture missed it)", "responses")
 
 
 def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
@@ -74,6 +92,8 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
     b, label = p.bth, st.flow.label
     syn = b.syndrome
     kind = None
+    st.rec.span(p.ts)
+    st.last_resp_ts = p.ts
     if syn is not None:
         kind = syn & 0x60
         code = syn & 0x1F
@@ -90,36 +110,110 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
         if kind == AethType.ACK and code != AETH_ACK_UNLIMITED:
             sink.add("ACK-CREDIT", p.frame, f"credit {code}, rxe always advertises "
                                             f"{AETH_ACK_UNLIMITED} (unlimited)", label)
-    if st.first_psn is None or syn is None or not valid:
+    if st.first is None or syn is None or not valid:
         return  # nothing captured to judge it against, a READ MIDDLE, or already reported
+    a = st.unwrap(p.psn)
     if b.opcode in (_ACK, _ATOMIC_ACK):
-        if psn_diff(p.psn, st.first_psn) < 0:
+        if a < st.first:
             return  # answers a request from before the capture
-        if psn_diff(p.psn, st.max_psn) > 0:
-            sink.add("ACK-PSN", p.frame, f"{aeth_syndrome_name(syn).split()[0]} for PSN "
-                                         f"{p.psn}, but the requester has sent PSNs up to "
-                                         f"{st.max_psn} only", label)
+        if st.top is None or a > st.top:
+            if st.ack_beyond is None:
+                st.ack_beyond = (p.frame, a, f"{aeth_syndrome_name(syn).split()[0]} for PSN "
+                                             f"{p.psn}, but the requester has sent PSNs up to "
+                                             f"{_wire(st.top or 0)} only")
             return
-    upto = p.psn if kind == AethType.ACK else psn_add(p.psn, -1)
-    if st.acked is not None and psn_diff(upto, st.acked) < 0:
+    upto = a if kind == AethType.ACK else a - 1
+    if kind == AethType.ACK and b.opcode == _ACK:
+        req = st.reqs.get(a)
+        if req is not None and p.ts >= req.seen_ts:
+            rtt = p.ts - req.seen_ts
+            st.rtt = rtt if st.rtt is None else min(st.rtt, rtt)
+    if st.acked is not None and upto < st.acked:
         return  # a duplicate answer
+    _holes_answered(st, p, upto)
     if not _replay(st, p, upto):
-        _msn(st, p, upto)
+        _msn(st, p, upto, sink)
     st.acked, st.acked_frame = upto, p.frame
-    if st.nak is not None and psn_diff(upto, st.nak.psn) >= 0:
+    st.rec.close_upto(upto, p.ts)
+    if st.suspect is not None and upto >= st.suspect[1]:
+        frame, npsn, nframe = st.suspect
+        st.suspect = None
+        req = st.reqs.get(npsn)
+        if req is not None and req.seen_frame < nframe and not st.lossy_capture:
+            sink.add("NAK-RETRY", frame, f"resend starts after PSN {_wire(npsn)}, NAK'd at frame "
+                                         f"{nframe}; that PSN was never resent, yet frame "
+                                         f"{p.frame} acknowledges it", label)
+    nak = st.nak
+    if nak is not None and upto >= nak.due:
         # a later ACK overtook the NAK (the missing packet was only late): the resend is
         # now due from after what this ACK covers, or not at all
-        st.nak.psn = psn_add(upto, 1)
-        if psn_diff(upto, st.max_psn) >= 0:
+        nak.due = upto + 1
+        if st.top is not None and upto >= st.top:
             st.nak = None
-    if not st.blocked(p.psn) and (st.sure is None or psn_diff(upto, st.sure) > 0):
-        st.sure, st.sure_frame = upto, p.frame
-    for psn in [q for q in st.need_ack if psn_diff(q, upto) <= 0]:
-        del st.need_ack[psn]
+    if b.opcode == _ACK and kind == AethType.ACK and st.blocked(a):
+        st.implied = min(st.open_answers)  # an implied NAK for the oldest unanswered
+    for q in [q for q in st.need_ack if q <= upto]:
+        del st.need_ack[q]
     if kind == AethType.RNR_NAK or (kind == AethType.NAK and syn & 0x1F == 0):
-        st.nak = Nak(p.frame, p.ts, p.psn, syn & 0x1F if kind == AethType.RNR_NAK else None)
+        _nak(st, p, a, kind, syn, sink)
     elif kind == AethType.NAK and 1 <= syn & 0x1F <= 3:
-        st.fatal = Nak(p.frame, p.ts, p.psn, None)
+        st.fatal = Nak(p.frame, p.ts, a, None)
+
+
+def _nak(st: FlowState, p: Packet, a: int, kind: int, syn: int, sink: Sink) -> None:
+    rec, label = st.rec, st.flow.label
+    rnr = kind == AethType.RNR_NAK
+    st.nak = Nak(p.frame, p.ts, a, syn & 0x1F if rnr else None)
+    if rnr:
+        rec.add("rnr-nak", p.frame, p.ts, p.psn, 1, f"RNR NAK for PSN {p.psn} (timer "
+                                                    f"{syn & 0x1F}): the receive queue was "
+                                                    "empty")
+        return
+    last = st.last_seq_nak
+    # A go-back the responder got after its first NAK justifies a second (softrdma). Where
+    # the capture sits decides whether that go-back shows before or after the first NAK:
+    # at the requester, one sent just before the NAK arrived is captured before it. So a
+    # resend captured from a few round trips before the first NAK on counts.
+    window = max(4 * (st.rtt or 0.0), 1e-3)
+    went_back = st.last_resend_ts is not None and last is not None \
+        and st.last_resend_ts >= last[2] - window
+    if last is not None and last[0] == a and not went_back:
+        sink.add("NAK-ONCE", p.frame, f"a second PSN sequence error NAK for PSN {p.psn} "
+                                      f"(first at frame {last[1]}) with no go-back captured "
+                                      "in between: a responder NAKs a gap once", label)
+    prev_nak = st.last_nak_frame
+    st.last_seq_nak = (a, p.frame, p.ts)
+    st.last_nak_frame = p.frame
+    req = st.reqs.get(a)
+    if req is not None and req.seen_frame < p.frame and not req.behind \
+            and req.seen_frame > prev_nak:
+        rec.add("lost-after", req.seen_frame, req.seen_ts, p.psn, 1,
+                f"request PSN {p.psn} (frame {req.seen_frame}) never reached the responder: "
+                f"it NAKs it at frame {p.frame} (lost after the capture point)")
+        rec.open(a, req.seen_ts)
+        text = f"NAK: the responder expected PSN {p.psn}, lost after the capture point"
+    elif req is not None:
+        text = (f"NAK: the responder expected PSN {p.psn}, which it had dropped out of sequence "
+                f"(frame {req.seen_frame} came behind a missing PSN)")
+    else:
+        text = f"NAK: the responder expected PSN {p.psn}, lost before the capture point"
+    rec.add("nak", p.frame, p.ts, p.psn, 1, text)
+
+
+def _holes_answered(st: FlowState, p: Packet, upto: int) -> None:
+    """The responder acknowledged PSNs the capture never carried: the capture missed them
+    (nothing lost on the path reaches a responder)."""
+    if not st.missing:
+        return
+    gone = [q for q in st.missing if q <= upto]
+    if not gone:
+        return
+    st.missing.difference_update(gone)
+    st.rec.add("not-captured", p.frame, p.ts, _wire(min(gone)), len(gone),
+               f"frame {p.frame} acknowledges {len(gone)} request packet(s) from PSN "
+               f"{_wire(min(gone))} that the capture never carried (the capture missed them)")
+    if st.rec.lost_before["requests"] >= len(gone):
+        st.rec.lost_before["requests"] -= len(gone)
 
 
 def _replay(st: FlowState, p: Packet, upto: int) -> bool:
@@ -128,58 +222,90 @@ def _replay(st: FlowState, p: Packet, upto: int) -> bool:
     duplicate_request), so its MSN proves nothing."""
     if p.bth.opcode == _ACK:
         return False
-    if st.msn_log and psn_diff(upto, st.msn_log[-1][3]) <= 0:
+    a = upto
+    if st.msn_upto is not None and a <= st.msn_upto:
         return True
     if p.info.read:
-        r = st.find_read(p.psn)
+        r = st.find_read(a)
         return r is not None and bool(r.restarts)
-    a = st.atomics.get(p.psn)
-    return a is not None and a.resent
+    at = st.atomics.get(a)
+    return at is not None and at.resent
 
 
-def _msn(st: FlowState, p: Packet, upto: int) -> None:
-    """Note the MSN against the number of messages that end at or before ``upto``; judged
-    at the end (:func:`_judge_msn`)."""
-    ends = st.msg_ends
-    i = st.msn_idx
-    while i < len(ends) and psn_diff(ends[i], upto) <= 0:
+def _msn(st: FlowState, p: Packet, upto: int, sink: Sink) -> None:
+    """Count the messages that end at or before ``upto`` and judge the MSN: it must be the
+    MSN before the capture's first message (elected by the first responses) plus that
+    count. One disagreeing response is one violation; if the next agrees with it rather
+    than with the old count, the responder counted one message more or less for good
+    (a duplicate executed again): that is still one violation."""
+    ends = st.ends
+    i = 0
+    while i < len(ends) and ends[i] <= upto:
         i += 1
-    st.msn_idx = i
-    st.msn_log.append((p.frame, p.bth.msn, i, upto))
-
-
-def _judge_msn(st: FlowState, sink: Sink) -> None:
-    """MSN = (MSN at the start of the capture) + (messages completed since). The start value
-    is unknown (a capture may begin mid-conversation), so it is the one most responses
-    agree on; each response that disagrees is one violation, wherever it sits (one bad
-    MSN, even the first, is one violation, not one per later response)."""
-    if not st.msn_log:
+    if i:
+        del ends[:i]
+        st.msn_done += i
+    st.msn_upto = upto
+    entry = (p.frame, p.bth.msn, st.msn_done, upto)
+    if st.msn_base is None:
+        st.msn_pending.append(entry)
+        if len(st.msn_pending) >= _BASE_VOTES:
+            _elect(st, sink)
         return
-    base = Counter((msn - n) & _MSN_MASK for _f, msn, n, _u in st.msn_log).most_common(1)[0][0]
-    for frame, msn, n, upto in st.msn_log:
-        want = (base + n) & _MSN_MASK
-        if msn != want:
-            sink.add("MSN", frame, f"MSN {msn}, expected {want} (MSN {base} before the capture's "
-                                   f"first message + {n} completed up to PSN {upto})",
-                     st.flow.label)
+    _judge(st, entry, sink)
 
 
-def at_end(st: FlowState, responder_requests: list[int], sink: Sink) -> None:
-    """What the capture should have shown by its end, and the MSNs (:func:`_judge_msn`).
+def _elect(st: FlowState, sink: Sink) -> None:
+    votes = Counter((msn - n) & _MSN_MASK for _f, msn, n, _u in st.msn_pending)
+    st.msn_base = votes.most_common(1)[0][0]
+    pending, st.msn_pending = st.msn_pending, []
+    for e in pending:
+        _judge(st, e, sink)
+
+
+def _judge(st: FlowState, entry: tuple, sink: Sink) -> None:
+    frame, msn, n, upto = entry
+    base = st.msn_base
+    assert base is not None
+    if msn == (base + n) & _MSN_MASK:
+        st.msn_shift = None
+        return
+    now = (msn - n) & _MSN_MASK
+    if st.msn_shift is not None and st.msn_shift[1] == now:
+        st.msn_base = now  # the count changed for good: reported once, at its first sign
+        st.msn_shift = None
+        return
+    st.msn_shift = (frame, now)
+    sink.add("MSN", frame, f"MSN {msn}, expected {(base + n) & _MSN_MASK} (MSN {base} before "
+                           f"the capture's first message + {n} completed up to PSN "
+                           f"{_wire(upto)})", st.flow.label)
+
+
+def at_end(st: FlowState, sink: Sink) -> None:
+    """What the capture should have shown by its end, and the MSNs still to judge.
 
     ACK-COVER: a capture can end before the last ACK, and a responder still answering older
     requests may just be behind. So an AckReq request left unacknowledged is reported only
     when the responder's end went on to send requests of its own after it: a live peer
     that skipped the ACK, not a capture cut short (a heuristic; docs/check.md)."""
-    _judge_msn(st, sink)
-    for psn, frame in st.need_ack.items():
-        if bisect.bisect_right(responder_requests, frame) < len(responder_requests):
-            sink.add("ACK-COVER", frame, f"AckReq request at PSN {psn} never acknowledged "
-                                         f"(acknowledged up to {st.acked}), though the "
-                                         "responder sent requests of its own after it",
-                     st.flow.label)
+    if st.msn_base is None and st.msn_pending:
+        _elect(st, sink)
+    later = st.violation_later
+    if later is not None:
+        sink.add(later[0], later[1], later[2], st.flow.label)
+    if st.ack_beyond is not None:
+        frame, apsn, text = st.ack_beyond
+        sink.add("ACK-PSN", frame, text, st.flow.label)
+    for q, frame in st.need_ack.items():
+        if frame < st.responder_last_request:
+            sink.add("ACK-COVER", frame, f"AckReq request at PSN {_wire(q)} never acknowledged "
+                                         f"(acknowledged up to "
+                                         f"{_wire(st.acked) if st.acked is not None else None})"
+                                         ", though the responder sent requests of its own "
+                                         "after it", st.flow.label)
     nak = st.nak
-    if nak is not None and nak.new_after:
-        sink.add("NAK-RETRY", nak.frame, f"the requester sent {nak.new_after} new request(s) "
-                                         f"after this NAK but never resent PSN {nak.psn}",
-                 st.flow.label)
+    if nak is not None and nak.rnr_timer is None and nak.new_after:
+        st.rec.add("unresolved", nak.frame, nak.ts, _wire(nak.psn), 1,
+                   f"the requester sent {nak.new_after} new request(s) after the NAK of PSN "
+                   f"{_wire(nak.psn)} and the capture ends before it went back (the NAK may "
+                   "have been lost after the capture point, or ignored during a retry)")

@@ -68,10 +68,12 @@ RULES: dict[str, Rule] = _rules(
     ("WRITE-LEN", "an RDMA WRITE's payload adds up to the RETH DMA length",
      "IBTA 9.4.2, 9.3.3.2; rxe_resp.c check_length", "sequence"),
     ("PSN-SEQ", "each new request takes the next PSN (+1 mod 2^24; a READ takes one per "
-                "response packet)", "IBTA 9.7.1, 9.4.3", "sequence"),
+                "response packet); a UC requester never goes back to a PSN it sent (a PSN "
+                "ahead is a loss)", "IBTA 9.7.1, 9.4.3", "sequence"),
     ("RETRY-RANGE", "a go-back that starts at a SEND or WRITE packet, or at a READ whose "
-                    "responses all came, starts at one not yet acknowledged (the burst may "
-                    "then run past an ACK that arrives meanwhile, as rxe's does)",
+                    "responses all came, starts at one the requester did not know to be "
+                    "acknowledged (a NAK it acted on acknowledges what precedes it; the burst "
+                    "may run past an ACK that arrives meanwhile, as rxe's does)",
      "IBTA 9.7.7 (requester retry, go-back-N); rxe_req.c req_retry", "sequence"),
     ("RETRY-SAME", "a retransmitted PSN carries the same request (opcode, headers, bytes; a "
                    "re-READ from the middle advances VA and shortens the length by whole MTUs)",
@@ -82,24 +84,30 @@ RULES: dict[str, Rule] = _rules(
     ("AETH-SYNDROME", "the AETH syndrome is ACK, RNR NAK or a defined NAK code; READ "
                       "responses and atomic ACKs carry an ACK", "IBTA 9.3.5 (syndrome "
                       "encoding)", "responses"),
-    ("ACK-PSN", "an ACK or NAK names a PSN the requester has sent", "IBTA 9.7.5.1",
-     "responses"),
+    ("ACK-PSN", "an ACK or NAK names a PSN the requester has sent (later requests at or "
+                "below it prove it had not)", "IBTA 9.7.5.1", "responses"),
     ("MSN", "the MSN grows by the number of messages completed up to the acknowledged PSN "
             "(a READ counts when accepted)", "IBTA 9.7.5.1, C9-148; rxe_resp.c", "responses"),
     ("ACK-COVER", "every AckReq request is acknowledged in the end (coalescing allowed)",
      "IBTA 9.7.5.1.2 (coalesced acknowledges)", "responses"),
     ("ACK-CREDIT", "ACKs advertise unlimited credit (31)",
      "rxe behaviour: rxe_resp.c (AETH_ACK_UNLIMITED)", "responses"),
+    ("NAK-ONCE", "a responder NAKs a PSN-sequence gap once, and the same PSN again only "
+                 "after the requester went back (rxe: not until the expected PSN arrives)",
+     "IBTA 9.7.5.2.1; rxe_resp.c check_psn (sent_psn_nak)", "responses"),
     ("NAK-RETRY", "after a PSN-sequence NAK or an RNR NAK the requester resends from the "
-                  "NAK'd PSN", "IBTA 9.7.5.2; rxe_comp.c", "responses"),
+                  "NAK'd PSN, not after it (judged when the responder acknowledges a PSN the "
+                  "capture never carried again)", "IBTA 9.7.5.2; rxe_comp.c", "responses"),
     ("NAK-FATAL", "after an invalid-request, remote-access or remote-operational NAK the "
-                  "requester never resends the NAK'd request (its QP goes to the error state)",
+                  "requester never resends the NAK'd request in answer to it (its QP goes to "
+                  "the error state)",
      "IBTA 9.7.5.2; rxe_comp.c (error completion, QP to ERROR)", "responses"),
     ("RNR-WAIT", "after an RNR NAK the requester waits at least the NAK's timer before "
                  "resending", "IBTA 9.7.5.2.8; rxe_comp.c rnrnak_usec", "responses"),
     # READ responses (check/reads.py)
-    ("READ-RESP-PSN", "a READ response PSN lies in the PSN range of a READ request",
-     "IBTA 9.4.3", "reads"),
+    ("READ-RESP-PSN", "a READ response PSN lies in the PSN range of a READ request (one at the "
+                      "PSN of another request; one the capture has no request for at all is "
+                      "an answer to a request it missed)", "IBTA 9.4.3", "reads"),
     ("READ-RESP-OPCODE", "a READ's responses are ONLY, or FIRST, MIDDLE..., LAST, by position "
                          "in its PSN range", "IBTA 9.4.3; rxe_resp.c read_reply", "reads"),
     ("READ-RESP-LEN", "each READ response carries min(MTU, what is left of the RETH "
@@ -113,7 +121,9 @@ RULES: dict[str, Rule] = _rules(
     # UD (check/ud.py)
     ("UD-QKEY", "every datagram to a UD QP carries that QP's Q_Key (QP1: 0x80010000)",
      "IBTA 9.6 (Q_Key check), C9-49", "ud"),
-    ("UD-PSN", "a UD QP numbers its packets +1 each", "rxe behaviour: rxe_req.c", "ud"),
+    ("UD-PSN", "a UD QP numbers its packets +1 each (a PSN ahead is a lost datagram, one "
+               "going back to a datagram already sent a fault)", "rxe behaviour: rxe_req.c",
+     "ud"),
 )
 
 
@@ -141,7 +151,9 @@ class Sink:
     """Where the rule modules put what they find. ``qp`` labels what follows."""
 
     violations: list[Violation] = field(default_factory=list)
+    quiet: bool = False  # discard (the survey's pass reports nothing)
 
     def add(self, rule: str, frame: int, message: str, qp: str = "") -> None:
         assert rule in RULES, rule  # a typo in a rule id is a bug of the checker
-        self.violations.append(Violation(frame, rule, message, qp))
+        if not self.quiet:
+            self.violations.append(Violation(frame, rule, message, qp))

@@ -1,8 +1,12 @@
-"""``softrdma check PCAP``: judge a RoCEv2 capture against the transport rules.
+"""``softrdma check PCAP``: judge a RoCEv2 capture against the transport rules, and say
+what its losses cost.
 
 Exit status 0 if the capture breaks no rule, 1 if it breaks some (each reported with its
 frame number), 2 if the file cannot be read or an option is wrong (one line on stderr).
-The rules are in :mod:`softrdma.check.rules` and docs/check.md.
+Losses are not violations: each flow that lost packets gets a recovery paragraph (where
+they were lost, NAKs, go-backs, timeouts, bytes sent twice, goodput, time lost), and
+``--recovery`` lists its events. The rules are in :mod:`softrdma.check.rules` and
+docs/check.md.
 """
 
 from __future__ import annotations
@@ -29,6 +33,17 @@ def _mtu(text: str) -> int:
     return v
 
 
+def _frames(text: str) -> tuple[int, int]:
+    a, sep, b = text.partition("-")
+    try:
+        lo, hi = int(a), int(b) if sep else int(a)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a frame range: {text!r} (A-B)")
+    if lo < 1 or hi < lo:
+        raise argparse.ArgumentTypeError(f"not a frame range: {text!r} (1 <= A <= B)")
+    return lo, hi
+
+
 def add_parser(sub: Any) -> None:
     d = sub.add_parser("check", help="check a RoCEv2 capture against the transport rules",
                        description="Rebuild each QP's conversation in a pcap/pcapng capture and "
@@ -43,8 +58,14 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--mtu", type=_mtu, default=None,
                    help="path MTU (default: inferred per flow from FIRST/MIDDLE payloads)")
     d.add_argument("--lossy", action="store_true",
-                   help="the capture may sit behind a lossy hop (e.g. on the responder's "
-                        "host): skipped PSNs resent later are losses, not faults")
+                   help="the capture itself may have missed packets (tcpdump reported "
+                        "drops): do not judge what only a complete capture proves. Losses "
+                        "on the network need no option: they are inferred")
+    d.add_argument("--recovery", action="store_true",
+                   help="list every recovery event (losses, NAKs, go-backs, timeouts, "
+                        "duplicates) under its flow")
+    d.add_argument("--frames", type=_frames, default=None, metavar="A-B",
+                   help="with --recovery: only the events of frames A to B")
     d.add_argument("--rules", action="append", metavar="RULE[,RULE...]", default=None,
                    help="check only these rule ids, comma-separated, repeatable "
                         "(see --list-rules)")
@@ -69,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
                              "--list-rules lists them)")
     with capture_file_errors(args.pcap):
         result = check_pcap(args.pcap, mtu=args.mtu, rules=rules, lossy=args.lossy)
-    lines = json_lines(result) if args.json else text_lines(result)
+    fmt = json_lines if args.json else text_lines
+    lines = fmt(result, events=args.recovery, frames=args.frames)
     for line in lines:
         out.write(line + "\n")
     return 0 if result.clean else 1
