@@ -65,9 +65,10 @@ def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
         st.rec.open(r.psn + r.hi + 1, p.ts)
     if k > r.hi:
         r.hi = k
-        st.rec.good(p.bth.payload_len)
-    else:
+    if k < (1 << 20) and r.captured(k):
         st.rec.resent(p.bth.payload_len)
+    else:
+        st.rec.good(p.bth.payload_len)
     if k == r.accepted and not st.blocked(r.psn):
         r.accepted += 1  # a requester takes READ responses in PSN order only
         if r.n is not None and r.accepted >= r.n:

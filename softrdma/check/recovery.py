@@ -239,7 +239,9 @@ class FlowRecovery:
         if self.time_lost:
             share = f" ({100 * self.time_lost / self.duration:.0f} %)" if self.duration else ""
             parts.append(f"{self.time_lost:.3f} s lost to recovery{share}")
-        return "; ".join(parts) if parts else "no loss"
+        if not self.eventful:
+            parts.insert(0, "no loss")
+        return "; ".join(parts)
 
 
 def _size(n: float) -> str:

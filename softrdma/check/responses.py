@@ -30,7 +30,7 @@ from ..wire.headers import AETH_ACK_UNLIMITED, AethType, aeth_syndrome_name
 from ..wire.opcodes import Opcode
 from .decode import Packet
 from .rules import Sink
-from .state import FlowState, Nak
+from .state import FlowState, Gap, Nak
 
 __all__ = ["is_duplicate", "on_response", "at_end", "note_request"]
 
@@ -113,6 +113,17 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
     if st.first is None or syn is None or not valid:
         return  # nothing captured to judge it against, a READ MIDDLE, or already reported
     a = st.unwrap(p.psn)
+    if (kind == AethType.NAK and syn & 0x1F == 0 and a < st.first
+            and st.first - a <= 4096 and st.acked is None):
+        # the responder expects a PSN before the capture's first request: those were
+        # lost before the capture point (or sent before it started)
+        st.add_missing(range(a, st.first))
+        st.gaps.appendleft(Gap(p.frame, p.ts, a, st.first))
+        st.rec.add("lost-before", p.frame, p.ts, p.psn, st.first - a,
+                   f"{st.first - a} request packet(s) from PSN {p.psn}, before the capture's "
+                   "first request, never captured (lost before the capture point)")
+        st.rec.open(a, p.ts)
+        st.first = a
     if b.opcode in (_ACK, _ATOMIC_ACK):
         if a < st.first:
             return  # answers a request from before the capture
@@ -134,6 +145,10 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
     if not _replay(st, p, upto):
         _msn(st, p, upto, sink)
     st.acked, st.acked_frame = upto, p.frame
+    if st.in_order is None or st.in_order <= upto:
+        # the responder has everything up to here (more than the capture showed in order,
+        # or the first word from it: until then what it expects is unknown)
+        st.in_order = upto + 1
     st.rec.close_upto(upto, p.ts)
     if st.suspect is not None and upto >= st.suspect[1]:
         frame, npsn, nframe = st.suspect
@@ -181,12 +196,12 @@ def _nak(st: FlowState, p: Packet, a: int, kind: int, syn: int, sink: Sink) -> N
         sink.add("NAK-ONCE", p.frame, f"a second PSN sequence error NAK for PSN {p.psn} "
                                       f"(first at frame {last[1]}) with no go-back captured "
                                       "in between: a responder NAKs a gap once", label)
-    prev_nak = st.last_nak_frame
     st.last_seq_nak = (a, p.frame, p.ts)
-    st.last_nak_frame = p.frame
     req = st.reqs.get(a)
-    if req is not None and req.seen_frame < p.frame and not req.behind \
-            and req.seen_frame > prev_nak:
+    lost_after = req is not None and st.in_order is not None and st.in_order > a
+    st.in_order = a  # what the responder expects, from the horse's mouth
+    if lost_after:
+        # a responder that got every captured request would have it, in order
         rec.add("lost-after", req.seen_frame, req.seen_ts, p.psn, 1,
                 f"request PSN {p.psn} (frame {req.seen_frame}) never reached the responder: "
                 f"it NAKs it at frame {p.frame} (lost after the capture point)")
@@ -194,7 +209,7 @@ def _nak(st: FlowState, p: Packet, a: int, kind: int, syn: int, sink: Sink) -> N
         text = f"NAK: the responder expected PSN {p.psn}, lost after the capture point"
     elif req is not None:
         text = (f"NAK: the responder expected PSN {p.psn}, which it had dropped out of sequence "
-                f"(frame {req.seen_frame} came behind a missing PSN)")
+                f"(frame {req.seen_frame} came while an earlier PSN was missing)")
     else:
         text = f"NAK: the responder expected PSN {p.psn}, lost before the capture point"
     rec.add("nak", p.frame, p.ts, p.psn, 1, text)

@@ -97,6 +97,17 @@ def _taken(st: FlowState, p: Packet) -> int | None:
 
 def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
     """Judge one request packet; return NEW, FILL, RETRY, BURST or DUP."""
+    kind = _classify(st, p, sink)
+    a = st.unwrap(p.psn)
+    if st.rc and a == st.in_order:
+        # what a go-back-N responder right behind the capture point would have taken in
+        # order (rxe drops what comes ahead of the PSN it expects, and does not buffer it)
+        r = st.find_read(a) if p.info.read else None
+        st.in_order = a + (r.n - (a - r.psn) if r is not None and r.n else 1)
+    return kind
+
+
+def _classify(st: FlowState, p: Packet, sink: Sink) -> str:
     st.rec.span(p.ts)
     a = st.unwrap(p.psn)
     silence = p.ts - max(st.last_req_ts if st.last_req_ts is not None else p.ts,
@@ -114,6 +125,8 @@ def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
         return _new(st, p, a, sink)
     elif a in st.missing:
         return _fill(st, p, a, sink, silence)
+    if old is not None and a in st.late and _late(st, old, p, a):
+        return DUP
     if old is not None and _is_duplicate(st, old, p):
         st.rec.add("duplicate", p.frame, p.ts, p.psn, 1, f"{p.info.name} PSN {p.psn} "
                    f"captured twice (frame {old.seen_frame}; the network duplicated it)")
@@ -138,8 +151,8 @@ def _hole(st: FlowState, p: Packet, a: int) -> None:
     what = ("the receiver drops what they belonged to; UC never resends" if not st.rc else
             "the responder must NAK or the requester time out")
     st.rec.add("lost-before", p.frame, p.ts, _wire(start), d,
-               f"{d} request packet(s) from PSN {_wire(start)} never captured before PSN "
-               f"{p.psn}: lost before the capture point ({what})")
+               f"PSN {_wire(start)}" + (f"-{_wire(a - 1)}" if d > 1 else "") +
+               f" never captured before PSN {p.psn}: lost before the capture point ({what})")
     if st.rc:
         st.rec.open(start, p.ts)
 
@@ -207,25 +220,41 @@ def _fill(st: FlowState, p: Packet, a: int, sink: Sink, silence: float) -> str:
     if resent:
         st.rec.resent(p.bth.payload_len)
         st.last_resend_ts = p.ts
+        if len(st.late) < _HOLE_MAX:
+            st.late.add(a)  # its original may still turn up, late
         if not _continues_burst(st, p, a):
             _go_back(st, p, a, None, sink, silence)
         n = _taken(st, p)
         st.retry_next = a + (n or 1)
     else:
         st.rec.reclassify_reordered(p.frame, p.ts, p.psn)
+    n = _taken(st, p)
+    if n is not None and n > 1:
+        # the hole counted PSNs; this one packet (a READ) took several of them
+        st.rec.lost_before["requests"] -= min(n - 1, st.rec.lost_before["requests"])
     return _new(st, p, a, sink, fill=True)
 
 
 def _seen(st: FlowState, r: Req, p: Packet, a: int) -> None:
     """``r``'s PSN captured (again) by ``p``."""
     r.seen_frame, r.seen_ts, r.seen_resp = p.frame, p.ts, st.n_resp
-    r.behind = _behind(st, a)
 
 
-def _behind(st: FlowState, a: int) -> bool:
-    """A PSN before ``a`` is missing (a hole): the responder drops ``a`` out of sequence."""
-    lo = st.lowest_missing()
-    return lo is not None and lo < a
+def _late(st: FlowState, old: Req, p: Packet, a: int) -> bool:
+    """A packet counted lost (a resend skipped by its burst, or a hole a resend filled)
+    turns up after all: late, not lost. rxe's IPv4 IDs tell a late packet (an older ID
+    than the copy captured since) from another resend; without IDs, the same bytes with no
+    go-back under way do."""
+    if p.ip.ip_id and old.ip_id:
+        late = (old.ip_id - p.ip.ip_id) & 0xFFFF < 0x8000 and old.ip_id != p.ip.ip_id
+    else:
+        late = st.retry_next != a and st.nak is None and _masked_header(p) == old.key
+    if not late:
+        return False
+    st.late.discard(a)
+    st.rec.reclassify_reordered(p.frame, p.ts, p.psn)
+    st.rec.resent(p.bth.payload_len)
+    return True
 
 
 def _continues_burst(st: FlowState, p: Packet, a: int) -> bool:
@@ -235,9 +264,13 @@ def _continues_burst(st: FlowState, p: Packet, a: int) -> bool:
     if nxt is None or not 0 <= a - nxt <= _BURST_SKIP:
         return False
     if a > nxt:
-        st.rec.add("lost-before", p.frame, p.ts, _wire(nxt), a - nxt,
-                   f"{a - nxt} resent packet(s) from PSN {_wire(nxt)} never captured (lost "
+        # packets, not PSNs: a READ takes several (those captured before are known)
+        k = sum(1 for q in range(nxt, a) if q in st.reqs) or a - nxt
+        st.rec.add("lost-before", p.frame, p.ts, _wire(nxt), k,
+                   f"{k} resent packet(s) from PSN {_wire(nxt)} never captured (lost "
                    "before the capture point)")
+        if len(st.late) < _HOLE_MAX:
+            st.late.update(range(nxt, a))  # unless they turn up late
     return True
 
 
@@ -346,7 +379,7 @@ def _go_back(st: FlowState, p: Packet, a: int, old: Req | None, sink: Sink, sile
         text = (f"re-READ from PSN {p.psn}, {k} response(s) into the READ of frame {r.frame}: "
                 "a response was missing")
         st.known_acked = max(st.known_acked or a - 1, a - 1)
-        if k <= r.hi:
+        if k < r.accepted:  # the capture showed response k in order: the requester lost it
             rec.add("lost-after", p.frame, p.ts, p.psn, 1,
                     f"READ response PSN {p.psn} was captured but never reached the requester "
                     "(lost after the capture point)", "responses")

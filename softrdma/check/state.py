@@ -34,7 +34,7 @@ class Req:
 
     __slots__ = ("frame", "ts", "opcode", "kind", "first", "last", "n", "payload_len",
                  "dma_len", "va", "rkey", "key", "crc", "ip_id", "seen_frame", "seen_ts", "small",
-                 "behind", "seen_resp")
+                 "seen_resp")
 
     def __init__(self, frame: int, ts: float, opcode: int, kind: str | None, first: bool,
                  last: bool, n: int | None, payload_len: int, dma_len: int, va: int,
@@ -46,8 +46,6 @@ class Req:
         self.seen_frame = frame  # the last frame that carried this PSN (resends included)
         self.seen_ts = ts
         self.seen_resp = 0  # responses captured before its last capture
-        self.behind = False  # at its last capture a PSN before it was missing: the
-        # responder, still expecting that one, dropped it (out of sequence)
 
 
 @dataclass
@@ -63,6 +61,15 @@ class Read:
     restarts: set[int] = field(default_factory=set)  # offsets a re-READ started from
     accepted: int = 0  # responses accepted in order so far (the requester drops the rest)
     hi: int = -1  # the highest response offset captured
+    got: bytearray = field(default_factory=bytearray)  # offsets captured (one flag each)
+
+    def captured(self, k: int) -> bool:
+        """Response ``k`` was captured before; notes that it is now."""
+        if k >= len(self.got):
+            self.got.extend(bytes(k + 1 - len(self.got)))
+        seen = bool(self.got[k])
+        self.got[k] = 1
+        return seen
 
 
 @dataclass
@@ -128,7 +135,10 @@ class FlowState:
     read_end: dict[int, int] = field(default_factory=dict)  # last PSN of a READ -> its PSN
     missing: set[int] = field(default_factory=set)  # PSNs of holes not filled yet
     missing_heap: list[int] = field(default_factory=list)  # the same, lowest first (lazy)
-    last_nak_frame: int = 0  # frame of the newest PSN sequence NAK
+    late: set[int] = field(default_factory=set)  # PSNs counted lost whose packet may still
+    # turn up late (then: reordered)
+    in_order: int | None = None  # the PSN a responder that got every captured request
+    # would expect next (rxe takes requests in PSN order only); known from its first answer
     gaps: deque = field(default_factory=deque)  # Gap, oldest first
     reads: deque = field(default_factory=lambda: deque(maxlen=4096))
     last_read: Read | None = None
@@ -228,6 +238,7 @@ class FlowState:
         self.reqs = {k: v for k, v in self.reqs.items() if k >= floor}
         self.read_end = {k: v for k, v in self.read_end.items() if k >= floor}
         self.missing = {k for k in self.missing if k >= floor}
+        self.late = {k for k in self.late if k >= floor}
         self.missing_heap = sorted(self.missing)
         self.need_ack = {k: v for k, v in self.need_ack.items() if k >= floor}
         while self.gaps and self.gaps[0].end < floor:
