@@ -132,7 +132,7 @@ def _classify(st: FlowState, p: Packet, sink: Sink) -> str:
     if old is not None and a in st.late and _late(st, old, p, a):
         _seen(st, old, p, a)  # the responder may get this copy
         return DUP
-    if old is not None and _is_duplicate(st, old, p):
+    if old is not None and st.retry_next != a and _is_duplicate(st, old, p):
         st.rec.add("duplicate", p.frame, p.ts, p.psn, 1, f"{p.info.name} PSN {p.psn} "
                    f"captured twice (frame {old.seen_frame}; the network duplicated it)")
         st.rec.duplicated(p.bth.payload_len)
