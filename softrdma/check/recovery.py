@@ -85,6 +85,7 @@ class FlowRecovery:
     unresolved: int = 0
     timeout_wait: float = 0.0  # silences before go-backs caused by timeouts
     good_bytes: int = 0  # payload bytes moved once (first transmission of each PSN)
+    messages: int = 0  # messages sent (each counted once, however often resent)
     first_ts: float | None = None
     last_ts: float | None = None
     time_lost: float = 0.0
@@ -204,7 +205,8 @@ class FlowRecovery:
             "resent_bytes": self.resent_bytes, "duplicates": self.duplicates,
             "duplicate_bytes": self.duplicate_bytes, "not_captured": self.not_captured,
             "unresolved": self.unresolved, "timeout_wait_s": round(self.timeout_wait, 6),
-            "good_bytes": self.good_bytes, "duration_s": round(self.duration, 6),
+            "good_bytes": self.good_bytes, "messages": self.messages,
+            "duration_s": round(self.duration, 6),
             "goodput_Bps": None if self.goodput is None else round(self.goodput, 1),
             "time_lost_s": round(self.time_lost, 6), "events_dropped": self.events_dropped,
         }
@@ -235,7 +237,8 @@ class FlowRecovery:
         if self.unresolved:
             parts.append(f"{self.unresolved} unresolved at the end of the capture")
         if self.goodput is not None:
-            parts.append(f"goodput {_size(self.goodput)}/s over {self.duration:.3f} s")
+            rate = f", {self.messages / self.duration:.0f} messages/s" if self.messages else ""
+            parts.append(f"goodput {_size(self.goodput)}/s{rate} over {self.duration:.3f} s")
         if self.time_lost:
             share = f" ({100 * self.time_lost / self.duration:.0f} %)" if self.duration else ""
             parts.append(f"{self.time_lost:.3f} s lost to recovery{share}")

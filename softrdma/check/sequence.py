@@ -189,6 +189,7 @@ def _new(st: FlowState, p: Packet, a: int, sink: Sink, fill: bool = False) -> st
         st.open_answers.add(a)
     if info.last:
         st.add_end(a)  # a READ or atomic completes when accepted (C9-148)
+        st.rec.messages += 1
         if st.rc and b.ackreq and not info.read and not info.atomic:
             st.need_ack[a] = p.frame
     st.rec.good(b.payload_len)
