@@ -42,16 +42,20 @@ from __future__ import annotations
 
 import heapq
 import os
+import struct
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import BinaryIO, Hashable, Iterable, Iterator, Sequence
 
-from .frames import FrameError, decode_frame
+from .frames import LINKTYPE_ETHERNET, FrameError, decode_frame
+from .icrc import IPPROTO_UDP
 from .pcap import PcapRecord, read_pcap
 
 __all__ = ["MergedRecord", "MergeReport", "OffsetEstimate", "estimate_offset", "packet_key",
            "merge_captures", "seen_not", "CALIBRATE", "MIN_TOLERANCE_NS", "DRIFT_BLOCK"]
+
+_U16 = struct.Struct("!H")
 
 #: frames of each capture read before the first offset estimate
 CALIBRATE = 20_000
@@ -140,20 +144,28 @@ def point_name(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"P{i}"
 
 
-def packet_key(data: bytes | bytearray | memoryview, linktype: int) -> tuple[Hashable, ...]:
-    """What two captures of one packet have in common: IP addresses, UDP ports and
-    payload; for a frame that is not IP/UDP, the link type and the whole frame."""
+def packet_key(data: bytes | bytearray | memoryview, linktype: int) -> tuple[Hashable, bytes]:
+    """What two captures of one packet have in common: ``(addresses, ports + payload)``
+    for IP/UDP (the source and destination IP addresses, then the UDP ports and
+    payload); ``(link type, whole frame)`` for any other frame."""
+    if (linktype == LINKTYPE_ETHERNET and data[12:14] == b"\x08\x00" and data[14] == 0x45
+            and data[23] == IPPROTO_UDP and not data[20] & 0x3F and not data[21]):
+        # untagged Ethernet, IPv4 without options, UDP, not a fragment: rxe's frames
+        end = 14 + _U16.unpack_from(data, 16)[0]
+        if 42 <= end <= len(data):
+            return bytes(data[26:34]), bytes(data[34:38]) + bytes(data[42:end])
     try:
         f = decode_frame(data, linktype)
     except FrameError:
         f = None
     if f is None:
-        return (linktype, bytes(data))
-    return (f.ip_src, f.ip_dst, f.sport, f.dport, bytes(f.payload))
+        return linktype, bytes(data)
+    return f.ip_src + f.ip_dst, f.sport.to_bytes(2, "big") + f.dport.to_bytes(2, "big") + \
+        bytes(f.payload)
 
 
-def _direction(key: tuple[Hashable, ...]) -> Hashable:
-    return key[:2] if len(key) == 5 else None  # (source IP, destination IP)
+def _direction(key: tuple[Hashable, bytes]) -> Hashable:
+    return key[0] if isinstance(key[0], bytes) else None  # (source IP, destination IP)
 
 
 def estimate_offset(spans: dict[Hashable, tuple[int, int, int]]) -> OffsetEstimate:
@@ -181,19 +193,15 @@ def estimate_offset(spans: dict[Hashable, tuple[int, int, int]]) -> OffsetEstima
 class _Seen:
     """A packet waiting for its sightings at the other points."""
 
-    __slots__ = ("t0", "key", "frames", "times", "rec", "ts", "seq")
+    __slots__ = ("t0", "key", "frames", "times", "rec", "ts")
 
-    def __init__(self, t0: int, key: tuple, n: int, seq: int) -> None:
+    def __init__(self, t0: int, key: tuple, n: int) -> None:
         self.t0 = t0  # corrected time of the first sighting (capture 0's clock)
         self.key = key
         self.frames: list[int | None] = [None] * n
         self.times: list[int | None] = [None] * n
         self.rec: PcapRecord | None = None
-        self.ts = t0
-        self.seq = seq
-
-    def __lt__(self, other: "_Seen") -> bool:
-        return (self.ts, self.seq) < (other.ts, other.seq)
+        self.ts = t0  # on capture 0's clock: capture 0's own time once it sees it
 
 
 _Item = tuple[PcapRecord, tuple]
@@ -274,7 +282,7 @@ def _merge(feeds: list[Iterator[_Item]], theta: list[int], tol: int,
     heads: list[_Item | None] = [next(f, None) for f in feeds]
     pending: dict[tuple, deque[_Seen]] = {}
     fifo: deque[_Seen] = deque()  # open packets, by first sighting
-    ready: list[_Seen] = []  # closed packets, a heap by time
+    ready: list[tuple[int, int, _Seen]] = []  # closed packets: a heap by (time, arrival)
     drift: list[dict[Hashable, list[int]]] = [{} for _ in range(n)]
     seq = 0
     index = 0
@@ -298,11 +306,16 @@ def _merge(feeds: list[Iterator[_Item]], theta: list[int], tol: int,
                             tuple(e.frames), tuple(e.times))
 
     def close(e: _Seen) -> None:
+        nonlocal seq
         q = pending[e.key]
-        q.remove(e)  # almost always the leftmost
+        if q[0] is e:
+            q.popleft()
+        else:
+            q.remove(e)
         if not q:
             del pending[e.key]
-        heapq.heappush(ready, e)
+        seq += 1
+        heapq.heappush(ready, (e.ts, seq, e))
 
     while True:
         j, best = -1, None
@@ -318,16 +331,15 @@ def _merge(feeds: list[Iterator[_Item]], theta: list[int], tol: int,
         t = best
         while fifo and fifo[0].t0 + tol < t:
             close(fifo.popleft())
-        while ready and ready[0].ts < t - 2 * tol:
-            yield emit(heapq.heappop(ready))
+        while ready and ready[0][0] < t - 2 * tol:
+            yield emit(heapq.heappop(ready)[2])
         e = None
         for c in pending.get(key, ()):
             if c.frames[j] is None and abs(t - c.t0) <= tol:
                 e = c
                 break
         if e is None:
-            seq += 1
-            e = _Seen(t, key, n, seq)
+            e = _Seen(t, key, n)
             e.rec = rec
             fifo.append(e)
             pending.setdefault(key, deque()).append(e)
@@ -344,7 +356,7 @@ def _merge(feeds: list[Iterator[_Item]], theta: list[int], tol: int,
     while fifo:
         close(fifo.popleft())
     while ready:
-        yield emit(heapq.heappop(ready))
+        yield emit(heapq.heappop(ready)[2])
 
 
 def _follow(drift: list[dict[Hashable, list[int]]], theta: list[int], j: int, key: tuple,
