@@ -115,10 +115,12 @@ def test_estimate_offset_from_direction_spreads():
 
 def test_network_duplicates_are_matched_in_order():
     """A packet the network duplicated is two packets at every point that saw it: A's
-    first copy is matched to B's first, its second to B's second."""
+    first copy is matched to B's first, its second to B's second (B sees the client's
+    packets 30 us after A, so both of A's copies wait when B's first comes)."""
     a = m.load(PCAPS / "send_bw.pcap")
+    assert _src(a[9]) == CLIENT
     a = m.insert(a, 10, a[9], ts_ns=a[9].ts_ns + 2_000)  # frame 11 = a copy of frame 10
-    b = _second_point(a, set(), lambda r: 30_000)
+    b = _second_point(a, set(), lambda r: 30_000 if _src(r) == CLIENT else -30_000)
     out, report = _merge(a, b)
     assert len(out) == len(a) and report.only == [0, 0]
     dup = [r for r in out if r.frames[0] in (10, 11)]
