@@ -9,10 +9,16 @@ captures), read in one run by each of:
 - ``tshark -r F``: Wireshark's one-line summaries (its RoCE dissector decodes UDP 4791);
 - ``tshark -r F -V``: Wireshark's full decode;
 
-each in its own process, whose peak resident memory (``ru_maxrss`` from ``wait4``, the
-kernel's own count for that process alone) is reported beside the packets per second of
-its wall time. A Python interpreter that only imports softrdma's tools is the baseline
-of the memory column. tshark is optional: without it the lines say "not installed".
+each in its own process, whose peak resident memory is reported beside the packets per
+second of its wall time. A Python interpreter that only imports softrdma's tools is the
+baseline of the memory column. tshark is optional: without it the lines say "not
+installed".
+
+The peak memory is GNU time's (``/usr/bin/time -f %M``): the kernel's ``ru_maxrss`` of the
+command, which time forks from its own small image. Read with ``wait4`` from a child of
+this Python process instead, it would start at this process's size: Linux carries the
+memory high-water mark of the image a process replaces over ``exec``. Without GNU time
+that is the fallback, and the lines say so.
 """
 
 from __future__ import annotations
@@ -39,22 +45,41 @@ _IMPORTS = "import softrdma.tools.check, softrdma.tools.dissect\n"
 
 @dataclass(frozen=True, slots=True)
 class ToolRun:
-    """One tool's run over the capture: wall seconds, peak RSS, exit status."""
+    """One tool's run over the capture: wall seconds, peak RSS, exit status; ``exact``
+    is False when the RSS came from ``wait4`` (it then counts this process's size too)."""
 
     name: str
     seconds: float
     max_rss_bytes: int
     returncode: int
+    exact: bool = True
+
+
+#: GNU time, which reports a command's own peak RSS (see the module's text)
+GNU_TIME = "/usr/bin/time"
 
 
 def measure(name: str, argv: Sequence[str]) -> ToolRun:
     """Run ``argv`` (output to /dev/null) and measure its wall time and peak RSS."""
+    if not os.access(GNU_TIME, os.X_OK):
+        return _measure_wait4(name, argv)
+    with tempfile.NamedTemporaryFile("r", prefix="softrdma-time-") as out:
+        t0 = time.perf_counter()
+        rc = subprocess.call([GNU_TIME, "-f", "%M", "-o", out.name, *argv],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        seconds = time.perf_counter() - t0
+        kib = int(out.read().split()[-1])  # after "Command exited with non-zero status"
+    return ToolRun(name, seconds, kib * 1024, rc)
+
+
+def _measure_wait4(name: str, argv: Sequence[str]) -> ToolRun:
     t0 = time.perf_counter()
     p = subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _pid, status, usage = os.wait4(p.pid, 0)
     seconds = time.perf_counter() - t0
     p.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    return ToolRun(name, seconds, usage.ru_maxrss * 1024, p.returncode)  # Linux: KiB
+    # ru_maxrss is in KiB on Linux, and starts at this process's size (module text)
+    return ToolRun(name, seconds, usage.ru_maxrss * 1024, p.returncode, exact=False)
 
 
 def capture_commands(path: str | os.PathLike[str]) -> list[tuple[str, list[str] | None]]:
@@ -82,6 +107,8 @@ def count_records(path: str | os.PathLike[str]) -> int:
 
 def _line(run: ToolRun, packets: int, baseline: bool) -> str:
     rss = f"peak RSS {run.max_rss_bytes / 2**20:7.1f} MiB"
+    if not run.exact:
+        rss += " (no GNU time: wait4, counting the bench's own size)"
     if baseline:  # the interpreter's start, included in every other line's seconds
         return f"{run.name:<22} {run.seconds:10.2f} s  {'':>16}  {rss}"
     status = "" if run.returncode == 0 else f"  (exit status {run.returncode})"
