@@ -56,9 +56,10 @@ __all__ = ["MergedRecord", "MergeReport", "OffsetEstimate", "estimate_offset", "
            "merge_captures", "seen_not", "CALIBRATE", "MIN_TOLERANCE_NS", "DRIFT_BLOCK"]
 
 _U16 = struct.Struct("!H")
+_PORTS = struct.Struct("!HH")
 
 #: frames of each capture read before the first offset estimate
-CALIBRATE = 20_000
+CALIBRATE = 10_000
 #: the least matching tolerance: a packet waits this long for its other sightings
 MIN_TOLERANCE_NS = 2_000_000
 #: matched packets per re-estimate of a capture's offset (clock drift)
@@ -144,28 +145,29 @@ def point_name(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"P{i}"
 
 
-def packet_key(data: bytes | bytearray | memoryview, linktype: int) -> tuple[Hashable, bytes]:
-    """What two captures of one packet have in common: ``(addresses, ports + payload)``
-    for IP/UDP (the source and destination IP addresses, then the UDP ports and
-    payload); ``(link type, whole frame)`` for any other frame."""
+def packet_key(data: bytes, linktype: int) -> tuple[Hashable, ...]:
+    """What two captures of one packet have in common: ``(addresses, ports, payload)``
+    for IP/UDP (the source and destination IP addresses, the UDP ports, the UDP payload
+    as a view of ``data``, which is not copied); ``(link type, whole frame)`` for any
+    other frame."""
+    mv = memoryview(data)
     if (linktype == LINKTYPE_ETHERNET and data[12:14] == b"\x08\x00" and data[14] == 0x45
             and data[23] == IPPROTO_UDP and not data[20] & 0x3F and not data[21]):
         # untagged Ethernet, IPv4 without options, UDP, not a fragment: rxe's frames
         end = 14 + _U16.unpack_from(data, 16)[0]
         if 42 <= end <= len(data):
-            return bytes(data[26:34]), bytes(data[34:38]) + bytes(data[42:end])
+            return data[26:34], data[34:38], mv[42:end]
     try:
-        f = decode_frame(data, linktype)
+        f = decode_frame(mv, linktype)
     except FrameError:
         f = None
     if f is None:
-        return linktype, bytes(data)
-    return f.ip_src + f.ip_dst, f.sport.to_bytes(2, "big") + f.dport.to_bytes(2, "big") + \
-        bytes(f.payload)
+        return linktype, mv
+    return f.ip_src + f.ip_dst, _PORTS.pack(f.sport, f.dport), f.payload
 
 
-def _direction(key: tuple[Hashable, bytes]) -> Hashable:
-    return key[0] if isinstance(key[0], bytes) else None  # (source IP, destination IP)
+def _direction(key: tuple[Hashable, ...]) -> Hashable:
+    return key[0] if len(key) == 3 else None  # (source IP, destination IP)
 
 
 def estimate_offset(spans: dict[Hashable, tuple[int, int, int]]) -> OffsetEstimate:
