@@ -14,7 +14,9 @@ advanced consistently, so that copy ``k`` continues where copy ``k - 1`` ended:
 - the time by ``k`` times the tile's duration plus one mean inter-packet gap.
 
 Several tiles (one per template, each on its own QP) are interleaved by time, so the
-result has several flows the way a busy host's capture has. Everything else (addresses,
+result has several flows the way a busy host's capture has. Optionally, SEND and WRITE
+flows lose packets after the capture point and repair them as rxe does
+(:mod:`.caploss`: a NAK, a go-back). Everything else (addresses,
 ports, RETH addresses and keys, payloads) is the template's, byte for byte.
 :func:`long_capture` yields frames one at a time; :func:`write_long_capture` writes them.
 
@@ -38,9 +40,12 @@ from ..wire.frames import decode_frame, ip_checksum
 from ..wire.headers import Hdr
 from ..wire.icrc import icrc_ipv4
 from ..wire.packet import parse
+from ..wire.opcodes import Opcode
 from ..wire.pcap import PcapWriter, read_pcap
+from .caploss import LossStats, with_losses
 
 __all__ = ["Tile", "load_tile", "tile_copies", "long_capture", "write_long_capture",
+           "lossy_template",
            "DEFAULT_TEMPLATES", "PCAP_DIR"]
 
 #: the real captures shipped with softrdma (pcaps/linux-rxe in a source checkout)
@@ -49,6 +54,7 @@ PCAP_DIR = Path(__file__).resolve().parents[2] / "pcaps" / "linux-rxe"
 DEFAULT_TEMPLATES = tuple(PCAP_DIR / f"{n}.pcap" for n in ("write_bw", "read_bw", "send_bw"))
 
 _PSN_MOD = 1 << 24
+_NOT_LOSSY = {Opcode.RC_RDMA_READ_REQUEST, Opcode.RC_COMPARE_SWAP, Opcode.RC_FETCH_ADD}
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 _ICRC = struct.Struct("<I")
@@ -153,14 +159,22 @@ def tile_copies(tile: Tile, start_ns: int = 0) -> Iterator[tuple[int, bytearray]
 
 
 def long_capture(packets: int, templates: Sequence[str | os.PathLike[str]] = DEFAULT_TEMPLATES,
-                 start_ns: int = 1_700_000_000 * 10**9) -> Iterator[tuple[int, bytearray]]:
+                 start_ns: int = 1_700_000_000 * 10**9, loss_every: int = 0,
+                 losses: LossStats | None = None) -> Iterator[tuple[int, bytearray]]:
     """The first ``packets`` frames of the templates' tiles interleaved by time, as
-    ``(ts_ns, frame)``: streamed, in memory the templates' size."""
+    ``(ts_ns, frame)``: streamed, in memory the templates' size. ``loss_every``: lose
+    one request packet in that many of each SEND or RDMA WRITE flow after the capture
+    point, repaired by NAK and go-back as rxe does (:mod:`.caploss`, counted in
+    ``losses``); the other flows stay clean."""
     if not templates:
         raise ValueError("no template capture")
     tiles = [load_tile(t) for t in templates]
     # start each flow a little later than the previous one, as separate runs would
     streams = [tile_copies(t, start_ns + i * 1_000_003) for i, t in enumerate(tiles)]
+    if loss_every:
+        losses = losses if losses is not None else LossStats()
+        streams = [with_losses(s, loss_every, losses) if lossy_template(t) else s
+                   for s, t in zip(streams, tiles)]
     merged = heapq.merge(*streams, key=lambda x: x[0])
     for n, item in enumerate(merged):
         if n >= packets:
@@ -168,10 +182,18 @@ def long_capture(packets: int, templates: Sequence[str | os.PathLike[str]] = DEF
         yield item
 
 
+def lossy_template(tile: Tile) -> bool:
+    """Whether :mod:`.caploss` models losses in this tile's flow: SENDs and RDMA WRITEs."""
+    return all(parse(memoryview(fr.data)[fr.roce:]).opcode not in _NOT_LOSSY
+               for fr in tile.frames)
+
+
 def write_long_capture(target: str | os.PathLike[str] | BinaryIO, packets: int,
-                       templates: Sequence[str | os.PathLike[str]] = DEFAULT_TEMPLATES) -> int:
+                       templates: Sequence[str | os.PathLike[str]] = DEFAULT_TEMPLATES,
+                       loss_every: int = 0, losses: LossStats | None = None) -> int:
     """Write :func:`long_capture` as a nanosecond pcap; returns the frames written."""
     with PcapWriter(target, nanosecond=True, close=not hasattr(target, "write")) as w:
-        for ts_ns, frame in long_capture(packets, templates):
+        for ts_ns, frame in long_capture(packets, templates, loss_every=loss_every,
+                                         losses=losses):
             w.write(frame, ts_ns=ts_ns)
         return w.count

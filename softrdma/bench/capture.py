@@ -35,6 +35,7 @@ from typing import Sequence
 
 from ..wire.pcap import read_pcap
 from .capgen import DEFAULT_TEMPLATES, write_long_capture
+from .caploss import LossStats
 
 __all__ = ["ToolRun", "measure", "capture_commands", "run_capture_bench", "count_records"]
 
@@ -118,7 +119,7 @@ def _line(run: ToolRun, packets: int, baseline: bool) -> str:
 
 def run_capture_bench(packets: int = 100_000, file: str | os.PathLike[str] | None = None,
                       templates: Sequence[str | os.PathLike[str]] = DEFAULT_TEMPLATES,
-                      out=None) -> dict[str, ToolRun | None]:
+                      out=None, loss_every: int = 0) -> dict[str, ToolRun | None]:
     """Make (or take) the capture, run every tool of :func:`capture_commands` on it and
     print a line per tool; returns the runs by name (None: not installed)."""
     out = out or sys.stdout
@@ -126,12 +127,13 @@ def run_capture_bench(packets: int = 100_000, file: str | os.PathLike[str] | Non
         if file is None:
             path = Path(tmp) / "long.pcap"
             t0 = time.perf_counter()
-            write_long_capture(path, packets, templates)
+            losses = LossStats()
+            write_long_capture(path, packets, templates, loss_every=loss_every, losses=losses)
             dt = time.perf_counter() - t0
             print(f"capture: {packets:,} packets made from "
                   f"{', '.join(Path(t).stem for t in templates)} in {dt:.1f} s "
-                  f"({packets / dt:,.0f} pkts/s), {path.stat().st_size / 2**20:,.1f} MiB",
-                  file=out)
+                  f"({packets / dt:,.0f} pkts/s), {path.stat().st_size / 2**20:,.1f} MiB"
+                  + (f"; {losses.text()}" if loss_every else ""), file=out)
         else:
             path = Path(file)
             packets = count_records(path)

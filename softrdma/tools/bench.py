@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from ..bench.capgen import write_long_capture
+from ..bench.caploss import LossStats
 from ..bench.capture import run_capture_bench
 from ..bench.cexec import run_exec_bench
 from ..bench.engines import run_engine_bench
@@ -160,6 +161,10 @@ def add_parser(sub: Any) -> None:
                                  "writes the capture.")
     c.add_argument("--packets", type=int_range(1, None), default=100_000,
                    help="packets of the capture made (default 100000)")
+    c.add_argument("--loss-every", type=int_range(2, None), default=0, metavar="N",
+                   help="in the capture made, lose one SEND/WRITE request packet in N "
+                        "after the capture point, repaired by a NAK and a go-back as rxe "
+                        "does (default: no loss)")
     src = c.add_mutually_exclusive_group()
     src.add_argument("--file", help="bench this capture instead of making one")
     src.add_argument("--make", metavar="FILE",
@@ -176,10 +181,11 @@ def _scale(a: argparse.Namespace) -> int:
 
 def _capture(a: argparse.Namespace) -> int:
     if a.make:
-        n = write_long_capture(a.make, a.packets)
-        print(f"{a.make}: {n} packets")
+        losses = LossStats()
+        n = write_long_capture(a.make, a.packets, loss_every=a.loss_every, losses=losses)
+        print(f"{a.make}: {n} packets" + (f"; {losses.text()}" if a.loss_every else ""))
         return 0
-    runs = run_capture_bench(packets=a.packets, file=a.file)
+    runs = run_capture_bench(packets=a.packets, file=a.file, loss_every=a.loss_every)
     # exit 1 if a tool failed, e.g. check found a violation in a capture made clean
     return 1 if any(r is not None and r.returncode for r in runs.values()) else 0
 
