@@ -224,3 +224,14 @@ def test_dissect_two_captures_shows_the_points_and_what_only_one_saw(tmp_path):
     lines = [json.loads(ln) for ln in j.stdout.splitlines()]
     assert lines[1]["points"] == ["A"] and lines[1]["point_frames"] == [2, None]
     assert lines[-1]["merge"]["only"] == [3, 0]
+
+
+def test_dissect_names_the_capture_that_cannot_be_read(tmp_path):
+    """With several files, a file that is cut short is named in the one-line error (exit
+    status 2), not the file that happens to be opened last."""
+    bad = tmp_path / "cut.pcap"
+    bad.write_bytes((PCAPS / "write_bw.pcap").read_bytes()[:100])  # record 1 cut short
+    r = subprocess.run([sys.executable, "-m", "softrdma", "dissect", str(bad),
+                        str(PCAPS / "send_bw.pcap")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith(f"softrdma dissect: {bad}: record 1: data truncated")

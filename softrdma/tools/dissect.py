@@ -91,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             files = []
             for path in args.pcap:
-                stack.enter_context(capture_file_errors(path))
-                files.append(stack.enter_context(open(path, "rb")))
+                with capture_file_errors(path):
+                    files.append(stack.enter_context(open(path, "rb")))
+            # a bad record: the merge's errors name their file, a single file's do not
+            stack.enter_context(capture_file_errors(None if merged else args.pcap[0]))
             if merged:
                 records = tracked(merge_captures(files, report))
                 if not args.json:

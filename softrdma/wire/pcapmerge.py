@@ -50,7 +50,7 @@ from typing import BinaryIO, Hashable, Iterable, Iterator, Sequence
 
 from .frames import LINKTYPE_ETHERNET, FrameError, decode_frame
 from .icrc import IPPROTO_UDP
-from .pcap import PcapRecord, read_pcap
+from .pcap import PcapError, PcapRecord, read_pcap
 
 __all__ = ["MergedRecord", "MergeReport", "OffsetEstimate", "estimate_offset", "packet_key",
            "merge_captures", "seen_not", "CALIBRATE", "MIN_TOLERANCE_NS", "DRIFT_BLOCK"]
@@ -209,9 +209,12 @@ class _Seen:
 _Item = tuple[PcapRecord, tuple]
 
 
-def _keyed(records: Iterable[PcapRecord]) -> Iterator[_Item]:
-    for r in records:
-        yield r, packet_key(r.data, r.linktype)
+def _keyed(records: Iterable[PcapRecord], name: str) -> Iterator[_Item]:
+    try:
+        for r in records:
+            yield r, packet_key(r.data, r.linktype)
+    except PcapError as e:  # say which of the captures it is
+        raise PcapError(f"{name}: {e}") from None
 
 
 def _calibrate(prefixes: list[list[_Item]]) -> tuple[list[OffsetEstimate], int]:
@@ -265,7 +268,7 @@ def merge_captures(sources: Sequence[str | os.PathLike[str] | BinaryIO],
                     else getattr(s, "name", f"capture {i}") for i, s in enumerate(sources)]
     report.frames, report.matched, report.only = [0] * n, [0] * n, [0] * n
     report.missed = {(i, j): 0 for i in range(n) for j in range(n) if i != j}
-    streams = [_keyed(read_pcap(s)) for s in sources]
+    streams = [_keyed(read_pcap(s), name) for s, name in zip(sources, report.names)]
     prefixes = [[item for _, item in zip(range(calibrate), s)] for s in streams]
     offsets, tol = _calibrate(prefixes)
     tol = tolerance_ns if tolerance_ns is not None else tol
