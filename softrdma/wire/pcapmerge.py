@@ -195,9 +195,10 @@ def estimate_offset(spans: dict[Hashable, tuple[int, int, int]]) -> OffsetEstima
 class _Seen:
     """A packet waiting for its sightings at the other points."""
 
-    __slots__ = ("t0", "key", "frames", "times", "rec", "ts")
+    __slots__ = ("t0", "key", "frames", "times", "rec", "ts", "first")
 
-    def __init__(self, t0: int, key: tuple, n: int) -> None:
+    def __init__(self, t0: int, key: tuple, n: int, first: int) -> None:
+        self.first = first  # the point that saw it first
         self.t0 = t0  # corrected time of the first sighting (capture 0's clock)
         self.key = key
         self.frames: list[int | None] = [None] * n
@@ -217,14 +218,16 @@ def _keyed(records: Iterable[PcapRecord], name: str) -> Iterator[_Item]:
         raise PcapError(f"{name}: {e}") from None
 
 
-def _calibrate(prefixes: list[list[_Item]]) -> tuple[list[OffsetEstimate], int]:
+def _calibrate(prefixes: list[list[_Item]]) -> tuple[list[OffsetEstimate], int, dict]:
     """Offsets from the packets each capture's prefix shares with capture 0 (or, failing
-    that, with a capture already placed), unambiguous ones only; and the tolerance."""
+    that, with a capture already placed), unambiguous ones only; the tolerance; and the
+    typical delay between two points per direction (see :func:`_merge`)."""
     n = len(prefixes)
     counts = [Counter(k for _, k in p) for p in prefixes]
     firsts = [{k: r.ts_ns for r, k in p if counts[i][k] == 1} for i, p in enumerate(prefixes)]
     est: list[OffsetEstimate | None] = [OffsetEstimate(0, 0, 0, 0, True)] + [None] * (n - 1)
     spread = 0
+    expect: dict[tuple[int, int, Hashable], float] = {}
     for _ in range(n):
         for j in range(1, n):
             if est[j] is not None:
@@ -247,9 +250,12 @@ def _calibrate(prefixes: list[list[_Item]]) -> tuple[list[OffsetEstimate], int]:
                                             e.high_ns + base, e.matched, e.bounded)
                     spread = max([spread] + [abs(v[x] - e.offset_ns) for v in spans.values()
                                              for x in (0, 1)])
+                    for g, (lo, hi, _) in spans.items():
+                        expect[(i, j, g)] = (lo + hi) / 2 - e.offset_ns
+                        expect[(j, i, g)] = -expect[(i, j, g)]
                     break
     out = [e if e is not None else OffsetEstimate(0, 0, 0, 0, False) for e in est]
-    return out, max(MIN_TOLERANCE_NS, 4 * spread)
+    return out, max(MIN_TOLERANCE_NS, 4 * spread), expect
 
 
 def merge_captures(sources: Sequence[str | os.PathLike[str] | BinaryIO],
@@ -270,7 +276,7 @@ def merge_captures(sources: Sequence[str | os.PathLike[str] | BinaryIO],
     report.missed = {(i, j): 0 for i in range(n) for j in range(n) if i != j}
     streams = [_keyed(read_pcap(s), name) for s, name in zip(sources, report.names)]
     prefixes = [[item for _, item in zip(range(calibrate), s)] for s in streams]
-    offsets, tol = _calibrate(prefixes)
+    offsets, tol, expect = _calibrate(prefixes)
     tol = tolerance_ns if tolerance_ns is not None else tol
     report.offsets = offsets
     report.tolerance_ns = tol
@@ -278,11 +284,17 @@ def merge_captures(sources: Sequence[str | os.PathLike[str] | BinaryIO],
     report.final_offsets = theta
     feeds = [chain(p, s) for p, s in zip(prefixes, streams)]
     del prefixes
-    yield from _merge(feeds, theta, tol, report)
+    yield from _merge(feeds, theta, tol, report, expect)
 
 
-def _merge(feeds: list[Iterator[_Item]], theta: list[int], tol: int,
-           report: MergeReport) -> Iterator[MergedRecord]:
+def _merge(feeds: list[Iterator[_Item]], theta: list[int], tol: int, report: MergeReport,
+           expect: dict[tuple[int, int, Hashable], float]) -> Iterator[MergedRecord]:
+    """The merge proper. A sighting at point ``j`` of a packet first seen at point ``i``
+    matches the waiting copy whose distance in time is nearest the typical delay from
+    ``i`` to ``j`` in its direction (``expect``, followed as packets match): a network
+    duplicate's copies pair in order, and a retransmission that repeats its original
+    byte for byte (a stack that sends IPv4 ID 0) pairs with the sighting of its own
+    time, not with the original's."""
     n = len(feeds)
     heads: list[_Item | None] = [next(f, None) for f in feeds]
     pending: dict[tuple, deque[_Seen]] = {}
@@ -339,12 +351,22 @@ def _merge(feeds: list[Iterator[_Item]], theta: list[int], tol: int,
         while ready and ready[0][0] < t - 2 * tol:
             yield emit(heapq.heappop(ready)[2])
         e = None
-        for c in pending.get(key, ()):
-            if c.frames[j] is None and abs(t - c.t0) <= tol:
-                e = c
-                break
+        cands = pending.get(key)
+        if cands is not None:
+            best = tol + 1.0
+            for c in cands:
+                dt = t - c.t0
+                if c.frames[j] is None and -tol <= dt <= tol:
+                    err = abs(dt - expect.get((c.first, j, key[0]), 0.0))
+                    if err < best:
+                        e, best = c, err
+            if e is not None:
+                k = (e.first, j, key[0])
+                old = expect.get(k)
+                d = t - e.t0
+                expect[k] = d if old is None else old + (d - old) / 8
         if e is None:
-            e = _Seen(t, key, n)
+            e = _Seen(t, key, n, j)
             e.rec = rec
             fifo.append(e)
             pending.setdefault(key, deque()).append(e)
