@@ -1,4 +1,4 @@
-"""``softrdma bench wire|engines|qps|udp|socket|verbs|exec|scale``: the benchmarks of
+"""``softrdma bench wire|engines|qps|udp|socket|verbs|exec|scale|capture``: the benchmarks of
 :mod:`softrdma.bench`, each printing its numbers beside a baseline measured in the same run."""
 
 from __future__ import annotations
@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..bench.capgen import write_long_capture
+from ..bench.caploss import LossStats
+from ..bench.capture import run_capture_bench
 from ..bench.cexec import run_exec_bench
 from ..bench.engines import run_engine_bench
 from ..bench.socket import run_socket_bench
@@ -20,8 +23,10 @@ __all__ = ["add_parser"]
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks beside their baselines: wire, engines, qps, "
-                                     "udp, socket, verbs, exec, scale", description=__doc__)
-    b = p.add_subparsers(dest="bench_cmd", metavar="{wire,engines,qps,udp,socket,verbs,exec,scale}",
+                                     "udp, socket, verbs, exec, scale, capture",
+                       description=__doc__)
+    b = p.add_subparsers(dest="bench_cmd",
+                         metavar="{wire,engines,qps,udp,socket,verbs,exec,scale,capture}",
                          required=True)
 
     w = b.add_parser("wire", help="parse/build + ICRC beside bare zlib.crc32",
@@ -147,12 +152,42 @@ def add_parser(sub: Any) -> None:
                    help="run only this part (repeatable)")
     s.set_defaults(func=_scale)
 
+    c = b.add_parser("capture", help="a long capture read by read_pcap, dissect, check, tshark",
+                     description="One long RoCEv2 capture (--file, or --packets made from the "
+                                 "real rxe captures in pcaps/linux-rxe, tiled with PSNs, MSNs, "
+                                 "IP IDs and ICRCs advanced) read by read_pcap alone, softrdma "
+                                 "dissect, softrdma check, tshark -r and tshark -r -V, each in "
+                                 "its own process: packets/s and peak RSS. --make FILE only "
+                                 "writes the capture.")
+    c.add_argument("--packets", type=int_range(1, None), default=100_000,
+                   help="packets of the capture made (default 100000)")
+    c.add_argument("--loss-every", type=int_range(2, None), default=0, metavar="N",
+                   help="in the capture made, lose one SEND/WRITE request packet in N "
+                        "after the capture point, repaired by a NAK and a go-back as rxe "
+                        "does (default: no loss)")
+    src = c.add_mutually_exclusive_group()
+    src.add_argument("--file", help="bench this capture instead of making one")
+    src.add_argument("--make", metavar="FILE",
+                     help="write a capture of --packets packets to FILE and stop")
+    c.set_defaults(func=_capture)
+
 
 def _scale(a: argparse.Namespace) -> int:
     r = run_scale_bench(qps=a.qps, rounds=a.rounds, seconds=a.seconds, size=a.size,
                         window=a.window, max_qp=a.max_qp, idle_seconds=a.idle_seconds,
                         only=tuple(a.only or ()))
     return 0 if all(r["met"].values()) else 1
+
+
+def _capture(a: argparse.Namespace) -> int:
+    if a.make:
+        losses = LossStats()
+        n = write_long_capture(a.make, a.packets, loss_every=a.loss_every, losses=losses)
+        print(f"{a.make}: {n} packets" + (f"; {losses.text()}" if a.loss_every else ""))
+        return 0
+    runs = run_capture_bench(packets=a.packets, file=a.file, loss_every=a.loss_every)
+    # exit 1 if a tool failed, e.g. check found a violation in a capture made clean
+    return 1 if any(r is not None and r.returncode for r in runs.values()) else 0
 
 
 def _verbs(a: argparse.Namespace) -> int:

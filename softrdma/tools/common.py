@@ -41,8 +41,8 @@ def capture_file_errors(path: Any) -> Iterator[None]:
         raise UsageError(f"{path}: is a directory") from None
     except PermissionError:
         raise UsageError(f"{path}: permission denied") from None
-    except PcapError as e:
-        raise UsageError(f"{path}: {e}") from None
+    except PcapError as e:  # path None: the error names its file already
+        raise UsageError(f"{e}" if path is None else f"{path}: {e}") from None
 
 
 def add_fault_option(p: Any) -> None:
