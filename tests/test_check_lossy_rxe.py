@@ -98,3 +98,19 @@ def test_recovery_agrees_with_netem_and_rxe(run):
     assert fr["g1"].lost_after["responses"] == 0  # the requester's NIC likewise
     if req_out == 0:
         assert fr["g1"].lost_before["requests"] == 0
+
+
+@pytest.mark.parametrize("run", [r["run"] for r in _runs() if r["op"] in PERFTEST])
+def test_two_nics_locate_every_loss_between_them(run):
+    """The requester's NIC (A) and the responder's (B), merged by time: every request A
+    saw and B did not was dropped on the responder's way in, every response B saw and A
+    did not on the requester's way in: as many as netem dropped there, exactly."""
+    from softrdma.check import check_captures
+
+    r = next(x for x in _runs() if x["run"] == run)
+    result = check_captures([LOSSY / f"{run}.g1.pcap", LOSSY / f"{run}.g0.pcap"])
+    assert result.violations == []
+    fr = _requester_flow(result, r["client"]["ip"])
+    assert fr.located["request(s) seen at A, not at B"] == _drops(r, 0, "ingress")
+    assert fr.located["response(s) seen at B, not at A"] == _drops(r, 1, "ingress")
+    assert result.merge.offsets[1].matched > 0

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import io
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterable, Sequence
 
 from ..wire.opcodes import Transport
 from ..wire.pcap import PcapRecord, read_pcap
+from ..wire.pcapmerge import MergeReport, merge_captures, point_name
 from .conversation import Survey, addr
 from .decode import Counted, decode
 from .flows import FlowWalk
@@ -49,7 +51,7 @@ from .rules import RULES, Rule, Sink, Violation
 from .ud import UdChecker
 
 __all__ = ["RULES", "Rule", "Violation", "QpSummary", "CheckResult", "FlowRecovery",
-           "RecoveryEvent", "check_records", "check_pcap"]
+           "RecoveryEvent", "check_records", "check_pcap", "check_captures"]
 
 
 @dataclass
@@ -71,6 +73,7 @@ class CheckResult:
     violations: list[Violation] = field(default_factory=list)
     flows: list[QpSummary] = field(default_factory=list)
     recovery: list[FlowRecovery] = field(default_factory=list)  # one per flow / UD sender
+    merge: MergeReport | None = None  # several captures: how they were merged
 
     @property
     def clean(self) -> bool:
@@ -125,8 +128,33 @@ def check_pcap(source: str | os.PathLike[str] | BinaryIO, *, mtu: int | None = N
     return _check(again, mtu=mtu, keep=keep, lossy=lossy)
 
 
+def check_captures(sources: Sequence[str | os.PathLike[str] | BinaryIO], *,
+                   mtu: int | None = None, rules: Iterable[str] | None = None,
+                   lossy: bool = False) -> CheckResult:
+    """Several captures of one conversation, taken at different points (each host's NIC, a
+    bridge), merged by time (:mod:`softrdma.wire.pcapmerge`) and checked as one: the
+    checker sees what any point saw, frame numbers are those of the merged stream, and
+    each flow's recovery says which packets one point saw and another did not, which
+    locates a loss between the two exactly. ``result.merge`` is the merge's report
+    (clock offsets, packets matched). One source is :func:`check_pcap`."""
+    if len(sources) == 1:
+        return check_pcap(sources[0], mtu=mtu, rules=rules, lossy=lossy)
+    keep = _rules(rules)
+    reports: list[MergeReport] = []
+
+    def again() -> Iterable[PcapRecord]:
+        for src in sources:
+            if hasattr(src, "seek"):
+                src.seek(0)
+        reports.append(MergeReport())
+        return merge_captures(sources, reports[-1])
+    result = _check(again, mtu=mtu, keep=keep, lossy=lossy, points=len(sources))
+    result.merge = reports[-1]
+    return result
+
+
 def _check(records: Callable[[], Iterable[PcapRecord]], *, mtu: int | None,
-           keep: set[str] | None, lossy: bool) -> CheckResult:
+           keep: set[str] | None, lossy: bool, points: int = 1) -> CheckResult:
     # pass 1: the survey
     survey = Survey()
     for p in decode(records(), Sink(quiet=True)):
@@ -140,6 +168,7 @@ def _check(records: Callable[[], Iterable[PcapRecord]], *, mtu: int | None,
     walks = [FlowWalk(f, lossy_capture=lossy) for _c, f in conv.flows]
     resp_of = {f.resp_key: w for (_c, f), w in zip(conv.flows, walks) if f.req_key}
     counted = Counted(records())
+    located = _Located(points) if points > 1 else None
     packets = 0
     owner: dict[int, object] = {}  # frame -> its flow or UD sender, for frames with violations
     for p in decode(counted, sink, conv.roce_flows):
@@ -168,8 +197,13 @@ def _check(records: Callable[[], Iterable[PcapRecord]], *, mtu: int | None,
                     rev.responder_request(p.frame)
         if len(sink.violations) > before and where is not None:
             owner[p.frame] = where
+        if located is not None:
+            fr = where.recovery if isinstance(where, FlowWalk) else (
+                ud.senders[where].rec if where in ud.senders else None)
+            located.note(counted.last, p, fr)
     for w in walks:
         w.end(sink)
+
     found = sorted((v for v in sink.violations if keep is None or v.rule in keep),
                    key=lambda v: (v.frame, list(RULES).index(v.rule)))
     return CheckResult(counted.n, packets, found, *_summaries(conv, walks, ud, mtu, found,
@@ -207,3 +241,21 @@ def _summaries(conv, walks: list[FlowWalk], ud: UdChecker, mtu: int | None,
         if s is not None:
             s.violations += 1
     return summaries, recovery
+
+
+class _Located:
+    """With several capture points: which packets some point saw and another did not. A
+    packet the point on its sender's side saw and a point further on did not was lost
+    between the two (the merge's matching: docs/check.md, "Several capture points")."""
+
+    def __init__(self, points: int) -> None:
+        self.points = points
+
+    def note(self, rec: PcapRecord | None, p, fr: FlowRecovery | None) -> None:
+        seen = getattr(rec, "seen", None)
+        if seen is None or fr is None or len(seen) == self.points:
+            return
+        way = "request(s)" if p.info.is_request else "response(s)"
+        missing = ", ".join(point_name(i) for i in range(self.points) if i not in seen)
+        here = ", ".join(point_name(i) for i in seen)
+        fr.located[f"{way} seen at {here}, not at {missing}"] += 1

@@ -58,10 +58,12 @@ class Counted:
     def __init__(self, records: Iterable[PcapRecord]) -> None:
         self.records = records
         self.n = 0
+        self.last: PcapRecord | None = None  # the record being decoded
 
     def __iter__(self) -> Iterator[PcapRecord]:
         for r in self.records:
             self.n += 1
+            self.last = r
             yield r
 
 

@@ -89,6 +89,8 @@ class FlowRecovery:
     first_ts: float | None = None
     last_ts: float | None = None
     time_lost: float = 0.0
+    located: Counter = field(default_factory=Counter)  # several capture points: packets
+    # some saw and others did not, by which saw them
     _open: dict[int, float] = field(default_factory=dict)  # lost PSN (unwrapped) -> start
     _lost_until: float = float("-inf")
 
@@ -193,7 +195,8 @@ class FlowRecovery:
 
     @property
     def eventful(self) -> bool:
-        return bool(self.events or self.events_dropped or self.resent_packets)
+        return bool(self.events or self.events_dropped or self.resent_packets
+                    or self.located)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -209,6 +212,7 @@ class FlowRecovery:
             "duration_s": round(self.duration, 6),
             "goodput_Bps": None if self.goodput is None else round(self.goodput, 1),
             "time_lost_s": round(self.time_lost, 6), "events_dropped": self.events_dropped,
+            "located": dict(self.located),
         }
 
     def text(self) -> str:
@@ -236,6 +240,8 @@ class FlowRecovery:
             parts.append(f"{self.not_captured} answer(s) to requests the capture missed")
         if self.unresolved:
             parts.append(f"{self.unresolved} unresolved at the end of the capture")
+        for what, k in sorted(self.located.items()):
+            parts.append(f"{k} {what}")
         if self.goodput is not None:
             rate = f", {self.messages / self.duration:.0f} messages/s" if self.messages else ""
             parts.append(f"goodput {_size(self.goodput)}/s{rate} over {self.duration:.3f} s")

@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..check import RULES, check_pcap
+from ..check import RULES, check_captures
 from ..check.report import json_lines, text_lines
 from .common import UsageError, capture_file_errors
 
@@ -52,7 +52,9 @@ def add_parser(sub: Any) -> None:
                                    "fields, UDP ports) with its frame number. Exit status 0 "
                                    "clean, 1 violations, 2 unreadable file. Rules: "
                                    "docs/check.md.")
-    d.add_argument("pcap", nargs="?", help="capture file (pcap or pcapng)")
+    d.add_argument("pcap", nargs="*", help="capture file (pcap or pcapng); several "
+                                           "captures of one conversation taken at different "
+                                           "points are merged by time and checked as one")
     d.add_argument("--json", action="store_true",
                    help="JSON lines: one object per violation, then per-flow summaries")
     d.add_argument("--mtu", type=_mtu, default=None,
@@ -79,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         for r in RULES.values():
             out.write(f"{r.id:<17} {r.statement} ({r.reference})\n")
         return 0
-    if args.pcap is None:
+    if not args.pcap:
         raise UsageError("a capture file is required (softrdma check PCAP)")
     rules = None
     if args.rules:
@@ -88,10 +90,15 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"unknown rule(s): {', '.join(unknown)} (softrdma check "
                              "--list-rules lists them)")
-    with capture_file_errors(args.pcap):
-        result = check_pcap(args.pcap, mtu=args.mtu, rules=rules, lossy=args.lossy)
+    for path in args.pcap[1:]:
+        with capture_file_errors(path):
+            open(path, "rb").close()  # name the unreadable one before merging
+    with capture_file_errors(args.pcap[0] if len(args.pcap) == 1 else None):
+        result = check_captures(args.pcap, mtu=args.mtu, rules=rules, lossy=args.lossy)
     fmt = json_lines if args.json else text_lines
     lines = fmt(result, events=args.recovery, frames=args.frames)
     for line in lines:
         out.write(line + "\n")
+    if result.merge is not None and not args.json:
+        out.write("".join(f"merge: {line}\n" for line in result.merge.lines()))
     return 0 if result.clean else 1
