@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import io
 import os
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterable, Sequence
 
