@@ -184,9 +184,13 @@ def _tiled(times: int) -> bytes:
     return m.to_bytes(m.renumber(out))
 
 
-def test_checking_streams_in_bounded_memory():
+def test_checking_streams_in_bounded_memory(monkeypatch):
     """check_pcap reads a capture as a stream (twice): ten times the capture, about the
-    same peak memory (the per-flow window is bounded, packets are not kept)."""
+    same peak memory (packets are not kept; each flow remembers a window of PSNs, made
+    small here so that both captures outgrow it)."""
+    from softrdma.check import state
+
+    monkeypatch.setattr(state, "WINDOW", 256)
     small, big = _tiled(5), _tiled(50)
     peaks = []
     for data in (small, big):
