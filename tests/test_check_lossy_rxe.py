@@ -114,3 +114,30 @@ def test_two_nics_locate_every_loss_between_them(run):
     assert fr.located["request(s) seen at A, not at B"] == _drops(r, 0, "ingress")
     assert fr.located["response(s) seen at B, not at A"] == _drops(r, 1, "ingress")
     assert result.merge.offsets[1].matched > 0
+
+
+def test_cli_with_two_captures_and_a_stretch(tmp_path):
+    """`softrdma check A B` prints the located losses and the merge's report; a second
+    capture that cannot be read is named; --recovery --frames lists only that stretch's
+    events; a bad stretch is a usage error."""
+    import subprocess
+    import sys
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "softrdma", "check", *args],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+    a, b = LOSSY / "write.loss-both.g1.pcap", LOSSY / "write.loss-both.g0.pcap"
+    r = cli(str(a), str(b))
+    assert r.returncode == 0, r.stderr
+    assert "request(s) seen at A, not at B" in r.stdout
+    assert any(line.startswith("merge: [B] ") for line in r.stdout.splitlines())
+    bad = tmp_path / "nope.pcap"
+    bad.write_bytes(b"not a capture")
+    r = cli(str(a), str(bad))
+    assert r.returncode == 2 and "nope.pcap" in r.stderr
+    r = cli(str(a), "--recovery", "--frames", "1-40")
+    frames = [int(line.split()[1].rstrip(":")) for line in r.stdout.splitlines()
+              if line.startswith("    frame ")]
+    assert frames and all(1 <= f <= 40 for f in frames)
+    assert cli(str(a), "--frames", "9-3").returncode == 2
