@@ -39,6 +39,12 @@ __all__ = ["Lab", "LabUnavailable", "Result", "missing_prerequisites", "HOST_IP"
 
 HOST_IP = "10.77.0.1"
 AGENT_PORT = 7777
+#: tcpdump's snapshot length in the lab: whole frames (1500-byte MTU). Not 0 (262144): the
+#: captures use --immediate-mode (without it libpcap hands packets over a ring block at a
+#: time, and the last ones are lost when tcpdump is stopped), in which libpcap gives each
+#: packet a ring slot of the snapshot length, and a 2 MB ring of 256 KB slots dropped
+#: packets of a lossy perftest run on a loaded host (-B 16384 too: 16 MB)
+SNAPLEN = "2048"
 BOOT_TIMEOUT = 240.0  # seconds; TCG boots take 30-45 s, slower when the machine is busy
 
 
@@ -339,14 +345,19 @@ class Lab:
             time.sleep(0.2)
 
     def guest_capture(self, i: int, name: str, filt: str = "udp port 4791",
-                      timeout: float = 30) -> GuestJob:
-        """tcpdump on guest ``i``'s own NIC into ``self.dir / name`` (the directory the
-        guests share with the host); stop it with ``.kill(signal.SIGINT)``. This sees
-        traffic between two guests, which ``capture`` on ``br0`` does not. Returns once
-        tcpdump has created the file, i.e. is capturing."""
+                      timeout: float = 30, iface: str | None = None,
+                      direction: str | None = None) -> GuestJob:
+        """tcpdump on guest ``i``'s own NIC (or ``iface``, e.g. ``ifb0``) into ``self.dir /
+        name`` (the directory the guests share with the host); stop it with
+        ``.kill(signal.SIGINT)``. ``direction`` "in" or "out" is tcpdump's ``-Q``. The guest's
+        clock stamps the packets (see :meth:`guest_clock_offset`). Returns once tcpdump has
+        created the file, i.e. is capturing."""
         path = self.dir / name
         path.unlink(missing_ok=True)
-        job = self.guest_start(i, f"exec tcpdump -i {self.nics[i]} -U -s 0 -w {path} {filt}")
+        q = f"-Q {direction} " if direction else ""
+        # --immediate-mode: see SNAPLEN
+        job = self.guest_start(i, f"exec tcpdump -i {iface or self.nics[i]} {q}-U "
+                                  f"--immediate-mode -B 16384 -s {SNAPLEN} -w {path} {filt}")
         deadline = time.monotonic() + timeout
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -404,10 +415,12 @@ class Lab:
 
     def capture(self, path: str | Path, iface: str = "br0") -> subprocess.Popen:
         """tcpdump of RoCEv2 traffic into ``path``; stop with ``.terminate()``. ``br0`` sees
-        everything softrdma sends and receives; traffic between two guests is forwarded
-        between their tap ports and only seen there (``tap0`` for guest 0)."""
-        p = subprocess.Popen(["ip", "netns", "exec", self.ns, "tcpdump", "-i", iface, "-U", "-s",
-                              "0", "-w", str(path), "udp", "port", "4791"],
+        everything softrdma sends and receives, and the traffic between two guests too:
+        tcpdump makes br0 promiscuous, and a promiscuous bridge passes every frame it
+        forwards up its own interface (``tap0`` holds the same frames for guest 0)."""
+        p = subprocess.Popen(["ip", "netns", "exec", self.ns, "tcpdump", "-i", iface, "-U",
+                              "--immediate-mode", "-B", "16384", "-s", SNAPLEN, "-w", str(path),
+                              "udp", "port", "4791"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env=tool_env())
         # tcpdump says "listening on br0" once the capture is armed; packets sent before
@@ -433,3 +446,87 @@ class Lab:
         """Remove netem from every guest."""
         for i in range(self.n):
             self.netem(i, None)
+
+    # -- faults on RoCE traffic only, and what the guests count --------------------------------
+    #: the u32 match for RoCEv2 (UDP destination port 4791 in an IPv4 header without options)
+    ROCE_MATCH = "match ip protocol 17 0xff match ip dport 4791 0xffff"
+    #: packets a plain RoCE FIFO holds: ifb0's default (its txqueuelen, 32) drops bursts
+    FIFO_LIMIT = 10000
+
+    def roce_fault_setup(self, i: int) -> Result:
+        """Prepare guest ``i`` for :meth:`roce_netem`: RoCEv2 packets only (UDP 4791) go
+        through a qdisc that netem can replace, on both sides of the guest's NIC; the agent's
+        TCP and the tools' out-of-band exchanges are never delayed or lost.
+
+        Egress: a ``prio`` root on the NIC whose band 3 (class ``1:3``, qdisc ``30:``) gets
+        RoCE by a u32 filter. Ingress: RoCE is redirected (``mirred``) to ``ifb0``, whose
+        root (``1:``) plays the same part. The host kernel has no netem (so no netem on the
+        host's tap devices); an ifb in the receiving guest is where a loss can sit *after*
+        the wire: tcpdump on the NIC sees an arriving packet before the ingress qdisc, tcpdump
+        on ``ifb0`` after it, i.e. what reached rxe."""
+        nic = self.nics[i]
+        m = self.ROCE_MATCH
+        return self.guest(i, " && ".join([
+            f"tc qdisc replace dev {nic} root handle 1: prio bands 3 "
+            "priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0",
+            f"tc qdisc replace dev {nic} parent 1:3 handle 30: pfifo limit {self.FIFO_LIMIT}",
+            f"tc filter replace dev {nic} parent 1: protocol ip prio 1 handle 800::800 u32 {m} "
+            "flowid 1:3",
+            "(ip link show ifb0 >/dev/null 2>&1 || modprobe ifb numifbs=1 || "
+            "ip link add ifb0 type ifb)", "ip link set ifb0 up",
+            f"tc qdisc replace dev ifb0 root handle 1: pfifo limit {self.FIFO_LIMIT}",
+            f"(tc qdisc del dev {nic} ingress 2>/dev/null; true)",
+            f"tc qdisc add dev {nic} handle ffff: ingress",
+            f"tc filter add dev {nic} parent ffff: protocol ip prio 1 u32 {m} "
+            "action mirred egress redirect dev ifb0"]))
+
+    def roce_netem(self, i: int, spec: str | None, direction: str = "egress") -> Result:
+        """Put ``tc netem {spec}`` (e.g. "loss 3%") on guest ``i``'s RoCE traffic, or a plain
+        FIFO (None): ``direction`` "egress" acts on what the guest sends, before any capture
+        point sees it; "ingress" on what it receives, after the wire and the guest's own NIC
+        capture saw it, before rxe gets it. Needs :meth:`roce_fault_setup`. A new qdisc each
+        time, so its counters (:meth:`qdisc_stats`) start at zero."""
+        dev, where = ((self.nics[i], "parent 1:3 handle 30:") if direction == "egress" else
+                      ("ifb0", "root handle 1:"))
+        # a new qdisc (so new counters): delete and add, as "replace" keeps a netem's
+        # counters and refuses another kind under the same handle
+        parent = where.split(" handle")[0]
+        qd = f"netem {spec}" if spec else f"pfifo limit {self.FIFO_LIMIT}"
+        return self.guest(i, f"tc qdisc del dev {dev} {parent} 2>/dev/null; "
+                             f"tc qdisc add dev {dev} {where} {qd}")
+
+    def qdisc_stats(self, i: int) -> dict[str, dict[str, Any]]:
+        """The RoCE qdiscs of guest ``i`` with their counters, as ``tc -s -j qdisc`` gives
+        them: {"egress": {...}, "ingress": {...}} (kind, options, bytes, packets, drops,
+        overlimits, requeues, backlog, qlen)."""
+        out: dict[str, dict[str, Any]] = {}
+        for key, dev, handle in (("egress", self.nics[i], "30:"), ("ingress", "ifb0", "1:")):
+            r = self.guest(i, f"tc -s -j qdisc show dev {dev}", timeout=30)
+            try:
+                qds = json.loads(r.stdout or "[]")
+            except ValueError:
+                qds = []
+            out[key] = next((q for q in qds if q.get("handle") == handle), {})
+        return out
+
+    def rdma_statistics(self, i: int, link: str = "rxe0/1") -> dict[str, int]:
+        """rxe's counters of guest ``i`` (``rdma -j statistic show link rxe0/1``): sent_pkts,
+        rcvd_pkts, duplicate_request, out_of_seq_request, rcvd_rnr_err, send_rnr_err,
+        rcvd_seq_err, ack_deferred, retry_exceeded_err, retry_rnr_exceeded_err,
+        completer_retry_err, send_err, link_downed, rdma_sends, rdma_recvs (kernel 6.1)."""
+        r = self.guest(i, f"rdma -j statistic show link {link}", timeout=30)
+        try:
+            rows = json.loads(r.stdout or "[]")
+        except ValueError:
+            return {}
+        return {k: v for row in rows for k, v in row.items() if isinstance(v, int)
+                and k not in ("port",)}
+
+    def guest_clock_offset(self, i: int) -> tuple[float, float]:
+        """(offset, uncertainty) in seconds of guest ``i``'s clock against the host's: guest
+        time = host time + offset, read as the midpoint of one agent round trip (the
+        uncertainty is half of it). Guest captures are stamped by the guest's clock."""
+        t0 = time.time()
+        r = self.guest(i, "date +%s.%N", timeout=30)
+        t1 = time.time()
+        return float(r.stdout.strip()) - (t0 + t1) / 2, (t1 - t0) / 2
