@@ -84,7 +84,9 @@ def test_recovery_agrees_with_netem_and_rxe(run):
     retries = rxe["g1"].get("completer_retry_err", 0)
     req_out, resp_out = _drops(r, 1, "egress"), _drops(r, 0, "egress")
     resp_in = _drops(r, 0, "ingress")
-    assert naks or retries or req_out or resp_in  # the run did lose packets
+    dups = rxe["g0"].get("duplicate_request", 0)
+    assert naks or retries or req_out or resp_in or dups  # the run lost, reordered or
+    # duplicated packets
     fr = {p: _requester_flow(_check(f"{run}.{p}.pcap"), req_ip) for p in POINTS}
     for p in POINTS:
         assert naks - resp_out <= fr[p].naks <= naks, p
@@ -141,3 +143,18 @@ def test_cli_with_two_captures_and_a_stretch(tmp_path):
               if line.startswith("    frame ")]
     assert frames and all(1 <= f <= 40 for f in frames)
     assert cli(str(a), "--frames", "9-3").returncode == 2
+
+
+@pytest.mark.parametrize("run", [r["run"] for r in _runs()
+                                 if r["op"] in PERFTEST and r["fault"] == "dup"])
+def test_network_duplicates_are_the_responders_duplicate_requests(run):
+    """netem duplicating packets and nothing lost: every duplicate request rxe's responder
+    counted (duplicate_request) is a packet the network delivered twice, and the
+    responder's own NIC captured both copies: the recovery report counts exactly those,
+    as the network's duplicates, not as resends."""
+    r = next(x for x in _runs() if x["run"] == run)
+    assert r["rxe"]["g1"].get("completer_retry_err", 0) == 0  # no resend to confuse
+    fr = _requester_flow(_check(f"{run}.g0.pcap"), r["client"]["ip"])
+    dups = sum(e.count for e in fr.events if e.kind == "duplicate" and e.direction == "requests")
+    assert dups == r["rxe"]["g0"]["duplicate_request"] > 0
+    assert fr.resent_packets == 0 and not fr.go_backs

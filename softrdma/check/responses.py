@@ -140,6 +140,9 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
             rtt = p.ts - req.seen_ts
             st.rtt = rtt if st.rtt is None else min(st.rtt, rtt)
     if st.acked is not None and upto < st.acked:
+        if kind == AethType.NAK and syn & 0x1F == 0:
+            st.rec.add("nak", p.frame, p.ts, p.psn, 1, f"NAK for PSN {p.psn}, captured after "
+                       "a later acknowledgement (reordered)")
         return  # a duplicate answer
     _holes_answered(st, p, upto)
     if not _replay(st, p, upto):
@@ -150,6 +153,8 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
         # or the first word from it: until then what it expects is unknown)
         st.in_order = upto + 1
     st.rec.close_upto(upto, p.ts)
+    if st.pending_after:
+        _late_not_lost(st, upto)
     if st.suspect is not None and upto >= st.suspect[1]:
         frame, npsn, nframe = st.suspect
         st.suspect = None
@@ -206,6 +211,8 @@ def _nak(st: FlowState, p: Packet, a: int, kind: int, syn: int, sink: Sink) -> N
                 f"request PSN {p.psn} (frame {req.seen_frame}) never reached the responder: "
                 f"it NAKs it at frame {p.frame} (lost after the capture point)")
         rec.open(a, req.seen_ts)
+        if rec.events and rec.events[-1].kind == "lost-after":
+            st.pending_after[a] = (rec.events[-1], p.frame)
         text = f"NAK: the responder expected PSN {p.psn}, lost after the capture point"
     elif req is not None:
         text = (f"NAK: the responder expected PSN {p.psn}, which it had dropped out of sequence "
@@ -213,6 +220,21 @@ def _nak(st: FlowState, p: Packet, a: int, kind: int, syn: int, sink: Sink) -> N
     else:
         text = f"NAK: the responder expected PSN {p.psn}, lost before the capture point"
     rec.add("nak", p.frame, p.ts, p.psn, 1, text)
+
+
+def _late_not_lost(st: FlowState, upto: int) -> None:
+    """An ACK covers a PSN the responder NAK'd after the capture point carried it, before
+    any resend of it was captured: the packet reached the responder after all, late
+    (reordered after the capture point), not lost."""
+    for a in [q for q in st.pending_after if q <= upto]:
+        ev, nak_frame = st.pending_after.pop(a)
+        req = st.reqs.get(a)
+        if req is not None and req.seen_frame < nak_frame:
+            st.rec.lost_after["requests"] -= 1
+            st.rec.reordered += 1
+            ev.kind = "reordered"
+            ev.text = (f"request PSN {ev.psn} (frame {ev.frame}) reached the responder late, "
+                       "after it NAK'd it (reordered after the capture point)")
 
 
 def _holes_answered(st: FlowState, p: Packet, upto: int) -> None:

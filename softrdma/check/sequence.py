@@ -121,6 +121,10 @@ def _classify(st: FlowState, p: Packet, sink: Sink) -> str:
     if st.first is None:
         st.first = a
     old = st.reqs.get(a)
+    ip_id, newest = p.ip.ip_id, st.max_ip_id
+    older = bool(ip_id) and newest is not None and 0 < (newest - ip_id) & 0xFFFF < 0x8000
+    if not older and ip_id:
+        st.max_ip_id = ip_id
     if st.next is None or a == st.next:
         if old is None:
             return _new(st, p, a, sink)
@@ -132,6 +136,14 @@ def _classify(st: FlowState, p: Packet, sink: Sink) -> str:
     if old is not None and a in st.late and _late(st, old, p, a):
         _seen(st, old, p, a)  # the responder may get this copy
         return DUP
+    if old is not None and older and st.rc and not _is_duplicate(st, old, p):
+        # rxe numbers the IPv4 packets it sends: one older than a packet already captured
+        # was sent before it and arrived late (reordered), not a new go-back
+        _seen(st, old, p, a)
+        st.rec.resent(p.bth.payload_len)
+        st.rec.add("reordered", p.frame, p.ts, p.psn, 1, f"resent PSN {p.psn} arrived late "
+                   "(an older IPv4 ID than packets captured before it)")
+        return BURST
     if old is not None and st.retry_next != a and _is_duplicate(st, old, p):
         st.rec.add("duplicate", p.frame, p.ts, p.psn, 1, f"{p.info.name} PSN {p.psn} "
                    f"captured twice (frame {old.seen_frame}; the network duplicated it)")
@@ -214,13 +226,13 @@ def _fill(st: FlowState, p: Packet, a: int, sink: Sink, silence: float) -> str:
     """A hole's PSN captured at last: resent after its loss before the capture point, or
     late (reordered)."""
     gap = next((g for g in st.gaps if g.start <= a < g.end), None)
-    if gap is None or (st.retry_next is not None and st.retry_next <= a) or (
-            st.nak is not None and st.nak.due <= a):
-        resent = True
-    elif p.ip.ip_id and gap.ip_id:
+    if gap is not None and p.ip.ip_id and gap.ip_id:
         # rxe numbers the IPv4 packets it sends: the original of a late packet has a lower
         # IP ID than the packet that showed the hole, a resend a higher one
         resent = (p.ip.ip_id - gap.ip_id) & 0xFFFF < 0x8000
+    elif gap is None or (st.retry_next is not None and st.retry_next <= a) or (
+            st.nak is not None and st.nak.due <= a):
+        resent = True
     else:
         resent = p.ts - gap.ts > max(4 * (st.rtt or 0.0), 200e-6)
     if resent:
@@ -354,10 +366,15 @@ def _go_back(st: FlowState, p: Packet, a: int, old: Req | None, sink: Sink, sile
                                               f"{nak.rnr_timer})", label)
             text = (f"go-back to PSN {p.psn} {waited * 1e3:.2f} ms after the RNR NAK of frame "
                     f"{nak.frame}")
-        elif a >= nak.due and waited <= _react(st):
+        elif a == nak.due and waited <= _react(st):
             cause = "nak"
             text = (f"go-back to PSN {p.psn} {waited * 1e3:.2f} ms after the NAK of frame "
                     f"{nak.frame}")
+        elif a > nak.due and waited <= _react(st):
+            cause = "nak"  # its first packets were not captured, or it skipped the NAK'd PSN
+            text = (f"go-back from PSN {p.psn}, {waited * 1e3:.2f} ms after the NAK of frame "
+                    f"{nak.frame} for PSN {_wire(nak.due)}: the packets before it were not "
+                    "captured")
         elif waited <= _react(st) and (a in st.open_answers or r is not None):
             # back to an unanswered READ or atomic before the NAK'd PSN: the NAK's
             # implied acknowledgement stops there (rxe_comp.c: implied NAK)
@@ -372,8 +389,10 @@ def _go_back(st: FlowState, p: Packet, a: int, old: Req | None, sink: Sink, sile
                     "not acted on at once (rxe's completer ignores a NAK while a retry is "
                     "under way), or reached the requester late or not at all; the "
                     "retransmit timer fired")
-        if cause in ("nak", "rnr-nak"):
-            upto = min(nak.psn, a) - 1
+        if cause in ("nak", "rnr-nak") and a <= nak.due:
+            # it went back to where the NAK said (or to an unanswered READ/atomic before):
+            # it acted on the NAK, and knew what precedes that PSN acknowledged
+            upto = a - 1
             st.known_acked = upto if st.known_acked is None else max(st.known_acked, upto)
     elif st.implied is not None and a == st.implied:
         cause = "implied-nak"

@@ -146,6 +146,9 @@ class FlowState:
     retry_next: int | None = None  # PSN that continues the go-back burst in progress
     last_resend_ts: float | None = None  # when a resend was last captured
     last_req_ts: float | None = None
+    max_ip_id: int | None = None  # the newest IPv4 ID of the requester's packets
+    pending_after: dict = field(default_factory=dict)  # NAK'd PSN -> (event, NAK frame):
+    # a loss after the capture point, unless an ACK shows the packet was only late
     n_req: int = 0  # requests and responses captured so far
     n_resp: int = 0
     need_ack: dict[int, int] = field(default_factory=dict)  # AckReq PSN -> frame
