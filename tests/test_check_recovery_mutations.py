@@ -32,6 +32,11 @@ from .conftest import ROOT
 
 RXE = ROOT / "pcaps" / "linux-rxe"
 LOSSY = sorted((RXE / "lossy").glob("*.pcap")) if (RXE / "lossy").is_dir() else []
+#: the lab's captures, or one marker that fails visibly (xfail) while they are missing:
+#: never an empty parameter list, which pytest would skip without a word
+LOSSY_OR_MISSING = LOSSY or [pytest.param(None, marks=pytest.mark.xfail(
+    strict=True, reason="pcaps/linux-rxe/lossy/ is missing: the lab's lossy captures "
+    "(branch h-lab) are merged before this branch"))]
 MTU = 1024  # connected_pair's path MTU
 READ_LEN = 7000  # not a multiple of the MTU: a READ's LAST response is shorter (856)
 SEED = 30  # a seed whose capture holds a NAK, a re-READ from offset 3 and duplicates
@@ -109,32 +114,49 @@ def psn_nak(p) -> bool:
     return p.opcode == Opcode.RC_ACKNOWLEDGE and p.syndrome == 0x60
 
 
+def ends(rec) -> tuple:
+    """(source, destination) address of a record."""
+    f = decode_frame(rec.data, rec.linktype)
+    return f.ip_src, f.ip_dst
+
+
+def roce(recs, sender=None):
+    """(record, packet) of every RC packet (from ``sender``, an (source, destination)
+    pair, when given); other frames (ARP, the CM's UD MADs) are passed over."""
+    for r in recs:
+        f = decode_frame(r.data, r.linktype)
+        if f is None or not f.is_roce or f.payload[0] >= 0x20:  # RC opcodes are 0x00-0x1F
+            continue
+        if sender is None or (f.ip_src, f.ip_dst) == sender:
+            yield r, m.packet(r)
+
+
 def first_nak_and_go_back(recs) -> tuple[int, int]:
-    """The first PSN-sequence NAK and the first request after it that resends a PSN the
-    requester had sent before it (the go-back)."""
-    nak = next(r.index for r in recs if psn_nak(m.packet(r)))
-    sent = {p.psn for p in map(m.packet, recs[:nak]) if is_request(p)}
-    back = next(r.index for r in recs[nak:]
-                if is_request(m.packet(r)) and m.packet(r).psn in sent)
-    return nak, back
+    """The first PSN-sequence NAK and the first request after it, from the end it was sent
+    to, that resends a PSN that end had sent before it (the go-back)."""
+    nak = next(r for r, p in roce(recs) if psn_nak(p))
+    requester = tuple(reversed(ends(nak)))
+    sent = {p.psn for r, p in roce(recs[:nak.index], requester) if is_request(p)}
+    back = next(r.index for r, p in roce(recs[nak.index:], requester)
+                if is_request(p) and p.psn in sent)
+    return nak.index, back
 
 
 def re_read(recs) -> tuple[int, int, int, int]:
-    """A READ request resent from the middle of an earlier READ: (its frame, the earlier
-    READ's first PSN, the offset k in packets, the frame of the first response at its
-    PSN after it)."""
-    reads: dict[int, int] = {}  # first PSN -> DMA length
-    for r in recs:
-        p = m.packet(r)
+    """A READ request resent from the middle of an earlier READ of its sender: (its frame,
+    the earlier READ's first PSN, the offset k in packets, the frame of the first response
+    at its PSN after it)."""
+    reads: dict[tuple, dict[int, int]] = {}  # sender -> first PSN -> DMA length
+    for r, p in roce(recs):
         if p.opcode != Opcode.RC_RDMA_READ_REQUEST:
             continue
-        base = next((b for b, n in reads.items() if b < p.psn < b + -(-n // MTU)), None)
+        mine = reads.setdefault(ends(r), {})
+        base = next((b for b, n in mine.items() if b < p.psn < b + -(-n // MTU)), None)
         if base is None:
-            reads.setdefault(p.psn, p.dma_len)
+            mine.setdefault(p.psn, p.dma_len)
             continue
-        answer = next(s.index for s in recs[r.index:]
-                      if name(m.packet(s)).startswith("RC_RDMA_READ_RESPONSE")
-                      and m.packet(s).psn == p.psn)
+        answer = next(s.index for s, q in roce(recs[r.index:], tuple(reversed(ends(r))))
+                      if name(q).startswith("RC_RDMA_READ_RESPONSE") and q.psn == p.psn)
         return r.index, base, p.psn - base, answer
     raise AssertionError("no re-READ from the middle in this capture")
 
@@ -220,27 +242,49 @@ def test_a_re_read_answered_with_the_length_of_another_offset(sim):
 
 def duplicate_answers(recs) -> list[int]:
     """The plain ACKs that acknowledge nothing new: every request up to their PSN had been
-    answered (ACK, READ response or atomic ACK) before them, so they answer a duplicate
-    SEND or WRITE (C9-105: a duplicate is acknowledged again, rxe_resp.c
-    ``duplicate_request``)."""
-    out, answered = [], -1
-    for r in recs:
-        p = m.packet(r)
+    answered (ACK, READ response or atomic ACK) by the same responder before them, so they
+    answer a duplicate SEND or WRITE (C9-105: a duplicate is acknowledged again, rxe_resp.c
+    ``duplicate_request``). (No PSN wrap in these captures.)"""
+    out, answered = [], {}
+    for r, p in roce(recs):
         if is_request(p) or p.syndrome is None or p.syndrome & 0x60:
             continue  # requests; NAKs and RNR NAKs answer nothing
-        if p.opcode == Opcode.RC_ACKNOWLEDGE and p.psn <= answered:
+        if p.opcode == Opcode.RC_ACKNOWLEDGE and p.psn <= answered.get(ends(r), -1):
             out.append(r.index)
-        answered = max(answered, p.psn)  # (no PSN wrap in these captures)
+        answered[ends(r)] = max(answered.get(ends(r), -1), p.psn)
     return out
 
 
 def counted_again(recs, ack: int) -> list:
     """``recs`` as if the responder had executed the duplicate that ``ack`` answers: MSN
-    + 1 on that ACK and on every response after it (the MSN of the moment)."""
-    for r in recs[ack - 1:]:
-        if m.packet(r).msn is not None:
-            recs = m.edit(recs, r.index, msn=m.packet(r).msn + 1)
+    + 1 on that ACK and on every response it sent after it (the MSN of the moment)."""
+    for r, p in list(roce(recs[ack - 1:], ends(recs[ack - 1]))):
+        if p.msn is not None:
+            recs = m.edit(recs, r.index, msn=p.msn + 1)
     return recs
+
+
+def atomic_replay(recs) -> tuple[int, int]:
+    """The first ATOMIC ACKNOWLEDGE that repeats an earlier one's PSN (from the same
+    responder): (its frame, the frame of the first)."""
+    first: dict[tuple, int] = {}
+    for r, p in roce(recs):
+        if p.opcode == Opcode.RC_ATOMIC_ACKNOWLEDGE:
+            key = (ends(r), p.psn)
+            if key in first:
+                return r.index, first[key]
+            first[key] = r.index
+    raise AssertionError("no replayed ATOMIC ACKNOWLEDGE")
+
+
+def executed_again(recs, replay: int, first: int) -> list:
+    """The replayed ATOMIC ACK at ``replay`` as if the atomic had been executed again:
+    a FETCH_ADD's original value is then the first answer's plus the add (a CMP_SWAP's,
+    the swap value when it had matched, else unchanged: not used here)."""
+    p0 = pk(recs, first)
+    atomic = next(p for r, p in roce(recs[:replay], tuple(reversed(ends(recs[first - 1]))))
+                  if p.psn == p0.psn and p.opcode == Opcode.RC_FETCH_ADD)
+    return m.edit(recs, replay, orig=(p0.orig + atomic.swap_add) & (2 ** 64 - 1))
 
 
 def test_a_duplicate_write_executed_again(sim):
@@ -282,22 +326,23 @@ def test_a_duplicate_atomic_executed_again(sim):
     """A duplicate atomic is answered with the original value of its first execution
     (IBTA 9.7.4.1.5; rxe replays the saved ATOMIC ACK). Executed again, a FETCH_ADD's
     replayed answer would carry that value plus the add: ATOMIC-REPLAY at that frame."""
-    first: dict[int, int] = {}
-    for r in sim:
-        p = m.packet(r)
-        if p.opcode == Opcode.RC_ATOMIC_ACKNOWLEDGE:
-            if p.psn in first:
-                replay = r.index
-                break
-            first[p.psn] = p.orig
-    else:
-        raise AssertionError("no replayed ATOMIC ACKNOWLEDGE")
-    psn = pk(sim, replay).psn
-    assert pk(sim, replay).orig == first[psn]
-    add = next(m.packet(r).swap_add for r in sim
-               if m.packet(r).opcode == Opcode.RC_FETCH_ADD and m.packet(r).psn == psn)
-    recs = m.edit(sim, replay, orig=first[psn] + add)
-    assert found(recs) == {(replay, "ATOMIC-REPLAY")}
+    replay, first = atomic_replay(sim)
+    assert pk(sim, replay).orig == pk(sim, first).orig
+    assert found(executed_again(sim, replay, first)) == {(replay, "ATOMIC-REPLAY")}
+
+
+def test_a_psn_skipped_at_the_end_of_a_lossy_capture(sim):
+    """The requester's last new PSN made one higher wherever it appears (the request, its
+    resends, the answers): a PSN skipped and never sent, which no loss explains (the
+    responder answered the PSN after it without NAKing): PSN-SEQ at its first frame."""
+    psns = [p.psn for _, p in roce(sim) if is_request(p)]
+    last = max(psns)
+    at = next(r.index for r, p in roce(sim) if p.psn == last)
+    recs = sim
+    for r, p in roce(sim):
+        if p.psn == last:
+            recs = m.edit(recs, r.index, psn=last + 1)
+    assert found(recs) == {(at, "PSN-SEQ")}
 
 
 # ---------------------------------------------------------------- old faults, lossy source
@@ -324,8 +369,7 @@ def expected(recs, frame: int, rule: str) -> set[tuple[int, str]]:
     its headers, RETRY-SAME there too: the resend is no longer the same request."""
     p = pk(recs, frame)
     resend = is_request(p) and any(
-        m.packet(r).psn == p.psn and r.data[26:30] == recs[frame - 1].data[26:30]
-        and is_request(m.packet(r)) for r in recs[:frame - 1])
+        q.psn == p.psn and is_request(q) for _, q in roce(recs[:frame - 1], ends(recs[frame - 1])))
     return {(frame, rule)} | ({(frame, "RETRY-SAME")}
                               if resend and rule in IN_THE_REQUEST else set())
 
@@ -365,24 +409,24 @@ def test_frame_faults_in_rxe_go_backs(frame):
 
 # ---------------------------------------------------------------- the lab's lossy captures
 
-@pytest.mark.parametrize("path", LOSSY, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", LOSSY_OR_MISSING, ids=lambda p: p.name if p else "missing")
 def test_lab_lossy_capture_faults_found(path):
-    """Each real lossy rxe capture from the lab: a one-frame fault in the first resend
-    after its first PSN-sequence NAK, or else in its first resent request, is found there.
-    (Listed only when pcaps/linux-rxe/lossy/ exists: the lab's captures.)"""
+    """Each real lossy rxe capture from the lab: the old one-frame faults in its first
+    resent request (a repair of a loss) are found there, and nothing else."""
+    assert path is not None
     recs = m.load(path)
-    frames = [r for r in recs if decode_frame(r.data, r.linktype) is not None
-              and decode_frame(r.data, r.linktype).is_roce]
-    seen: set[tuple[bytes, int]] = set()
-    frame = None
-    for r in frames:
-        p = m.packet(r)
-        key = (r.data[26:30], p.dest_qp, p.psn)
-        if is_request(p) and key in seen:
-            frame = r.index
-            break
-        if is_request(p):
-            seen.add(key)
-    assert frame is not None, "a lossy capture with no resend"
+    frame = first_resend(recs)
     for rule, bad in _families(recs, frame):
-        assert (frame, rule) in found(bad), rule
+        assert found(bad) == expected(recs, frame, rule), (rule, explain(bad))
+
+
+def first_resend(recs) -> int:
+    """The first RC request whose PSN its sender had already sent to that QP."""
+    seen: set[tuple] = set()
+    for r, p in roce(recs):
+        if is_request(p):
+            key = (ends(r), p.dest_qp, p.psn)
+            if key in seen:
+                return r.index
+            seen.add(key)
+    raise AssertionError("a lossy capture with no resend")
