@@ -251,3 +251,10 @@ def test_the_whole_capture_is_read_without_a_stretch():
     recs = list(read_pcap(PINGPONG))
     d = from_capture(load(PINGPONG))
     assert sorted(a.frame for a in d.arrows) == roce_frames(recs)
+
+
+def test_a_stretch_of_a_trace_is_refused(tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    trace.write_text('{"event": "x"}\n')
+    assert main(["diagram", str(trace), "--frames", "1-2"]) == 2
+    assert "are for captures" in capsys.readouterr().err

@@ -101,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
                                  f".mmd) and --format is not given")
     trace = _read_trace(args.pcap)
     if trace is not None:  # a JSON-lines trace (softrdma --trace-format json), not a pcap
+        if _stretch_of(args) is not None or getattr(args, "recovery", False):
+            raise UsageError(f"{args.pcap}: --frames, --time and --recovery are for "
+                             f"captures, and this is a trace")
         from ..diagram import from_trace
         d = from_trace(trace, title=os.path.basename(args.pcap))
         return _emit(d, fmt, args)
