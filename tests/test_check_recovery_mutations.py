@@ -322,6 +322,34 @@ def test_a_duplicate_write_executed_again_mid_capture(sim):
     assert found(counted_again(sim, dups[0])) == {(dups[0], "MSN")}
 
 
+def test_a_duplicate_send_executed_again_in_rxe_capture():
+    """rc_pingpong.pcap ends with rxe answering the duplicates of a resent SEND (frames
+    58-64 resend PSNs 5209626-5209629, which frame 60 acknowledges): frames 61, 62, 65
+    and 66 repeat that ACK. Had the responder executed the SEND again (consumed another
+    receive), its last ACK (frame 66, the capture's last) would count it: MSN + 1 there,
+    one violation."""
+    recs = list(_rxe("rc_pingpong.pcap"))
+    dups = duplicate_answers(recs)
+    assert dups[-4:] == [61, 62, 65, 66] and len(recs) == 66
+    assert found(counted_again(recs, 66)) == {(66, "MSN")}
+
+
+@pytest.mark.xfail(strict=True, reason="needs MSN judged by its step from the previous "
+                   "response: today's checker takes the MSN offset most responses agree "
+                   "on, and after this fault most of this responder's responses carry the "
+                   "wrong count, so it reports the four right ACKs before the fault "
+                   "(frames 6, 15, 25, 38) instead")
+def test_a_duplicate_send_executed_again_in_rxe_capture_mid_capture():
+    """rc_pingpong.pcap frames 41-44 answer the duplicates of the SEND rxe resent after a
+    timeout (frames 35-37, 40; frame 38 had acknowledged it). Executed again, the first
+    of them (41) counts it: MSN + 1 on it and on every later response of that responder.
+    The MSN went wrong at frame 41 and only there."""
+    recs = list(_rxe("rc_pingpong.pcap"))
+    dups = duplicate_answers(recs)
+    assert dups[:4] == [41, 42, 43, 44]
+    assert found(counted_again(recs, 41)) == {(41, "MSN")}
+
+
 def test_a_duplicate_atomic_executed_again(sim):
     """A duplicate atomic is answered with the original value of its first execution
     (IBTA 9.7.4.1.5; rxe replays the saved ATOMIC ACK). Executed again, a FETCH_ADD's
