@@ -2,13 +2,20 @@
 
 The sources are captures where loss was repaired for real: softrdma's engines (rxe's
 requester, completer and responder) on the simulated network with 6 % loss, captured on the
-requester's device, and real rxe captures (rc_pingpong.pcap's timeouts and go-backs; the
+requester's device and, for the same run, on the responder's (behind the request losses),
+and real rxe captures (rc_pingpong.pcap's timeouts and go-backs; the
 lab's lossy captures in pcaps/linux-rxe/lossy/ when present). Each test first finds, from
 the packets alone, the recovery it needs (a PSN-sequence NAK and the go-back that answers
 it, a re-READ from the middle, a duplicate WRITE or atomic answered again) and asserts it is
 there; then it breaks exactly one recovery rule and asserts the checker reports exactly that
 (frame, rule). Every expected frame is the frame the mutation touched, named from the
 mutation; none is read from the checker's output.
+
+A READ response that restarts *later* than the re-READ's offset is not among them: from
+the capture it is the same as the response at that offset lost on the way, which is no
+fault; nor one that restarts *earlier* (the same bytes as a late network copy). A restart
+at the right PSN with the opcode or the length of another offset is, by IBTA 9.4.3 (the
+responses of a READ are FIRST/MIDDLE.../LAST by position, each min(MTU, what is left)).
 
 Rules the checker in main does not know yet (NAK-ONCE) and verdicts it cannot reach yet
 are marked ``xfail(strict=True)`` with the reason, so the markers must come off when the
@@ -54,19 +61,21 @@ def explain(records) -> str:
 
 # ---------------------------------------------------------------- the sources
 
-def sim_capture(path: Path, seed: int, loss: float = 0.06) -> Path:
+def sim_capture(path: Path, seed: int, loss: float = 0.06) -> tuple[Path, Path]:
     """Three rounds of WRITE (3000 bytes), READ (``READ_LEN``) and FETCH_ADD (+1) between
     two softrdma engines on the simulated network with ``loss``, captured on the
-    requester's device."""
+    requester's device (``path``) and on the responder's (``path`` with ``.responder``)."""
     from softrdma import enums as E
     from softrdma.harness.sim import SimNetwork
     from softrdma.harness.testing import connected_pair
     from softrdma.soft.capture import PacketCapture
     from softrdma.verbs_api.device import remove_device
 
+    far = path.with_suffix(".responder.pcap")
     net = SimNetwork(seed=seed, loss=loss)
     a, b = connected_pair(net, "RC")
     a.device.capture = PacketCapture(str(path), clock=lambda: net.now)
+    b.device.capture = PacketCapture(str(far), clock=lambda: net.now)
     try:
         for i in range(3):
             a.post_send(E.IBV_WR_RDMA_WRITE, a.sge(0, 3000), i, remote_offset=8192)
@@ -78,16 +87,32 @@ def sim_capture(path: Path, seed: int, loss: float = 0.06) -> Path:
         assert a.ncomp() == 9
     finally:
         a.device.capture.close()
+        b.device.capture.close()
         for e in (a, b):
             e.close()
             with contextlib.suppress(Exception):
                 remove_device(e.device.name)
-    return path
+    return path, far
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory) -> list:
-    return m.load(sim_capture(tmp_path_factory.mktemp("recovery") / "sim.pcap", SEED))
+def sim_pair(tmp_path_factory) -> tuple[list, list]:
+    near, far = sim_capture(tmp_path_factory.mktemp("recovery") / "sim.pcap", SEED)
+    return m.load(near), m.load(far)
+
+
+@pytest.fixture
+def sim(sim_pair) -> list:
+    """The capture on the requester's device: it sees every request the requester sent
+    and the responses that reached it."""
+    return list(sim_pair[0])
+
+
+@pytest.fixture
+def far(sim_pair) -> list:
+    """The same run captured on the responder's device: behind the losses of the
+    requests, before those of the responses (the other side of the loss)."""
+    return list(sim_pair[1])
 
 
 @lru_cache(maxsize=None)
@@ -371,6 +396,68 @@ def test_a_psn_skipped_at_the_end_of_a_lossy_capture(sim):
         if p.psn == last:
             recs = m.edit(recs, r.index, psn=last + 1)
     assert found(recs) == {(at, "PSN-SEQ")}
+
+
+# ---------------------------------------------------------------- behind the losses
+
+NEEDS_LOSS_INFERENCE = ("needs the new checker's loss inference: with no option, today's "
+                        "checker reports the losses a capture behind them shows as the "
+                        "requester's faults (PSN-SEQ, OPSEQ, READ-RESP-PSN, MSN, RETRY-RANGE)")
+
+
+def skipped_psns(recs) -> list[int]:
+    """Frames where a request arrives ahead of the next PSN its sender had not yet shown:
+    a gap in what this capture point saw (a loss before it, or reordering)."""
+    out, nxt = [], None
+    for r, p in roce(recs):
+        if not is_request(p):
+            continue
+        if nxt is not None and p.psn > nxt:
+            out.append(r.index)
+        npk = -(-p.dma_len // MTU) if p.opcode == Opcode.RC_RDMA_READ_REQUEST else 1
+        nxt = max(nxt or 0, p.psn + npk)
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason=NEEDS_LOSS_INFERENCE)
+def test_the_responder_side_capture_is_clean(far):
+    """Captured on the responder's device, behind the request losses: requests arrive
+    after a PSN gap, the responder NAKs, the requester repairs. All legal."""
+    assert skipped_psns(far) and any(psn_nak(p) for _, p in roce(far))
+    assert found(far) == set(), explain(far)
+
+
+@pytest.mark.xfail(strict=True, reason=NEEDS_NAK_ONCE + "; " + NEEDS_LOSS_INFERENCE)
+def test_responder_side_a_second_nak_for_one_gap(far):
+    """The responder's own capture: its NAK sent twice for one gap, the copy right after
+    the first (the go-back arrives later): NAK-ONCE at the copy."""
+    nak, back = first_nak_and_go_back(far)
+    assert back > nak + 1
+    recs = m.copy(far, nak, nak, ts_ns=far[nak - 1].ts_ns, ip_id=0x4242)
+    assert found(recs) == {(nak + 1, "NAK-ONCE")}
+
+
+@pytest.mark.xfail(strict=True, reason=NEEDS_LOSS_INFERENCE)
+def test_responder_side_a_duplicate_write_executed_again(far):
+    """The responder's own capture shows the duplicate WRITE arrive after it had
+    acknowledged the WRITE, and its answer: the last plain ACK. Counted again (MSN + 1 on
+    it and on the responses after it, all replays): MSN there only."""
+    last = duplicate_answers(far)[-1]
+    responder = ends(far[last - 1])
+    later = [p for _, p in roce(far[last:], responder)]
+    assert later and all(p.opcode != Opcode.RC_ACKNOWLEDGE for p in later)
+    assert found(counted_again(far, last)) == {(last, "MSN")}
+
+
+@pytest.mark.xfail(strict=True, reason=NEEDS_LOSS_INFERENCE)
+def test_responder_side_a_duplicate_atomic_executed_again(far):
+    """The responder's own capture: the duplicate FETCH_ADD and its replayed answer;
+    executed again, the answer carries the first value plus the add: ATOMIC-REPLAY."""
+    replay, first = atomic_replay(far)
+    psn = pk(far, replay).psn
+    assert any(p.opcode == Opcode.RC_FETCH_ADD and p.psn == psn
+               for _, p in roce(far[first:replay - 1]))  # the duplicate, between them
+    assert found(executed_again(far, replay, first)) == {(replay, "ATOMIC-REPLAY")}
 
 
 # ---------------------------------------------------------------- old faults, lossy source
