@@ -156,12 +156,18 @@ def roce(recs, sender=None):
             yield r, m.packet(r)
 
 
+def read_packets(p) -> int:
+    """How many PSNs a request takes: a READ's response count, 1 for the rest."""
+    return -(-p.dma_len // MTU) if p.opcode == Opcode.RC_RDMA_READ_REQUEST else 1
+
+
 def first_nak_and_go_back(recs) -> tuple[int, int]:
     """The first PSN-sequence NAK and the first request after it, from the end it was sent
     to, that resends a PSN that end had sent before it (the go-back)."""
     nak = next(r for r, p in roce(recs) if psn_nak(p))
     requester = tuple(reversed(ends(nak)))
-    sent = {p.psn for r, p in roce(recs[:nak.index], requester) if is_request(p)}
+    sent = {p.psn + i for r, p in roce(recs[:nak.index], requester) if is_request(p)
+            for i in range(read_packets(p))}  # a READ request takes a PSN per response
     back = next(r.index for r, p in roce(recs[nak.index:], requester)
                 if is_request(p) and p.psn in sent)
     return nak.index, back
@@ -414,8 +420,7 @@ def skipped_psns(recs) -> list[int]:
             continue
         if nxt is not None and p.psn > nxt:
             out.append(r.index)
-        npk = -(-p.dma_len // MTU) if p.opcode == Opcode.RC_RDMA_READ_REQUEST else 1
-        nxt = max(nxt or 0, p.psn + npk)
+        nxt = max(nxt or 0, p.psn + read_packets(p))
     return out
 
 
