@@ -550,3 +550,64 @@ def first_resend(recs) -> int:
                 return r.index
             seen.add(key)
     raise AssertionError("a lossy capture with no resend")
+
+
+def recovery_cases(recs) -> dict[str, tuple[list, set]]:
+    """The recovery mutations above that ``recs`` holds the path for: name -> (mutated
+    records, the expected (frame, rule) set), each derived from the mutation as in the
+    tests on the simulated capture."""
+    cases: dict[str, tuple[list, set]] = {}
+    with contextlib.suppress(StopIteration, AssertionError):
+        nak, back = first_nak_and_go_back(recs)
+        if pk(recs, back).psn == pk(recs, nak).psn:
+            bad = m.drop(recs, back)
+            later = pk(bad, back)
+            if is_request(later) and later.psn != pk(recs, nak).psn:
+                cases["go-back to a later PSN"] = (bad, {(back, "NAK-RETRY")})
+    with contextlib.suppress(StopIteration, AssertionError):
+        _, _, _, answer = re_read(recs)
+        p = pk(recs, answer)
+        if p.opcode == Opcode.RC_RDMA_READ_RESPONSE_MIDDLE and p.payload_len == MTU:
+            last = next(q for _, q in roce(recs[answer:], ends(recs[answer - 1]))
+                        if q.opcode == Opcode.RC_RDMA_READ_RESPONSE_LAST)
+            cases["re-READ answered with LAST"] = (
+                m.edit(recs, answer, opcode=Opcode.RC_RDMA_READ_RESPONSE_LAST,
+                       syndrome=last.syndrome, msn=last.msn), {(answer, "READ-RESP-OPCODE")})
+            cases["re-READ answered short"] = (
+                m.edit(recs, answer, payload=bytes(p.payload)[:MTU // 2]),
+                {(answer, "READ-RESP-LEN")})
+    with contextlib.suppress(AssertionError, StopIteration):
+        replay, first = atomic_replay(recs)
+        if pk(recs, replay).opcode == Opcode.RC_ATOMIC_ACKNOWLEDGE:
+            cases["atomic executed again"] = (executed_again(recs, replay, first),
+                                              {(replay, "ATOMIC-REPLAY")})
+    dups = duplicate_answers(recs)
+    if dups:
+        last = dups[-1]
+        later = [p for _, p in roce(recs[last:], ends(recs[last - 1]))]
+        if all(p.opcode != Opcode.RC_ACKNOWLEDGE for p in later):
+            cases["duplicate executed again"] = (counted_again(recs, last), {(last, "MSN")})
+    return cases
+
+
+def test_recovery_cases_are_those_of_the_tests_above(sim):
+    """recovery_cases (used on the lab's captures) finds on the simulated capture the
+    mutations the tests above make, with the same verdicts."""
+    cases = recovery_cases(sim)
+    assert set(cases) == {"go-back to a later PSN", "re-READ answered with LAST",
+                          "re-READ answered short", "atomic executed again",
+                          "duplicate executed again"}
+    for name_, (bad, want) in cases.items():
+        assert found(bad) == want, name_
+
+
+@pytest.mark.parametrize("path", LOSSY_OR_MISSING, ids=lambda p: p.name if p else "missing")
+def test_lab_lossy_capture_recovery_mutations(path):
+    """Each real lossy rxe capture from the lab: every recovery mutation it holds the path
+    for (at least one: it is lossy) is flagged at its frame, and nothing else is."""
+    assert path is not None
+    recs = m.load(path)
+    cases = recovery_cases(recs)
+    assert cases
+    for name_, (bad, want) in cases.items():
+        assert found(bad) == want, (name_, explain(bad))
