@@ -163,8 +163,8 @@ def test_marks_are_drawn_in_their_arrow_in_svg():
     assert all(y35 < y < label36 - 10 < y36 for y in ys)
     summary = " | ".join(t.text for g in ET.fromstring(svg_text).iter(f"{SVG}g")
                          if g.get("class") == "summary" for t in g)
-    assert "recovery: 1 timeout, 1 go-back, 1 duplicate, 1 nak (1 at frames not drawn)" \
-        in summary
+    assert ("recovery: timeout \u00d71, go-back \u00d71, duplicate \u00d71, nak \u00d71 "
+            "(1 at frames not drawn)") in summary
     assert "frame 60 (not drawn): nak: outside the stretch" in summary
 
 

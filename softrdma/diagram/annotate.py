@@ -65,7 +65,7 @@ def annotate(d: Diagram, marks: MarksArg, *, heading: str = "marks") -> Diagram:
             a.marks.append((m.kind, m.text))
             drawn += 1
     kinds = Counter(m.kind for m in ms)
-    head = f"{heading}: " + ", ".join(f"{n} {k}" for k, n in kinds.items())
+    head = f"{heading}: " + ", ".join(f"{k} \u00d7{n}" for k, n in kinds.items())
     if drawn < len(ms):
         head += f" ({len(ms) - drawn} at frames not drawn)"
     d.summary.append(head)
