@@ -220,17 +220,15 @@ def test_a_duplicate_write_re_acked_after_an_atomic_is_clean(tmp_path):
     """A duplicate WRITE is acknowledged again at the responder's last PSN (rxe_resp.c
     ``duplicate_request``: ``send_ack(qp, AETH_ACK_UNLIMITED, prev_psn)``; softrdma's
     responder the same), which may be an atomic's PSN: a plain ACK there is not the
-    atomic's answer. Seed 0 with 8 KiB WRITEs and READs holds one: an ACK at the PSN of a
-    FETCH_ADD whose ATOMIC ACKNOWLEDGE came before it."""
+    atomic's answer. Seed 0 with 8 KiB WRITEs and READs holds one: the FETCH_ADD's
+    ATOMIC ACKNOWLEDGE is lost, a duplicate WRITE is re-ACKed at the FETCH_ADD's PSN, the
+    requester resends the FETCH_ADD and gets its (replayed) ATOMIC ACKNOWLEDGE."""
     recs = m.load(sim_capture(tmp_path / "s0.pcap", 0, write_len=8192, read_len=8192)[0])
-    answered: set[int] = set()  # atomics' PSNs whose ATOMIC ACKNOWLEDGE has been seen
-    re_acks = []
-    for r, p in roce(recs):
-        if p.opcode == Opcode.RC_ATOMIC_ACKNOWLEDGE:
-            answered.add(p.psn)
-        elif p.opcode == Opcode.RC_ACKNOWLEDGE and p.syndrome == 0x1F and p.psn in answered:
-            re_acks.append(r.index)
-    assert re_acks
+    atomics = {p.psn for _, p in roce(recs) if p.opcode == Opcode.RC_FETCH_ADD}
+    answered = {p.psn for _, p in roce(recs) if p.opcode == Opcode.RC_ATOMIC_ACKNOWLEDGE}
+    re_acks = [r.index for r, p in roce(recs) if p.opcode == Opcode.RC_ACKNOWLEDGE
+               and p.syndrome == 0x1F and p.psn in atomics & answered]
+    assert re_acks  # a plain ACK at an atomic's PSN, the atomic answered as it should be
     assert found(recs) == set(), explain(recs)
 
 
