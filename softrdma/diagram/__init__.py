@@ -6,6 +6,10 @@ it. Nothing here changes what it draws.
 * :func:`from_capture` (:mod:`.capture`): a pcap/pcapng file, by conversation;
 * :class:`SimRecorder` (:mod:`.simrec`): a run on the simulated network, true losses and all;
 * :func:`from_events` (:mod:`.events`): a list of dicts, e.g. a JSON-lines trace;
+* :class:`Stretch` (:mod:`.stretch`): frames A-B or seconds T0-T1 of a long capture,
+  read as a stream (``from_capture(load(path, stretch))``);
+* :func:`annotate` (:mod:`.annotate`): marks beside the arrows of given frames and a
+  summary block, e.g. the checker's recovery report through :func:`recovery_marks`;
 * :func:`render` picks the renderer from a format name or a file suffix: ``svg``
   (:mod:`.svg`), ``html`` (:mod:`.html`), ``mermaid`` (:mod:`.mermaid`, ``.mmd``).
 
@@ -17,13 +21,16 @@ from __future__ import annotations
 import os
 
 from . import html, mermaid, svg
+from .annotate import Mark, annotate, recovery_marks
 from .capture import from_capture
 from .events import from_events, from_trace
 from .model import Arrow, Diagram, Kind, Lane, Note
 from .simrec import SimRecorder
+from .stretch import Stretch
 
 __all__ = ["Arrow", "Diagram", "Kind", "Lane", "Note", "SimRecorder", "from_capture", "from_trace",
-           "from_events", "render", "format_for", "FORMATS", "write"]
+           "from_events", "render", "format_for", "FORMATS", "write", "Mark", "annotate",
+           "recovery_marks", "Stretch"]
 
 #: format name -> renderer; suffixes map onto them in :func:`format_for`
 FORMATS = {"svg": svg.render, "html": html.render, "mermaid": mermaid.render}

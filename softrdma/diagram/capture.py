@@ -3,6 +3,7 @@
     from softrdma.diagram.capture import from_capture
     d = from_capture("pcaps/linux-rxe/read_bw.pcap")          # every conversation
     d = from_capture(path, conversation=2)                    # the second one only
+    d = from_capture(load(path, Stretch.parse_frames("100-140")))  # 41 frames of a long one
 
 What a single capture point can and cannot show. A capture sees each packet once, at the
 place it was taken, so the arrow's two ends carry the same time (it is drawn level) and a
@@ -14,12 +15,19 @@ Lanes are the conversations' endpoints as :func:`softrdma.harness.conversations.
 pairs them (one per pair of QPs, UDP source ports telling RC connections apart; a QP the
 wire never names reads ``qpn ?``). Frames that are not RoCE are skipped; frames that claim
 to be RoCE and do not decode are counted in the diagram's remarks.
+
+A :class:`~.stretch.Stretch` reads only part of a long capture, as a stream: the frames
+before it are skipped undecoded and reading stops at the first frame past its end. The
+lanes are those of the conversations the stretch shows, and the title names the stretch.
+What the stretch cannot know (a packet before it was a retransmission's original) is not
+marked.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from ..harness.conversations import Conversation, conversations
 from ..harness.replay import CapturedPacket
@@ -30,8 +38,9 @@ from ..wire.pcap import read_pcap
 from .describe import PAYLOAD, arrow_of
 from .marks import Marker
 from .model import Diagram, Lane
+from .stretch import Stretch
 
-__all__ = ["CaptureFile", "load", "from_capture", "ConversationError"]
+__all__ = ["CaptureFile", "load", "from_capture", "ConversationError", "Stretch"]
 
 
 class ConversationError(ValueError):
@@ -49,16 +58,23 @@ class CaptureFile:
     times: dict[int, float]  # frame number -> capture time, seconds
     conversations: list[Conversation]
     undecodable: int
+    stretch: Stretch | None = None  # the part read, when not the whole capture
 
 
-def load(path: str | os.PathLike[str]) -> CaptureFile:
-    """Read ``path`` (pcap or pcapng). Raises :class:`softrdma.wire.pcap.PcapError` (and
-    the OSErrors of ``open``) when it cannot be read."""
+def load(path: str | os.PathLike[str] | BinaryIO, stretch: Stretch | None = None,
+         ) -> CaptureFile:
+    """Read ``path`` (pcap or pcapng; a path or a binary file object), all of it or only
+    ``stretch`` (reading stops after its end). Raises
+    :class:`softrdma.wire.pcap.PcapError` (and the OSErrors of ``open``) when it cannot be
+    read."""
     packets: list[CapturedPacket] = []
     records: dict[int, dict] = {}
     times: dict[int, float] = {}
     bad = 0
-    for r in read_pcap(path):
+    source = read_pcap(path)
+    if stretch is not None:
+        source = stretch.select(source)
+    for r in source:
         try:
             f = decode_frame(r.data, r.linktype)
         except FrameError:
@@ -74,7 +90,9 @@ def load(path: str | os.PathLike[str]) -> CaptureFile:
         packets.append(CapturedPacket(r.index, f.ip_src, f.ip_dst, f.sport, f.ip_id, roce, pkt))
         records[r.index] = frame_record(r.index, r.timestamp, f, parse(roce), PAYLOAD)
         times[r.index] = r.timestamp
-    return CaptureFile(str(path), packets, records, times, conversations(packets), bad)
+    name = getattr(path, "name", path)  # a file object's name, when it has one
+    return CaptureFile(str(name), packets, records, times, conversations(packets), bad,
+                       stretch)
 
 
 def _ends(cv: Conversation, c: CapturedPacket, rec: dict) -> tuple[Lane, Lane]:
@@ -104,6 +122,8 @@ def from_capture(source: str | os.PathLike[str] | CaptureFile, *,
         if not convs:
             raise ConversationError(f"no conversation has an end with qpn {qpn:#x}")
     name = os.path.basename(cap.path)
+    if cap.stretch is not None:
+        name = f"{name} ({cap.stretch.describe()})"
     title = name if len(convs) != 1 else f"{name}: conversation {convs[0][0]}, " \
         f"{convs[0][1].describe()}"
     d = Diagram(title)
@@ -122,6 +142,9 @@ def from_capture(source: str | os.PathLike[str] | CaptureFile, *,
     if len(convs) > 1:
         d.remarks.append(f"{len(convs)} conversations side by side; "
                          f"--conversation N draws one (--list shows them)")
+    if cap.stretch is not None:
+        d.remarks.append(f"{cap.stretch.describe()} only: {len(tagged)} packets; a "
+                         f"retransmission of a packet sent before the stretch is not marked")
     if cap.undecodable:
         d.remarks.append(f"{cap.undecodable} frames to UDP port 4791 did not decode as RoCE "
                          f"and are not drawn")

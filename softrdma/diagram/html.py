@@ -24,6 +24,8 @@ table { border-collapse: collapse; font-family: monospace; font-size: 12px; marg
 th, td { border-bottom: 1px solid #ddd; padding: 2px 8px; text-align: left; white-space: nowrap; }
 tr.lost td { color: #c62828; } tr.retransmission td { color: #d35400; }
 tr.duplicate td { color: #7b1fa2; } tr.bad-icrc td { color: #8d6e63; }
+td.marks { color: #c62828; white-space: normal; }
+pre.marks { font-size: 12px; background: #f8f8f8; padding: 0.5em; }
 .diagram { overflow-x: auto; }
 """
 
@@ -51,8 +53,12 @@ def render(d: Diagram) -> str:
             f"<td>{format_time(a.send_time - t0)}</td><td>{arrived}</td>"
             f"<td>{escape(a.src.label)}</td><td>{escape(a.dst.label)}</td>"
             f"<td>{a.kind.value}{' (retransmit)' if a.retransmit and a.kind != Kind.RETRANSMISSION else ''}</td>"
-            f"<td>{escape(a.label)}</td><td>{escape(a.detail)}</td></tr>")
+            f"<td>{escape(a.label)}</td>"
+            f'<td class="marks">{escape("; ".join(f"{k}: {t}" for k, t in a.marks))}</td>'
+            f"<td>{escape(a.detail)}</td></tr>")
     remarks = "".join(f'<p class="remark">{escape(r)}</p>' for r in d.remarks)
+    if d.summary:
+        remarks += f'<pre class="marks">{escape(chr(10).join(d.summary))}</pre>\n'
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -68,7 +74,7 @@ packet, decoded.</p>
 {svg.render(d, heading=False)}</div>
 <h2>Packets</h2>
 <table class="packets">
-<tr><th>#</th><th>sent</th><th>arrived</th><th>from</th><th>to</th><th>kind</th><th>label</th><th>softrdma dissect</th></tr>
+<tr><th>#</th><th>sent</th><th>arrived</th><th>from</th><th>to</th><th>kind</th><th>label</th><th>marks</th><th>softrdma dissect</th></tr>
 {chr(10).join(rows)}
 </table>
 </body>

@@ -32,6 +32,7 @@ class Geometry:
     recv_row: int = 12  # an arrival
     note_row: int = 28
     gap_row: int = 26  # a long silence
+    mark_row: int = 14  # one line of marks under an arrow (see annotate)
     bottom: int = 40
     char: float = 7.2
 
@@ -103,6 +104,8 @@ def layout(d: Diagram, g: Geometry = Geometry()) -> Layout:
         if what != "recv" and label != last_tick:
             out.ticks.append((y, label))
             last_tick = label
+        if what == "send":
+            y += g.mark_row * len(thing.marks)  # its marks, one line each, under it
     out.width = int(g.left + g.col * max(len(d.lanes), 1) + 20)
     out.height = int(y + g.bottom)
     return out

@@ -10,7 +10,9 @@
         B->>A: ACK psn 100 msn 1
 
 One line per packet, in the order they left: ``->>`` for a packet that arrived, ``-x``
-for one that was lost; retransmissions, duplicates and bad ICRCs say so in brackets.
+for one that was lost; retransmissions, duplicates and bad ICRCs say so in brackets. An
+arrow's marks (:mod:`.annotate`) follow it as a note over its two lanes, and the summary
+block is ``%%`` comment lines after the remarks.
 Mermaid has no slope, so arrival times are not shown; the SVG and HTML renderers show
 them.
 """
@@ -35,7 +37,7 @@ def render(d: Diagram) -> str:
     out = ["sequenceDiagram"]
     for ln, name in names.items():
         out.append(f"    participant {name} as {_text(ln.label)}")
-    for r in d.remarks:
+    for r in d.remarks + d.summary:
         out.append(f"    %% {r}")
     # notes and departures in time order; at one instant notes first (layout's order)
     items: list[tuple[float, int, int, str]] = []
@@ -47,8 +49,11 @@ def render(d: Diagram) -> str:
         if a.retransmit and a.kind != Kind.RETRANSMISSION:
             tags.insert(0, "retransmit")
         tag = f" ({', '.join(tags)})" if tags else ""
-        items.append((a.send_time, 2, i, f"    {names[a.src]}{head}{names[a.dst]}: "
-                                         f"{_text(a.label)}{tag}"))
+        line = f"    {names[a.src]}{head}{names[a.dst]}: {_text(a.label)}{tag}"
+        if a.marks:  # one note under the arrow; Mermaid breaks lines at <br/>
+            marks = "<br/>".join(_text(f"\u2691 {k}: {t}") for k, t in a.marks)
+            line += f"\n    Note over {names[a.src]},{names[a.dst]}: {marks}"
+        items.append((a.send_time, 2, i, line))
     items.sort(key=lambda x: x[:3])
     out += [line for *_, line in items]
     return "\n".join(out) + "\n"

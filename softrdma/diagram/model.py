@@ -71,6 +71,9 @@ class Arrow:
     frame: int | None = None
     detail: str = ""
     retransmit: bool = False  # a request PSN sent before, whatever its fate (kind) was
+    #: annotations drawn beside the arrow, ``(kind, text)``: what a caller (the checker's
+    #: recovery report, say) has to say about this packet; see :mod:`.annotate`
+    marks: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def is_nak(self) -> bool:
@@ -121,13 +124,15 @@ class Diagram:
     """What one picture shows. ``lanes`` are in column order, left to right; ``arrows``
     and ``notes`` in any order (renderers sort by time). ``remarks`` are lines shown under
     the title: what was left out (``--max-packets``), frames that did not decode, so a
-    picture never hides that it is partial."""
+    picture never hides that it is partial. ``summary`` is a block of lines drawn under
+    them: what the arrows' marks add up to (:func:`.annotate.annotate`)."""
 
     title: str
     lanes: list[Lane] = field(default_factory=list)
     arrows: list[Arrow] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
     remarks: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
 
     def lane(self, ip: str, qpn: int | None) -> Lane:
         """The lane for ``(ip, qpn)``, added on the right when it is new."""
@@ -158,4 +163,5 @@ class Diagram:
         also = f" and {lost_notes} notes" if lost_notes else ""
         cut = (f"showing the first {max_packets} of {len(arrows)} packets: "
                f"{len(dropped)} packets{where}{also} left out")
-        return Diagram(self.title, list(self.lanes), kept, notes, self.remarks + [cut])
+        return Diagram(self.title, list(self.lanes), kept, notes, self.remarks + [cut],
+                       list(self.summary))

@@ -10,10 +10,13 @@ What the picture shows (docs/diagrams.md has an example):
   ``duplicate``; a lost packet red, ending half-way in an X; a corrupted one brown, tagged
   ``bad ICRC`` (the receiver drops it);
 * notes as boxes on a lane: QP states (blue), completions (green), timers (yellow);
-* every arrow's tooltip is the ``softrdma dissect`` line of its packet.
+* every arrow's tooltip is the ``softrdma dissect`` line of its packet;
+* marks (:mod:`.annotate`: the checker's recovery report, say) under the arrow of their
+  frame, one line each, ``⚑ kind: text``, and the summary block under the title.
 
 Each arrow is a ``<g class="arrow KIND">`` with ``data-psn``, ``data-opcode`` and
-``data-frame``, so a page script or a test can find them.
+``data-frame``, so a page script or a test can find them; its marks are
+``<text class="mark" data-kind="KIND">`` inside that group.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ LEGEND = [
 LOSS_AT = 0.7
 TAG = {Kind.RETRANSMISSION: "retransmit", Kind.DUPLICATE: "duplicate", Kind.LOST: "lost",
        Kind.BAD_ICRC: "bad ICRC"}
+#: colours of marks by kind (the recovery report's kinds); others are grey
+MARK_COLOUR = {"lost-before": "#c62828", "lost-after": "#c62828", "nak": "#c62828",
+               "rnr-nak": "#b26a00", "go-back": "#d35400", "timeout": "#b26a00",
+               "duplicate": "#7b1fa2", "unresolved": "#555555"}
 NOTE_FILL = {"state": "#dbe8fb", "completion": "#dcf2dc", "timer": "#fff3c4", "nak": "#fbdada",
              "info": "#eeeeee"}
 STYLE = f"""
@@ -125,6 +132,13 @@ def _arrow(a: Arrow, lay: Layout, lane_index: dict, g: Geometry) -> list[str]:
                   for t in tags)
     out.append(f'<text class="label" x="{tx:.1f}" y="{y1 - 5:.1f}" '
                f'text-anchor="{anchor}">{label}{tag}</text>')
+    # marks: under the arrow, in the rows layout made for them, between its two lanes
+    mx = min(x1, x2) + 8
+    for i, (kind, text) in enumerate(a.marks):
+        colour = MARK_COLOUR.get(kind, "#555555")
+        out.append(f'<text class="mark" data-kind="{escape(kind)}" x="{mx:.1f}" '
+                   f'y="{y1 + 12 + g.mark_row * i:.1f}" style="fill: {colour}; '
+                   f'font-size: 11px">\u2691 {escape(kind)}: {escape(text)}</text>')
     out.append("</g>")
     return out
 
@@ -170,7 +184,8 @@ def render(d: Diagram, g: Geometry = Geometry(), heading: bool = True) -> str:
     """The diagram as an SVG document (a string), ready to save as ``.svg`` or to inline
     in HTML (``heading=False``: the page shows the title and remarks itself)."""
     remarks = d.remarks if heading else []
-    g = replace(g, top=g.top + 14 * len(remarks) - (0 if heading else 26))
+    summary = d.summary if heading else []
+    g = replace(g, top=g.top + 14 * (len(remarks) + len(summary)) - (0 if heading else 26))
     lay = layout(d, g)
     width = max(lay.width, 960)
     lane_index = {ln: i for i, ln in enumerate(d.lanes)}
@@ -184,7 +199,13 @@ def render(d: Diagram, g: Geometry = Geometry(), heading: bool = True) -> str:
     for i, r in enumerate(remarks):
         out.append(f'<text class="remark" x="12" y="{42 + 14 * i}" fill="#a00">'
                    f'{escape(r)}</text>')
-    out += _legend(24, (42 if heading else 16) + 14 * len(remarks) + 12)
+    if summary:
+        out.append('<g class="summary">')
+        for i, line in enumerate(summary):
+            out.append(f'<text x="12" y="{42 + 14 * (len(remarks) + i)}" '
+                       f'xml:space="preserve">{escape(line)}</text>')
+        out.append("</g>")
+    out += _legend(24, (42 if heading else 16) + 14 * (len(remarks) + len(summary)) + 12)
     head_y = g.top - 24
     for ln, x in zip(d.lanes, lay.lane_x):
         w = len(ln.label) * g.char + 20

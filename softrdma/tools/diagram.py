@@ -3,6 +3,9 @@
 The output's suffix picks the format: ``.html`` (a page with the diagram and the packets
 as a table), ``.svg`` (the picture alone), ``.mmd`` (Mermaid text, for documentation);
 ``--format`` overrides it, and without ``-o`` Mermaid goes to standard output.
+``--frames A-B`` / ``--time T0-T1`` draw a stretch of a long capture (read only up to its
+end); ``--recovery`` marks the arrows with the checker's recovery report (losses, NAKs,
+go-backs, timeouts, duplicates) and its violations.
 Exit status 0 when written, 2 when the capture cannot be read or an option is wrong (one
 line on stderr), 1 when the output cannot be written. docs/diagrams.md explains the
 pictures.
@@ -16,7 +19,9 @@ import sys
 from typing import Any
 
 from ..diagram import FORMATS, format_for, render
+from ..diagram.annotate import Mark, annotate, recovery_marks
 from ..diagram.capture import ConversationError, from_capture, load
+from ..diagram.stretch import Stretch
 from .argtypes import int_range, qp_number
 from .common import UsageError, capture_file_errors
 
@@ -41,8 +46,47 @@ def add_parser(sub: Any) -> None:
                    metavar="N", help=f"draw at most N packets, the first ones; 0: all "
                                      f"(default {DEFAULT_MAX_PACKETS}; the picture says what "
                                      f"was left out)")
+    d.add_argument("--frames", type=_stretch(Stretch.parse_frames), metavar="A-B",
+                   help="draw frames A to B only (as tshark numbers them); the capture is "
+                        "read up to B and no further")
+    d.add_argument("--time", type=_stretch(Stretch.parse_time), metavar="T0-T1",
+                   help="draw the packets T0 to T1 seconds after the capture's first one")
+    d.add_argument("--recovery", action="store_true",
+                   help="mark the arrows with softrdma check's recovery report (losses, "
+                        "NAKs, go-backs, timeouts, duplicates) and its violations, with a "
+                        "summary under the title")
     d.add_argument("--list", action="store_true", help="list the conversations and exit")
     d.set_defaults(func=run)
+
+
+def _stretch(parse: Any) -> Any:
+    def convert(text: str) -> Stretch:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+def _stretch_of(args: argparse.Namespace) -> Stretch | None:
+    frames, time = getattr(args, "frames", None), getattr(args, "time", None)
+    if frames is None or time is None:
+        return frames or time
+    return frames.also(time)
+
+
+def check_marks(path: str, stretch: Stretch | None) -> list[Mark]:
+    """The checker's recovery events and violations as marks, judged on the capture up
+    to the stretch's end (the history before the stretch counts; what follows it is not
+    read, so a repair after the stretch is not known)."""
+    from ..check import check_records
+    from ..wire.pcap import read_pcap
+    records = read_pcap(path)
+    result = check_records(records if stretch is None else stretch.prefix(records))
+    marks = recovery_marks(result)
+    marks += [Mark(v.frame, "violation", f"{v.rule}: {v.message}")
+              for v in getattr(result, "violations", [])]
+    return marks
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,11 +101,15 @@ def run(args: argparse.Namespace) -> int:
                                  f".mmd) and --format is not given")
     trace = _read_trace(args.pcap)
     if trace is not None:  # a JSON-lines trace (softrdma --trace-format json), not a pcap
+        if _stretch_of(args) is not None or getattr(args, "recovery", False):
+            raise UsageError(f"{args.pcap}: --frames, --time and --recovery are for "
+                             f"captures, and this is a trace")
         from ..diagram import from_trace
         d = from_trace(trace, title=os.path.basename(args.pcap))
         return _emit(d, fmt, args)
+    stretch = _stretch_of(args)
     with capture_file_errors(args.pcap):
-        cap = load(args.pcap)
+        cap = load(args.pcap, stretch)
     if args.list:
         for i, cv in enumerate(cap.conversations, 1):
             print(f"{i:3d}  {cv.describe()}")
@@ -70,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         d = from_capture(cap, conversation=args.conversation, qpn=args.qpn)
     except ConversationError as e:
         raise UsageError(f"{args.pcap}: {e}") from None
+    if getattr(args, "recovery", False):
+        with capture_file_errors(args.pcap):
+            marks = check_marks(args.pcap, stretch)
+        annotate(d, marks, heading="recovery")
     return _emit(d, fmt, args)
 
 
