@@ -24,7 +24,7 @@ Rules the checker in main does not know yet (NAK-ONCE) and verdicts it cannot re
 lands. On the lab's captures main's checker flags, the xfail is narrower
 (``raises=LossesTakenForFaults``): the injected fault must still be found at its frame,
 only the extra violations are expected to go.
-""""""
+"""
 
 from __future__ import annotations
 
