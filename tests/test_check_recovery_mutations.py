@@ -18,12 +18,8 @@ fault; nor one that restarts *earlier* (the same bytes as a late network copy). 
 at the right PSN with the opcode or the length of another offset is, by IBTA 9.4.3 (the
 responses of a READ are FIRST/MIDDLE.../LAST by position, each min(MTU, what is left)).
 
-Rules the checker in main does not know yet (NAK-ONCE) and verdicts it cannot reach yet
-(a capture's losses taken for faults; MSN judged against a majority) are marked
-``xfail(strict=True)`` with the reason, so the markers must come off when the new checker
-lands. On the lab's captures main's checker flags, the xfail is narrower
-(``raises=LossesTakenForFaults``): the injected fault must still be found at its frame,
-only the extra violations are expected to go.
+Each verdict is exact: the injected fault at its frame, and nothing else (the captures'
+own losses are observations, never violations).
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ RXE = ROOT / "pcaps" / "linux-rxe"
 MTU = 1024  # connected_pair's path MTU
 READ_LEN = 7000  # not a multiple of the MTU: a READ's LAST response is shorter (856)
 SEED = 30  # a seed whose capture holds a NAK, a re-READ from offset 3 and duplicates
-NEEDS_NAK_ONCE = "needs the new checker's NAK-ONCE (a second NAK for one gap)"
 
 
 def found(records, **kw) -> set[tuple[int, str]]:
@@ -217,9 +212,6 @@ def test_rc_pingpong_holds_go_backs_and_is_clean():
     assert found(recs) == set(), explain(recs)
 
 
-@pytest.mark.xfail(strict=True, reason="today's checker takes a plain ACK at an atomic's "
-                   "PSN, the re-ACK of a duplicate WRITE, for the atomic's answer "
-                   "(ATOMIC-ACK)")
 def test_a_duplicate_write_re_acked_after_an_atomic_is_clean(tmp_path):
     """A duplicate WRITE is acknowledged again at the responder's last PSN (rxe_resp.c
     ``duplicate_request``: ``send_ack(qp, AETH_ACK_UNLIMITED, prev_psn)``; softrdma's
@@ -238,7 +230,6 @@ def test_a_duplicate_write_re_acked_after_an_atomic_is_clean(tmp_path):
 
 # ---------------------------------------------------------------- recovery rules broken
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_NAK_ONCE)
 def test_a_second_nak_for_one_gap(sim):
     """The responder NAKs a PSN-sequence gap once (rxe_resp.c: ``sent_psn_nak``) and again
     only after the requester went back. A copy of the NAK, sent again by the responder (a
@@ -357,10 +348,6 @@ def test_a_duplicate_write_executed_again(sim):
     assert found(counted_again(sim, last)) == {(last, "MSN")}
 
 
-@pytest.mark.xfail(strict=True, reason="needs MSN judged by its step from the previous "
-                   "response: today's checker judges every MSN against the capture's "
-                   "majority offset, so the later plain ACK that carries the same wrong "
-                   "count is reported too")
 def test_a_duplicate_write_executed_again_mid_capture(sim):
     """The same fault at the first ACK that answers a duplicate WRITE, with more plain ACKs
     after it: the MSN went wrong once, at that ACK; the later responses only carry the
@@ -383,11 +370,6 @@ def test_a_duplicate_send_executed_again_in_rxe_capture():
     assert found(counted_again(recs, 66)) == {(66, "MSN")}
 
 
-@pytest.mark.xfail(strict=True, reason="needs MSN judged by its step from the previous "
-                   "response: today's checker takes the MSN offset most responses agree "
-                   "on, and after this fault most of this responder's responses carry the "
-                   "wrong count, so it reports the four right ACKs before the fault "
-                   "(frames 6, 15, 25, 38) instead")
 def test_a_duplicate_send_executed_again_in_rxe_capture_mid_capture():
     """rc_pingpong.pcap frames 41-44 answer the duplicates of the SEND rxe resent after a
     timeout (frames 35-37, 40; frame 38 had acknowledged it). Executed again, the first
@@ -424,9 +406,6 @@ def test_a_psn_skipped_at_the_end_of_a_lossy_capture(sim):
 
 # ---------------------------------------------------------------- behind the losses
 
-NEEDS_LOSS_INFERENCE = ("needs the new checker's loss inference: with no option, today's "
-                        "checker reports the losses a capture behind them shows as the "
-                        "requester's faults (PSN-SEQ, OPSEQ, READ-RESP-PSN, MSN, RETRY-RANGE)")
 
 
 def skipped_psns(recs) -> list[int]:
@@ -442,7 +421,6 @@ def skipped_psns(recs) -> list[int]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_LOSS_INFERENCE)
 def test_the_responder_side_capture_is_clean(far):
     """Captured on the responder's device, behind the request losses: requests arrive
     after a PSN gap, the responder NAKs, the requester repairs. All legal."""
@@ -450,7 +428,6 @@ def test_the_responder_side_capture_is_clean(far):
     assert found(far) == set(), explain(far)
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_NAK_ONCE + "; " + NEEDS_LOSS_INFERENCE)
 def test_responder_side_a_second_nak_for_one_gap(far):
     """The responder's own capture: its NAK sent twice for one gap, the copy right after
     the first (the go-back arrives later): NAK-ONCE at the copy."""
@@ -460,7 +437,6 @@ def test_responder_side_a_second_nak_for_one_gap(far):
     assert found(recs) == {(nak + 1, "NAK-ONCE")}
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_LOSS_INFERENCE)
 def test_responder_side_a_duplicate_write_executed_again(far):
     """The responder's own capture shows the duplicate WRITE arrive after it had
     acknowledged the WRITE, and its answer: the last plain ACK. Counted again (MSN + 1 on
@@ -472,7 +448,6 @@ def test_responder_side_a_duplicate_write_executed_again(far):
     assert found(counted_again(far, last)) == {(last, "MSN")}
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_LOSS_INFERENCE)
 def test_responder_side_a_duplicate_atomic_executed_again(far):
     """The responder's own capture: the duplicate FETCH_ADD and its replayed answer;
     executed again, the answer carries the first value plus the add: ATOMIC-REPLAY."""
@@ -664,46 +639,13 @@ LAB_NAKS = sorted(n for n in LAB_CASES if n.split(".")[0] in (
     "atomic", "rc_pingpong", "read", "send", "write") and not n.startswith(
     ("read.loss-receiver", "send.dup", "write.dup")))
 
-#: the captures main's checker flags unmutated, losses taken for faults (PSN-SEQ, OPSEQ,
-#: WRITE-LEN, READ-RESP-PSN, MSN, NAK-RETRY, RETRY-RANGE). The new checker's loss
-#: inference should judge every one clean: then this set goes, and with it the xfails.
-FLAGGED_TODAY = {
-    f"{n}.pcap" for n in (
-        "atomic.loss-both.bridge", "atomic.loss-both.g0", "atomic.loss-both.g1",
-        "atomic.loss-receiver.g0",
-        "rc_pingpong.loss-both.bridge", "rc_pingpong.loss-both.g0", "rc_pingpong.loss-both.g1",
-        "read.loss-both.g0", "read.loss-receiver.bridge", "read.loss-receiver.g0",
-        "read.loss-sender.bridge", "read.loss-sender.g0", "read.loss-sender.g1",
-        "send.loss-both.bridge", "send.loss-both.g0", "send.loss-both.g1",
-        "send.reorder.bridge", "send.reorder.g0", "send.reorder.g1",
-        "write.loss-both.bridge", "write.loss-both.g0", "write.loss-both.g1",
-        "write.loss-receiver.g0",
-        "write.loss-sender.bridge", "write.loss-sender.g0", "write.loss-sender.g1",
-        "write.reorder.bridge", "write.reorder.g0", "write.reorder.g1")}
-
-
 class LossesTakenForFaults(AssertionError):
     """The injected fault was found at its frame, but so were the capture's own losses."""
 
 
-def lab_params(names, why_xfail=None):
-    """``names`` as parameters: xfail (strict) while pcaps/linux-rxe/lossy/ is not merged,
-    and for the captures today's checker flags (only for the extra violations: a fault not
-    found at its frame still fails)."""
-    out = []
-    for n in names:
-        marks = []
-        if not (LAB / n).exists():
-            marks.append(pytest.mark.xfail(strict=True, reason="pcaps/linux-rxe/lossy/ is "
-                                           "missing: the lab's captures (branch h-lab) are "
-                                           "merged before this branch"))
-        elif why_xfail is not None:
-            marks.append(why_xfail)
-        elif n in FLAGGED_TODAY:
-            marks.append(pytest.mark.xfail(strict=True, raises=LossesTakenForFaults,
-                                           reason=NEEDS_LOSS_INFERENCE))
-        out.append(pytest.param(n, marks=marks, id=n))
-    return out
+def lab_params(names):
+    """``names`` as parameters (a capture missing from pcaps/linux-rxe/lossy/ fails)."""
+    return [pytest.param(n, id=n) for n in names]
 
 
 def assert_exactly(bad, want: set) -> None:
@@ -742,8 +684,7 @@ def test_lab_lossy_capture_recovery_mutations(name):
         assert_exactly(bad, want)
 
 
-@pytest.mark.parametrize("name", lab_params(LAB_NAKS, pytest.mark.xfail(
-    strict=True, reason=NEEDS_NAK_ONCE)))
+@pytest.mark.parametrize("name", lab_params(LAB_NAKS))
 def test_lab_lossy_capture_second_nak(name):
     """A lab capture's first PSN-sequence NAK sent twice: NAK-ONCE at the copy."""
     bad, want = second_nak(m.load(LAB / name))

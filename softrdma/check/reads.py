@@ -49,13 +49,15 @@ def on_response(st: FlowState, p: Packet, sink: Sink) -> bool:
             return False  # answers a READ from before the capture
         carried = a in st.reqs or (st.top is not None and st.first <= a <= st.top
                                    and a not in st.missing)
-        if not carried or st.lossy_capture:
+        if not carried and st.lossy_capture:
             st.rec.add("not-captured", p.frame, p.ts, p.psn, 1,
                        f"{p.info.name} at PSN {p.psn} answers a READ the capture never "
                        "carried (the capture missed it)", "responses")
             return False
+        why = "" if carried else (" (none captured; if the capture dropped packets: "
+                                  "--lossy)")
         sink.add("READ-RESP-PSN", p.frame, f"{p.info.name} at PSN {p.psn}, but no READ "
-                                           "request covers that PSN", label)
+                                           f"request covers that PSN{why}", label)
         return False
     k = a - r.psn
     if k > r.hi + 1 and not r.restarts:

@@ -80,10 +80,10 @@ def note_request(st: FlowState, a: int) -> None:
         st.ack_beyond = None
         st.violation_later = ("ACK-PSN", frame, text)
     elif a > apsn:
-        st.ack_beyond = None  # the capture missed the requests it acknowledged
+        st.ack_beyond = None  # the requests it acknowledged are in a hole
         st.rec.add("not-captured", frame, 0.0, _wire(apsn), 1,
-                   f"an ACK for PSN {_wire(apsn)}, which the capture never carried (the "
-                   "capture missed it)", "responses")
+                   f"an ACK for PSN {_wire(apsn)}, before the requester's packet at that PSN "
+                   "was captured", "responses")
 
 
 def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
@@ -144,7 +144,7 @@ def on_response(st: FlowState, p: Packet, valid: bool, sink: Sink) -> None:
             st.rec.add("nak", p.frame, p.ts, p.psn, 1, f"NAK for PSN {p.psn}, captured after "
                        "a later acknowledgement (reordered)")
         return  # a duplicate answer
-    _holes_answered(st, p, upto)
+    _holes_answered(st, p, upto, sink)
     if not _replay(st, p, upto):
         _msn(st, p, upto, sink)
     st.acked, st.acked_frame = upto, p.frame
@@ -193,10 +193,11 @@ def _nak(st: FlowState, p: Packet, a: int, kind: int, syn: int, sink: Sink) -> N
     # A go-back the responder got after its first NAK justifies a second (softrdma). Where
     # the capture sits decides whether that go-back shows before or after the first NAK:
     # at the requester, one sent just before the NAK arrived is captured before it. So a
-    # resend captured from a few round trips before the first NAK on counts.
-    window = max(4 * (st.rtt or 0.0), 1e-3)
-    went_back = st.last_resend_ts is not None and last is not None \
-        and st.last_resend_ts >= last[2] - window
+    # go-back that started up to a round trip before the first NAK counts (one that
+    # started earlier reached the responder before it sent that NAK), give or take 1 ms.
+    window = (st.rtt or 0.0) + 1e-3
+    went_back = st.last_go_back_ts is not None and last is not None \
+        and st.last_go_back_ts >= last[2] - window
     if last is not None and last[0] == a and not went_back:
         sink.add("NAK-ONCE", p.frame, f"a second PSN sequence error NAK for PSN {p.psn} "
                                       f"(first at frame {last[1]}) with no go-back captured "
@@ -237,20 +238,33 @@ def _late_not_lost(st: FlowState, upto: int) -> None:
                        "after it NAK'd it (reordered after the capture point)")
 
 
-def _holes_answered(st: FlowState, p: Packet, upto: int) -> None:
-    """The responder acknowledged PSNs the capture never carried: the capture missed them
-    (nothing lost on the path reaches a responder)."""
+def _holes_answered(st: FlowState, p: Packet, upto: int, sink: Sink) -> None:
+    """The responder acknowledged PSNs the capture never carried. Nothing lost on the path
+    reaches a responder, so either the requester skipped them and the responder took what
+    came next (PSN-SEQ, at the hole), or the capture itself dropped them (with ``lossy``:
+    an observation)."""
     if not st.missing:
         return
     gone = [q for q in st.missing if q <= upto]
     if not gone:
         return
     st.missing.difference_update(gone)
-    st.rec.add("not-captured", p.frame, p.ts, _wire(min(gone)), len(gone),
-               f"frame {p.frame} acknowledges {len(gone)} request packet(s) from PSN "
-               f"{_wire(min(gone))} that the capture never carried (the capture missed them)")
     if st.rec.lost_before["requests"] >= len(gone):
         st.rec.lost_before["requests"] -= len(gone)
+    if st.lossy_capture:
+        st.rec.add("not-captured", p.frame, p.ts, _wire(min(gone)), len(gone),
+                   f"frame {p.frame} acknowledges {len(gone)} request packet(s) from PSN "
+                   f"{_wire(min(gone))} that the capture never carried (the capture missed "
+                   "them)")
+        return
+    lo = min(gone)
+    for g in st.gaps:
+        if g.start <= lo < g.end:
+            sink.add("PSN-SEQ", g.frame, f"PSN {_wire(g.end)}, expected {_wire(g.start)}: "
+                                         f"{g.end - g.start} PSN(s) skipped, never sent, yet "
+                                         f"acknowledged at frame {p.frame} (if the capture "
+                                         "dropped packets: --lossy)", st.flow.label)
+            break
 
 
 def _replay(st: FlowState, p: Packet, upto: int) -> bool:
@@ -293,11 +307,29 @@ def _msn(st: FlowState, p: Packet, upto: int, sink: Sink) -> None:
 
 
 def _elect(st: FlowState, sink: Sink) -> None:
-    votes = Counter((msn - n) & _MSN_MASK for _f, msn, n, _u in st.msn_pending)
-    st.msn_base = votes.most_common(1)[0][0]
+    """The MSN before the capture's first message, from the first responses: the
+    explanation of their MSNs with the fewest faults, either one count throughout (a
+    response that disagrees is one fault, even the first) or one count changed for good
+    at some response (that response is the fault: a message counted twice, say), plus
+    responses that disagree with their part. A tie goes to one count throughout."""
     pending, st.msn_pending = st.msn_pending, []
-    for e in pending:
-        _judge(st, e, sink)
+    offs = [(msn - n) & _MSN_MASK for _f, msn, n, _u in pending]
+    whole = Counter(offs).most_common(1)[0][0]
+    best = (sum(o != whole for o in offs), len(offs), whole, whole)
+    for j in range(1, len(offs)):
+        a = Counter(offs[:j]).most_common(1)[0][0]
+        b = offs[j]
+        if a == b:
+            continue
+        cost = 1 + sum(o != a for o in offs[:j]) + sum(o != b for o in offs[j + 1:])
+        if cost < best[0]:
+            best = (cost, j, a, b)
+    _cost, j, a, b = best
+    for k, e in enumerate(pending):
+        base = a if k <= j else b
+        if offs[k] != base or k == j < len(offs):
+            _report(st, e, a if k <= j else b, sink)
+    st.msn_base, st.msn_shift = b, None
 
 
 def _judge(st: FlowState, entry: tuple, sink: Sink) -> None:
@@ -313,6 +345,11 @@ def _judge(st: FlowState, entry: tuple, sink: Sink) -> None:
         st.msn_shift = None
         return
     st.msn_shift = (frame, now)
+    _report(st, entry, base, sink)
+
+
+def _report(st: FlowState, entry: tuple, base: int, sink: Sink) -> None:
+    frame, msn, n, upto = entry
     sink.add("MSN", frame, f"MSN {msn}, expected {(base + n) & _MSN_MASK} (MSN {base} before "
                            f"the capture's first message + {n} completed up to PSN "
                            f"{_wire(upto)})", st.flow.label)

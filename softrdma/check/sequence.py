@@ -237,7 +237,7 @@ def _fill(st: FlowState, p: Packet, a: int, sink: Sink, silence: float) -> str:
         resent = p.ts - gap.ts > max(4 * (st.rtt or 0.0), 200e-6)
     if resent:
         st.rec.resent(p.bth.payload_len)
-        st.last_resend_ts = p.ts
+        st.last_resend_ts, st.last_resend_frame = p.ts, p.frame
         if len(st.late) < _HOLE_MAX:
             st.late.add(a)  # its original may still turn up, late
         if not _continues_burst(st, p, a):
@@ -322,7 +322,7 @@ def _resend(st: FlowState, p: Packet, a: int, old: Req | None, sink: Sink,
         taken = r.n - (a - r.psn)
     burst = _continues_burst(st, p, a)
     st.retry_next = a + taken
-    st.last_resend_ts = p.ts
+    st.last_resend_ts, st.last_resend_frame = p.ts, p.frame
     st.rec.resent(p.bth.payload_len)
     if old is not None:
         _seen(st, old, p, a)
@@ -347,6 +347,7 @@ def _go_back(st: FlowState, p: Packet, a: int, old: Req | None, sink: Sink, sile
              r: Read | None = None) -> None:
     """A go-back starts at ``a``: find its cause, hold the requester to what it knew."""
     label, rec = st.flow.label, st.rec
+    st.last_go_back_ts = p.ts
     nak = st.nak
     cause = None
     if nak is not None:

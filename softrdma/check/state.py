@@ -145,6 +145,8 @@ class FlowState:
     atomics: OrderedDict = field(default_factory=OrderedDict)  # PSN -> Atomic
     retry_next: int | None = None  # PSN that continues the go-back burst in progress
     last_resend_ts: float | None = None  # when a resend was last captured
+    last_resend_frame: int = 0  # ... and in which frame
+    last_go_back_ts: float | None = None  # when a go-back last started
     last_req_ts: float | None = None
     max_ip_id: int | None = None  # the newest IPv4 ID of the requester's packets
     pending_after: dict = field(default_factory=dict)  # NAK'd PSN -> (event, NAK frame):
