@@ -303,3 +303,26 @@ def test_simulated_network_losses_are_located_exactly():
         own = [r for r in missing if decode_frame(r.data, r.linktype).ip_src == pts[i]]
         assert sorted(r.frames[i] for r in own) == lost[pts[i]]
         assert len(missing) - len(own) == dups[pts[j]]
+
+
+def test_a_drifting_clock_is_followed(tmp_path):
+    """B's clock runs 1 % fast (a 50 ppm drift over five minutes, squeezed into the
+    1.6 s of 20,000 tiled frames): its offset grows by 16 ms, more than three times the
+    matching tolerance calibrated on the first 500 frames; followed block by block, every
+    frame is still matched and the last offset is the drifted one."""
+    items = list(long_capture(20_000))
+    t0 = items[0][0]
+    server = decode_frame(items[0][1]).ip_dst
+    pa, pb = tmp_path / "a.pcap", tmp_path / "b.pcap"
+    _write(pa, items, 0)
+    with PcapWriter(pb, nanosecond=True) as w:
+        for ts, frame in items:
+            toward = decode_frame(frame).ip_dst == server
+            w.write(frame, ts_ns=OFFSET + t0 + (ts - t0) * 101 // 100
+                    + (30_000 if toward else -30_000))
+    report = MergeReport()
+    n = sum(1 for _ in merge_captures([pa, pb], report, calibrate=500))
+    drift = (items[-1][0] - t0) // 100
+    assert drift > 3 * report.tolerance_ns
+    assert n == len(items) and report.matched == [len(items), len(items)]
+    assert abs(report.final_offsets[1] - (OFFSET + drift)) < drift // 10
