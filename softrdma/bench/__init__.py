@@ -1,4 +1,4 @@
-"""Benchmarks, one entry: ``softrdma bench wire|engines|qps|udp|scale|...`` (``python -m
+"""Benchmarks, one entry: ``softrdma bench wire|engines|qps|udp|scale|capture|...`` (``python -m
 softrdma.bench ...`` is the same). Each prints its numbers beside a baseline measured in
 the same run:
 
@@ -12,7 +12,9 @@ the same run:
 - :mod:`.cexec`: ib_write_bw under ``softrdma exec`` (both ends) beside ``softrdma perf
   write``: the cost of crossing from C into Python;
 - :mod:`.scale`: 1,000 QPs streaming beside one, 65,536 QPs' memory, timer and dispatch
-  costs with 65,536 QPs beside one, idle CPU with 1,000 QPs beside none.
+  costs with 65,536 QPs beside one, idle CPU with 1,000 QPs beside none;
+- :mod:`.capture`: a long capture (made by :mod:`.capgen` from real rxe captures, with
+  :mod:`.caploss`'s losses if asked) read by read_pcap, dissect and check, beside tshark.
 
 The command line is :mod:`softrdma.tools.bench`; importing this package imports no
 benchmark (``udp`` starts helper processes from :mod:`.udp` and they start fast).

@@ -21,6 +21,7 @@ from ..cm.dissect import CM_DISSECTOR
 from ..wire.dissect import DissectStats, dissect_records, format_record
 from ..wire.pcap import PcapRecord, read_pcap
 from ..wire.pcapmerge import MergedRecord, MergeReport, merge_captures, point_name
+from .argtypes import int_range
 from .common import capture_file_errors
 
 __all__ = ["add_parser", "run"]
@@ -40,7 +41,7 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--json", action="store_true", help="one JSON object per frame (docs/dissect.md)")
     d.add_argument("--verify", action="store_true", help="fail (exit 1) on any bad ICRC")
     d.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
-    d.add_argument("--list-max", type=int, default=50, metavar="N",
+    d.add_argument("--list-max", type=int_range(0, None), default=50, metavar="N",
                    help="with several files: list at most N frames seen at one point only, "
                         "per point (default 50)")
     d.set_defaults(func=run)
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     merged = len(args.pcap) > 1
     current: list[PcapRecord | None] = [None]
+    report = MergeReport()
+    only = _Only(len(args.pcap), args.list_max)
 
     def tracked(records: Iterable[PcapRecord]) -> Iterator[PcapRecord]:
         for r in records:  # dissect_records takes one record per yield: this is its record
@@ -85,8 +88,6 @@ def run(args: argparse.Namespace) -> int:
                 only.note(r)
             yield r
 
-    report = MergeReport()
-    only = _Only(len(args.pcap), args.list_max)
     try:
         with contextlib.ExitStack() as stack:
             files = []
