@@ -329,11 +329,9 @@ def test_a_drifting_clock_is_followed(tmp_path):
     assert abs(report.final_offsets[1] - (OFFSET + drift)) < drift // 10
 
 
-LOSSY = PCAPS / "lossy"  # the lab's real lossy runs, three capture points each (helper 1's branch)
+LOSSY = PCAPS / "lossy"  # the lab's real lossy runs, three capture points each
 
 
-@pytest.mark.skipif(not (LOSSY / "counters.json").exists(),
-                    reason="pcaps/linux-rxe/lossy/ not merged into this branch yet")
 def test_real_lossy_runs_locate_exactly_what_netem_dropped_at_the_receiver():
     """Every lab run (two kernel rxe guests, netem on each guest's egress and/or on its
     ifb0 ingress): merging the two guests' own captures matches every frame the other
