@@ -15,7 +15,6 @@ bounded memory.
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -134,7 +133,6 @@ class FlowState:
     reqs: dict[int, Req] = field(default_factory=dict)  # PSN -> first capture, windowed
     read_end: dict[int, int] = field(default_factory=dict)  # last PSN of a READ -> its PSN
     missing: set[int] = field(default_factory=set)  # PSNs of holes not filled yet
-    missing_heap: list[int] = field(default_factory=list)  # the same, lowest first (lazy)
     late: set[int] = field(default_factory=set)  # PSNs counted lost whose packet may still
     # turn up late (then: reordered)
     in_order: int | None = None  # the PSN a responder that got every captured request
@@ -218,15 +216,6 @@ class FlowState:
 
     def add_missing(self, psns: range) -> None:
         self.missing.update(psns)
-        for q in psns:
-            heapq.heappush(self.missing_heap, q)
-
-    def lowest_missing(self) -> int | None:
-        """The lowest PSN of a hole not filled yet."""
-        h = self.missing_heap
-        while h and h[0] not in self.missing:
-            heapq.heappop(h)
-        return h[0] if h else None
 
     def add_end(self, apsn: int) -> None:
         """A message ends at ``apsn`` (the MSN counts it once acknowledged)."""
@@ -244,7 +233,6 @@ class FlowState:
         self.read_end = {k: v for k, v in self.read_end.items() if k >= floor}
         self.missing = {k for k in self.missing if k >= floor}
         self.late = {k for k in self.late if k >= floor}
-        self.missing_heap = sorted(self.missing)
         self.need_ack = {k: v for k, v in self.need_ack.items() if k >= floor}
         while self.gaps and self.gaps[0].end < floor:
             self.gaps.popleft()
