@@ -302,10 +302,13 @@ The lab's captures now use `--immediate-mode` (with a 2048-byte snapshot length 
 """
 
 #: what was found about the earlier script's empty pingpong captures
-PINGPONG_NOTE = """The earlier script captured on `tap0` with tcpdump's defaults (no
-`--immediate-mode`: libpcap passes packets on a ring block at a time, or after a timeout,
-and loses the rest when stopped) and stopped it 0.5 s after the server exited; a
-5-iteration pingpong is short enough to sit in one unfinished block (not re-tested)."""
+PINGPONG_NOTE = """Not reproduced: taking the capture as the earlier script did (tcpdump
+on `tap0` without `--immediate-mode`, `-s 0`, stopped 0.5 s after the server exited), three
+5-iteration rxe-to-rxe pingpongs gave 50, 66 and 50 frames, and the same with the lab's
+capture 64, 66 and 58, all runs successful; the cause of the empty captures stays unknown.
+The counts differ although nothing was lost: under qemu's software emulation rxe's
+retransmission timer fires now and then on a clean run (retries and duplicate requests
+with no netem at all), something a recovery report will meet in these captures too."""
 
 SHORT = {"duplicate_request": "dup", "out_of_seq_request": "oos", "rcvd_seq_err": "seqnak",
          "completer_retry_err": "retry", "ack_deferred": "ack_deferred", "sent_pkts": "sent",
