@@ -275,9 +275,10 @@ count and tcpdump's own drop count (all 0), and the guests' clock offsets. Count
 read while all three captures run, each time after no RoCE packet passed any qdisc for
 1.5 s, so what they count is what the captures hold: a guest's egress netem passed exactly
 the frames its capture shows leaving; rxe's sent_pkts is that plus netem's drops (rxe
-counts a packet netem dropped as sent); rxe's rcvd_pkts equals the frames its capture shows
-arriving. One thing is not understood: in send, write and atomic `loss-both`, each guest's
-ifb0 netem counted one packet more than its ifb0 capture and its rxe saw.
+counts a packet netem dropped as sent); its ifb0 netem passed exactly the frames its
+capture shows arriving, and rxe's rcvd_pkts counts the same. (`ifb0` has IPv6 disabled:
+otherwise it sends router solicitations of its own through its netem, which a first
+recording showed as a packet more in netem's counters than in any capture.)
 
 | run | server (guest 0) | client (guest 1) | rc | frames bridge / g0 / g1 | netem drops (g0 out, g0 in, g1 out, g1 in) | rxe g0 | rxe g1 |
 |---|---|---|---|---|---|---|---|
@@ -338,7 +339,7 @@ def write_readme(out: Path, doc: dict) -> None:
 
 
 def versions(lab: Lab) -> dict:
-    q = "dpkg-query -W -f='${Package} ${Version}\\n' rdma-core ibverbs-utils perftest rdmacm-utils tcpdump iproute2"
+    q = "dpkg-query -W -f='${Package} ${Version}\\n' rdma-core ibverbs-utils perftest rdmacm-utils tcpdump iproute2 linux-image-$(uname -r)"
     return {"guest_kernel": lab.guest(0, "uname -r").stdout.strip(),
             "packages": lab.guest(0, q).stdout.split("\n")[:-1]}
 
