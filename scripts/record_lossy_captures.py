@@ -264,6 +264,21 @@ Both guests send (requests one way; ACKs, READ responses and atomic responses th
 so a placement applies to both directions: `loss-sender` loses requests and responses
 before every capture point, `loss-receiver` after the bridge. Fault specs: {faults}
 
+## What a capture can know about the losses
+
+For packets from guest S to guest R, netem's drops at S's egress (`d_out`) and at R's
+ifb0 (`d_in`) place every loss exactly:
+
+| capture | lost before it (never in it) | lost after it (in it, never reached R) |
+|---|---|---|
+| `bridge` | `d_out` | `d_in` |
+| S's own (`gS`) | `d_out` | `d_in` |
+| R's own (`gR`) | `d_out + d_in` | 0 |
+
+These counts include every RoCE packet: data, ACKs, NAKs, READ and atomic responses, and
+rping's CM MADs on QP1. Duplication and reordering on R's ifb0 likewise show only in R's
+capture; on S's egress, in all three.
+
 ## Runs
 
 `counters.json` has, per run: both commands and exit statuses, the netem specs and where
