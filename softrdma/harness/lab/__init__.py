@@ -473,7 +473,10 @@ class Lab:
             f"tc filter replace dev {nic} parent 1: protocol ip prio 1 handle 800::800 u32 {m} "
             "flowid 1:3",
             "(ip link show ifb0 >/dev/null 2>&1 || modprobe ifb numifbs=1 || "
-            "ip link add ifb0 type ifb)", "ip link set ifb0 up",
+            "ip link add ifb0 type ifb)",
+            # else ifb0 sends IPv6 router solicitations of its own through its netem,
+            # which then counts packets that are neither RoCE nor in any capture
+            "sysctl -qw net.ipv6.conf.ifb0.disable_ipv6=1", "ip link set ifb0 up",
             f"tc qdisc replace dev ifb0 root handle 1: pfifo limit {self.FIFO_LIMIT}",
             f"(tc qdisc del dev {nic} ingress 2>/dev/null; true)",
             f"tc qdisc add dev {nic} handle ffff: ingress",
