@@ -148,13 +148,19 @@ def test_cli_with_two_captures_and_a_stretch(tmp_path):
 @pytest.mark.parametrize("run", [r["run"] for r in _runs()
                                  if r["op"] in PERFTEST and r["fault"] == "dup"])
 def test_network_duplicates_are_the_responders_duplicate_requests(run):
-    """netem duplicating packets and nothing lost: every duplicate request rxe's responder
-    counted (duplicate_request) is a packet the network delivered twice, and the
-    responder's own NIC captured both copies: the recovery report counts exactly those,
-    as the network's duplicates, not as resends."""
+    """netem duplicating packets and nothing lost: a duplicate request rxe's responder
+    counted (duplicate_request) is a packet the network delivered twice, or a resend of
+    one it had; its own NIC captured every copy. The recovery report counts the network's
+    duplicates as such (exactly rxe's count when nothing was resent), the resends as
+    resends, and no more go-backs than rxe's retries."""
     r = next(x for x in _runs() if x["run"] == run)
-    assert r["rxe"]["g1"].get("completer_retry_err", 0) == 0  # no resend to confuse
+    retries = r["rxe"]["g1"].get("completer_retry_err", 0)
     fr = _requester_flow(_check(f"{run}.g0.pcap"), r["client"]["ip"])
     dups = sum(e.count for e in fr.events if e.kind == "duplicate" and e.direction == "requests")
-    assert dups == r["rxe"]["g0"]["duplicate_request"] > 0
-    assert fr.resent_packets == 0 and not fr.go_backs
+    # the responder also counts resends of what it had as duplicates: rxe's timer fires on
+    # a clean run under qemu's emulation too (pcaps/linux-rxe/lossy/README.md)
+    assert 0 < dups <= r["rxe"]["g0"]["duplicate_request"]
+    assert dups + fr.resent_packets >= r["rxe"]["g0"]["duplicate_request"]
+    if retries == 0:
+        assert dups == r["rxe"]["g0"]["duplicate_request"] and fr.resent_packets == 0
+    assert sum(fr.go_backs.values()) <= retries

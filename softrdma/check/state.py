@@ -33,7 +33,7 @@ class Req:
 
     __slots__ = ("frame", "ts", "opcode", "kind", "first", "last", "n", "payload_len",
                  "dma_len", "va", "rkey", "key", "crc", "ip_id", "seen_frame", "seen_ts", "small",
-                 "seen_resp")
+                 "seen_resp", "seen_ip_id")
 
     def __init__(self, frame: int, ts: float, opcode: int, kind: str | None, first: bool,
                  last: bool, n: int | None, payload_len: int, dma_len: int, va: int,
@@ -45,6 +45,7 @@ class Req:
         self.seen_frame = frame  # the last frame that carried this PSN (resends included)
         self.seen_ts = ts
         self.seen_resp = 0  # responses captured before its last capture
+        self.seen_ip_id = ip_id  # the IPv4 ID of its last capture
 
 
 @dataclass
