@@ -32,17 +32,18 @@ responder sends do not depend on it.
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 from ..wire.opcodes import Transport
-from .replay import CapturedPacket, ReplayResult, replay_side
+from .replay import CapturedPacket, ReplayError, ReplayResult, replay_side
 
 if TYPE_CHECKING:
     from .replaydiff import ReplayDiff
 
-__all__ = ["Conversation", "SideReplay", "conversations", "replay_conversations"]
+__all__ = ["Conversation", "SideReplay", "conversations", "replay_conversations", "replay_one"]
 
 QP1 = 1
 
@@ -178,6 +179,8 @@ class SideReplay:
     conversation: Conversation
     side: tuple[str, int | None]
     result: ReplayResult | None
+    #: why the replay of this side stopped (a capture it cannot make sense of), or None
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -211,5 +214,20 @@ def replay_conversations(capture: list[CapturedPacket], *, ip: str | None = None
                 yield SideReplay(cv, side, None)
                 continue
             fl = labels.get(cv.a, labels.get(cv.b, 0))  # the REQ came from either end
-            yield SideReplay(cv, side, replay_side(cv.packets, side[0], device_name=device_name,
-                                                   inline=inline, flow_label=fl))
+            yield replay_one(cv, side, device_name=device_name, inline=inline, flow_label=fl)
+
+
+def replay_one(cv: Conversation, side: tuple[str, int | None], *, device_name: str,
+               inline: bool = False, flow_label: int = 0) -> SideReplay:
+    """softrdma in place of ``side`` of ``cv``. A capture the replay cannot make sense of
+    (garbled beyond what it reconstructs) gives a :class:`SideReplay` with ``error`` set,
+    never an exception: a replay tool must survive any capture."""
+    try:
+        return SideReplay(cv, side, replay_side(cv.packets, side[0], device_name=device_name,
+                                                inline=inline, flow_label=flow_label))
+    except ReplayError as e:
+        return SideReplay(cv, side, None, error=str(e))
+    except Exception as e:  # noqa: BLE001 - a softrdma bug or an unforeseen capture: say so
+        if os.environ.get("SOFTRDMA_DEBUG"):
+            raise
+        return SideReplay(cv, side, None, error=f"the replay stopped: {type(e).__name__}: {e}")

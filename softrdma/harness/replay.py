@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+from difflib import SequenceMatcher
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from ..enums import (
     IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
@@ -32,7 +33,7 @@ from ..enums import (
 from ..wire.frames import decode_frame
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from ..wire.opcodes import Opcode as O, Transport
-from ..wire.packet import RocePacket, parse
+from ..wire.packet import DecodeError, RocePacket, parse
 from ..wire.pcap import read_pcap
 from ..qp.psn import psn_add, psn_diff
 from ..soft.device import RXE_MAX_HDR_LENGTH, SoftDevice
@@ -41,8 +42,10 @@ from ..verbs_api import (
     SendWR,
 )
 from ..verbs_api.device import register_device, unregister_device
+from .replayloss import Evidence, LossEvent, infer
 
-__all__ = ["CapturedPacket", "ReplayResult", "load_capture", "replay_side"]
+__all__ = ["CapturedPacket", "ExtraPacket", "FrameVerdict", "ReplayError", "ReplayResult",
+           "captured_packet", "iter_capture", "load_capture", "replay_side"]
 
 _ALL = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
     IBV_ACCESS_REMOTE_ATOMIC
@@ -62,6 +65,33 @@ class CapturedPacket:
 
 
 @dataclass
+class FrameVerdict:
+    """The judgement of one packet the real endpoint sent (capture frame ``frame``):
+    ``status`` is "identical", "different" or "not judged"; ``reason`` says why it was not
+    judged, or what softrdma did instead; ``ours`` is softrdma's packet paired with it
+    (bytes and UDP source port), if any."""
+
+    frame: int
+    kind: str  # "request" or "response"
+    status: str
+    captured: CapturedPacket
+    ours: tuple[bytes, int] | None = None
+    reason: str = ""
+
+
+@dataclass
+class ExtraPacket:
+    """A packet softrdma sent that no captured packet pairs with; ``judged`` False when a
+    loss before it explains it (``reason``)."""
+
+    data: bytes
+    sport: int
+    after_frame: int  # the capture frame being replayed when softrdma sent it
+    judged: bool
+    reason: str = ""
+
+
+@dataclass
 class ReplayResult:
     sent: list[bytes] = field(default_factory=list)  # what softrdma transmitted
     expected: list[CapturedPacket] = field(default_factory=list)  # what the real side sent
@@ -71,71 +101,244 @@ class ReplayResult:
     # what softrdma sent after the capture's last packet from the real endpoint: answers
     # the capture may have ended too early to show (reported, not compared)
     after_capture: list[bytes] = field(default_factory=list)
+    # the capture frame being replayed when softrdma sent each packet of ``sent``
+    sent_at: list[int] = field(default_factory=list)
+    #: one per packet of ``expected``, in capture order
+    verdicts: list[FrameVerdict] = field(default_factory=list)
+    #: softrdma's packets that pair with no captured one
+    extra: list[ExtraPacket] = field(default_factory=list)
+    #: what the capture shows of losses (:mod:`softrdma.harness.replayloss`)
+    evidence: Evidence | None = None
+    #: things the replay could not reconstruct (a message never captured, ...)
+    notes: list[str] = field(default_factory=list)
+    drops: dict[str, int] = field(default_factory=dict)
+
+    def count(self, status: str) -> int:
+        """How many of the endpoint's captured packets have ``status``."""
+        return sum(1 for v in self.verdicts if v.status == status)
+
+    @property
+    def judged(self) -> int:
+        return len(self.verdicts) - self.count("not judged")
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
 
 
 def load_capture(path: str) -> list[CapturedPacket]:
-    out = []
+    return list(iter_capture(path))
+
+
+def iter_capture(path: str) -> Iterator[CapturedPacket]:
+    """The capture's RoCE packets, one at a time (frames that are not RoCEv2, or whose
+    RoCE packet does not parse, are skipped: they are nobody's transport)."""
     for r in read_pcap(path):
+        cp = captured_packet(r)
+        if cp is not None:
+            yield cp
+
+
+def captured_packet(r: Any) -> CapturedPacket | None:
+    """The :class:`CapturedPacket` of one pcap record, or None if it is not RoCEv2."""
+    try:
         f = decode_frame(r.data, r.linktype)
         if f is None or not f.is_roce:
-            continue
+            return None
         roce = bytes(f.payload)
-        out.append(CapturedPacket(r.index, f.ip_src, f.ip_dst, f.sport, f.ip_id, roce, parse(roce)))
-    return out
+        return CapturedPacket(r.index, f.ip_src, f.ip_dst, f.sport, f.ip_id, roce, parse(roce))
+    except (DecodeError, ValueError, IndexError, struct.error):
+        return None
 
 
-def _wr_of_message(pkts: list[CapturedPacket]) -> tuple[int, dict[str, Any], bytes]:
-    """(WR opcode, WR fields, data) of one message the endpoint sent."""
-    first, last = pkts[0].pkt, pkts[-1].pkt
-    op = first.opcode & 0x1F if first.info.transport != Transport.UD else O.RC_SEND_ONLY
-    data = b"".join(bytes(p.pkt.payload) for p in pkts)
-    f: dict[str, Any] = {"se": last.se}
-    base = {0x00: "send", 0x04: "send", 0x05: "send_imm", 0x01: "send", 0x02: "send",
-            0x03: "send_imm", 0x06: "write", 0x0A: "write", 0x0B: "write_imm",
-            0x0C: "read", 0x13: "cas", 0x14: "faa", 0x17: "send_inv"}
-    kind = base.get(op)
-    if kind == "send" and last.info.with_imm:
-        kind = "send_imm"
-    if kind == "send" and last.info.with_inv:
-        kind = "send_inv"
-    if kind == "write" and last.info.with_imm:
-        kind = "write_imm"
+class ReplayError(Exception):
+    """The conversation cannot be replayed from this side (the reason is the message)."""
+
+
+#: the WR of each request opcode's message (low five bits; UD sends are all "send")
+_KIND = {0x00: "send", 0x01: "send", 0x02: "send", 0x03: "send_imm", 0x04: "send",
+         0x05: "send_imm", 0x06: "write", 0x07: "write", 0x08: "write", 0x09: "write_imm",
+         0x0A: "write", 0x0B: "write_imm", 0x0C: "read", 0x13: "cas", 0x14: "faa",
+         0x16: "send_inv", 0x17: "send_inv"}
+_OPC = {"send": IBV_WR_SEND, "send_imm": IBV_WR_SEND_WITH_IMM, "send_inv": IBV_WR_SEND_WITH_INV,
+        "write": IBV_WR_RDMA_WRITE, "write_imm": IBV_WR_RDMA_WRITE_WITH_IMM,
+        "read": IBV_WR_RDMA_READ, "cas": IBV_WR_ATOMIC_CMP_AND_SWP,
+        "faa": IBV_WR_ATOMIC_FETCH_AND_ADD}
+
+
+@dataclass
+class _Message:
+    """One message of the endpoint's, as far as the capture shows it: ``slots`` has one
+    entry per PSN from ``psn``, the captured packet or None where none was captured;
+    ``head`` is its first packet if captured."""
+
+    psn: int
+    head: CapturedPacket | None
+    slots: list[CapturedPacket | None] = field(default_factory=list)
+    span: int = 1  # PSNs it takes (a READ: one per response packet)
+    read_len: int | None = None  # a READ never captured, its length from the responses
+    atomic: bool = False  # an atomic never captured (its ACK was)
+
+
+def _wr_of_message(msg: _Message, mtu: int, ud: bool) -> tuple[int, dict[str, Any], bytes]:
+    """(WR opcode, WR fields, data) of one message the endpoint sent. What the capture
+    lacks is filled in: a packet never captured carries zeros (its bytes are never
+    compared: the capture has nothing to compare them with); a message whose first packet
+    was never captured targets address 0 with key 0 (its RETH was never seen)."""
+    captured = [c for c in msg.slots if c is not None]
+    first = msg.head.pkt if msg.head is not None else None
+    last = captured[-1].pkt if captured else None
+    ref = first or last
+    kind = "send" if ref is None or ud else _KIND.get(ref.opcode & 0x1F, "send")
+    if msg.read_len is not None:
+        kind = "read"
+    elif msg.atomic:
+        kind = "faa"
+    if last is not None and last.info.last:
+        if kind == "send" and last.info.with_imm:
+            kind = "send_imm"
+        elif kind == "send" and last.info.with_inv:
+            kind = "send_inv"
+        elif kind == "write" and last.info.with_imm:
+            kind = "write_imm"
+    data = b"".join(bytes(c.pkt.payload) if c is not None else bytes(mtu) for c in msg.slots)
+    f: dict[str, Any] = {"se": bool(last is not None and last.info.last and last.se)}
     if kind in ("send_imm", "write_imm"):
-        f["imm"] = last.imm
+        f["imm"] = (last.imm or 0) if last is not None and last.info.last else 0
     if kind == "send_inv":
-        f["imm"] = last.ieth_rkey
+        f["imm"] = (last.ieth_rkey or 0) if last is not None and last.info.last else 0
     if kind in ("write", "write_imm", "read"):
-        f["remote_addr"], f["rkey"], f["len"] = first.va, first.rkey, first.dma_len
-    if kind in ("cas", "faa"):
-        f["remote_addr"], f["rkey"] = first.va, first.rkey
-        f["compare_add"] = first.compare if kind == "cas" else first.swap_add
-        f["swap"] = first.swap_add if kind == "cas" else 0
-    if first.info.transport == Transport.UD:
-        f["remote_qpn"], f["qkey"] = first.dest_qp, first.qkey
-    opc = {"send": IBV_WR_SEND, "send_imm": IBV_WR_SEND_WITH_IMM, "send_inv": IBV_WR_SEND_WITH_INV,
-           "write": IBV_WR_RDMA_WRITE, "write_imm": IBV_WR_RDMA_WRITE_WITH_IMM,
-           "read": IBV_WR_RDMA_READ, "cas": IBV_WR_ATOMIC_CMP_AND_SWP,
-           "faa": IBV_WR_ATOMIC_FETCH_AND_ADD}[kind]
-    return opc, f, data
-
-
-def _messages(pkts: list[CapturedPacket]) -> list[list[CapturedPacket]]:
-    """Group request packets into messages (first..last), skipping retransmissions."""
-    msgs: list[list[CapturedPacket]] = []
-    cur: list[CapturedPacket] = []
-    seen: set[int] = set()
-    for cp in pkts:
-        if cp.pkt.psn in seen:
-            continue
-        seen.add(cp.pkt.psn)
-        if cp.pkt.info.first:
-            cur = [cp]
+        if first is not None:
+            f["remote_addr"], f["rkey"], f["len"] = first.va or 0, first.rkey or 0, \
+                first.dma_len or 0
         else:
-            cur.append(cp)
-        if cp.pkt.info.last:
+            f["remote_addr"], f["rkey"] = 0, 0
+            f["len"] = msg.read_len if msg.read_len is not None else len(data)
+        if kind != "read" and first is not None and first.dma_len is not None:
+            data = data[:first.dma_len].ljust(first.dma_len, b"\0")
+    if kind in ("cas", "faa"):
+        ref = ref if ref is not None and ref.info.atomic else None
+        f["remote_addr"], f["rkey"] = (ref.va or 0, ref.rkey or 0) if ref else (0, 0)
+        if ref is None:
+            f["compare_add"] = f["swap"] = 0
+            return _OPC[kind], f, data
+        f["compare_add"] = (ref.compare if kind == "cas" else ref.swap_add) or 0
+        f["swap"] = (ref.swap_add or 0) if kind == "cas" else 0
+    if ud and ref is not None:
+        f["remote_qpn"], f["qkey"] = ref.dest_qp, ref.qkey or 0
+    return _OPC[kind], f, data
+
+
+def _messages(pkts: list[CapturedPacket], mtu: int, ud: bool = False,
+              copies: frozenset[int] | set[int] = frozenset()) -> list[_Message]:
+    """The endpoint's messages in PSN order, from its request packets (a retransmission
+    gives nothing new, but may be the only capture of a packet). A PSN never captured is
+    a hole in its message; a run of holes between two messages is a message of its own
+    (see :func:`_fill_holes`)."""
+    at: dict[int, CapturedPacket] = {}
+    for c in pkts:
+        if c.index not in copies:
+            at.setdefault(c.pkt.psn, c)
+    if not at:
+        return []
+    base = pkts[0].pkt.psn
+    offs = _cluster({psn_diff(psn, base): c for psn, c in at.items()})
+    lo, hi = min(offs), max(offs)
+    msgs: list[_Message] = []
+    cur: _Message | None = None
+    o = lo
+    while o <= hi:
+        c = offs.get(o)
+        psn = psn_add(base, o)
+        if c is None or ud:
+            if ud and c is not None:  # every datagram is a message
+                msgs.append(_Message(psn, c, [c]))
+            elif ud:
+                msgs.append(_Message(psn, None, [None]))
+            else:
+                if cur is None:
+                    cur = _Message(psn, None)
+                    msgs.append(cur)
+                cur.slots.append(None)
+            o += 1
+            continue
+        info = c.pkt.info
+        if info.first:
+            cur = _Message(psn, c, [c])
             msgs.append(cur)
-            cur = []
+            if info.last:
+                cur.span = max(1, -(-(c.pkt.dma_len or 0) // mtu)) if info.read else 1
+                o += cur.span
+                cur = None
+                continue
+        else:
+            if cur is None:
+                cur = _Message(psn, None)
+                msgs.append(cur)
+            cur.slots.append(c)
+            if info.last:
+                cur = None
+        o += 1
+    for m in msgs:
+        if m.head is None or not m.head.pkt.info.read:
+            m.span = len(m.slots)
     return msgs
+
+
+#: the widest run of PSNs never captured that a replay bridges (more says the PSN itself
+#: is wrong: a garbled packet, not a loss)
+_MAX_HOLE = 4096
+
+
+def _cluster(offs: dict[int, CapturedPacket]) -> dict[int, CapturedPacket]:
+    """The packets whose PSNs (offsets from the first captured) form one run with the first
+    one, no gap wider than ``_MAX_HOLE``; a packet far from the rest is judged as it is."""
+    keys = sorted(offs)
+    i = keys.index(0)
+    lo = hi = i
+    while lo > 0 and keys[lo] - keys[lo - 1] <= _MAX_HOLE:
+        lo -= 1
+    while hi < len(keys) - 1 and keys[hi + 1] - keys[hi] <= _MAX_HOLE:
+        hi += 1
+    return {k: offs[k] for k in keys[lo:hi + 1]}
+
+
+def _fill_holes(msgs: list[_Message], peer_resps: dict[int, RocePacket], mtu: int) -> list[_Message]:
+    """Runs of PSNs of the endpoint's that were never captured become messages: a READ
+    where the peer's READ responses show one (from the response at its first PSN to the
+    LAST), an atomic where an atomic ACK does, else one SEND covering the rest of the run.
+    Their packets are never compared; they keep softrdma's PSNs where the endpoint's were."""
+    out: list[_Message] = []
+    for m in msgs:
+        if m.head is not None or any(c is not None for c in m.slots):
+            out.append(m)
+            continue
+        k, n = 0, len(m.slots)
+        while k < n:
+            psn = psn_add(m.psn, k)
+            r = peer_resps.get(psn)
+            if r is not None and r.info.read and r.info.first:
+                end = k
+                while end < n - 1:
+                    e = peer_resps.get(psn_add(m.psn, end))
+                    if e is not None and e.info.read and e.info.last:
+                        break
+                    end += 1
+                e = peer_resps.get(psn_add(m.psn, end))
+                tail = e.payload_len if e is not None and e.info.last else mtu
+                out.append(_Message(psn, None, [None], span=end - k + 1,
+                                    read_len=(end - k) * mtu + tail))
+                k = end + 1
+            elif r is not None and r.info.atomic:
+                out.append(_Message(psn, None, [None], atomic=True))
+                k += 1
+            else:
+                j = k + 1
+                while j < n and peer_resps.get(psn_add(m.psn, j)) is None:
+                    j += 1
+                out.append(_Message(psn, None, [None] * (j - k), span=j - k))
+                k = j
+    return out
 
 
 @dataclass
@@ -157,15 +360,24 @@ def _roles(capture: list[CapturedPacket], me: bytes) -> _Roles:
     """Phase 1: read the endpoints, QP numbers, transport and path MTU off the capture."""
     mine_out = [c for c in capture if c.src == me]
     to_me = [c for c in capture if c.dst == me]
+    if not mine_out and not to_me:
+        raise ReplayError("no packet of the conversation is from or to this address")
     peer_ip = to_me[0].src if to_me else mine_out[0].dst
+    transport = (to_me or mine_out)[0].pkt.info.transport
     my_qpn = to_me[0].pkt.dest_qp if to_me else None
     if my_qpn is None:
         # nothing was sent to us: for UD the DETH of our packets names us
         my_qpn = mine_out[0].pkt.src_qp
-    return _Roles(me, peer_ip, capture[0].pkt.info.transport, my_qpn,
+    if my_qpn is None:
+        raise ReplayError("nothing in the capture was sent to this endpoint: its QP number "
+                          "is unknown")
+    return _Roles(me, peer_ip, transport, my_qpn,
                   mine_out[0].pkt.dest_qp if mine_out else None, mine_out,
                   [c for c in to_me if c.pkt.info.is_request],
                   [c for c in mine_out if c.pkt.info.is_request], _path_mtu(capture))
+
+
+_IB_MTUS = (256, 512, 1024, 2048, 4096)
 
 
 def _path_mtu(capture: list[CapturedPacket]) -> int:
@@ -174,10 +386,11 @@ def _path_mtu(capture: list[CapturedPacket]) -> int:
     segmented message does not pin it (any MTU that carries its largest payload replays
     the same bytes): then 1024, what rxe on a 1500-byte Ethernet netdev offers and what
     the tools that made the captures ask for, or the smallest IB MTU above that carries
-    the largest payload."""
+    the largest payload. (A FIRST or MIDDLE packet cut short by the capture's snap length
+    pins nothing.)"""
     for c in capture:
         info = c.pkt.info
-        if (info.first or info.middle) and not info.last:
+        if (info.first or info.middle) and not info.last and c.pkt.payload_len in _IB_MTUS:
             return c.pkt.payload_len
     largest = max((c.pkt.payload_len for c in capture), default=0)
     mtu = 1024
@@ -192,24 +405,41 @@ def _netdev_mtu(path_mtu: int) -> int:
     return max(ETH_MTU, path_mtu + RXE_MAX_HDR_LENGTH)
 
 
+#: the largest memory region a replay makes for the peer's targets (a garbled RETH must
+#: not make it allocate gigabytes); requests outside it are answered as rxe would
+_MAX_TARGET = 64 << 20
+
+
 def _target_memory(pd: Any, dev: SoftDevice, roles: _Roles) -> dict[int, Any]:
     """Phase 2: the memory the peer targets, as MRs with the captured rkeys and addresses
     (one per rkey, covering every range the peer's requests touch)."""
     remote: dict[int, tuple[int, int]] = {}
     for c in roles.reqs_in:
         p = c.pkt
-        if p.rkey is not None and (p.dma_len or p.info.atomic):
+        if p.rkey is not None and p.va is not None and (p.dma_len or p.info.atomic):
             n = 8 if p.info.atomic else p.dma_len
             lo, hi = remote.get(p.rkey, (p.va, p.va + n))
-            remote[p.rkey] = (min(lo, p.va), max(hi, p.va + n))
+            lo, hi = min(lo, p.va), max(hi, p.va + n)
+            if hi - lo <= _MAX_TARGET and hi < 1 << 64:
+                remote[p.rkey] = (lo, hi)
     target_mrs = {}
     for rkey, (lo, hi) in remote.items():
         mr = MR(pd, hi - lo, _ALL, address=lo)
         entry = dev.keys.get(mr.rkey)  # the device's key table, not the MR's insides
         assert entry is not None
+        if rkey != mr.rkey and dev.keys.get(rkey) is not None:
+            continue  # the key is one of the replay's own MRs: the peer's requests miss
         dev.keys.rekey(entry, rkey)
         target_mrs[rkey] = mr
     return target_mrs
+
+
+def _write(mr: Any, va: int, data: bytes | memoryview) -> None:
+    """``data`` into ``mr`` at address ``va``, the part that falls inside it."""
+    off = va - mr.buf
+    if 0 <= off < mr.length:
+        data = bytes(data[:mr.length - off])
+        mr.mem[off:off + len(data)] = data
 
 
 def _seed_atomics(target_mrs: dict[int, Any], roles: _Roles,
@@ -219,27 +449,30 @@ def _seed_atomics(target_mrs: dict[int, Any], roles: _Roles,
     seeded = set()
     for c in roles.reqs_in:
         p = c.pkt
-        if p.info.atomic and (p.rkey, p.va) not in seeded:
+        if p.info.atomic and (p.rkey, p.va) not in seeded and p.rkey in target_mrs:
             ack = by_psn.get(p.psn)
             if ack is not None and ack.orig is not None:
-                mr = target_mrs[p.rkey]
-                mr.mem[p.va - mr.buf:p.va - mr.buf + 8] = _U64.pack(ack.orig)
+                _write(target_mrs[p.rkey], p.va, _U64.pack(ack.orig))
                 seeded.add((p.rkey, p.va))
 
 
 def _seed_read(mr: Any, p: RocePacket, by_psn: dict[int, RocePacket], mtu: int) -> None:
     """What the memory held when the READ request ``p`` was served: its captured responses
     (set again before each READ: the application may have changed the buffer between two
-    reads of it, as rping does)."""
-    for k in range(-(-p.dma_len // mtu)):
+    reads of it, as rping does). A response never captured leaves the memory as it was."""
+    for k in range(min(-(-p.dma_len // mtu), mr.length // mtu + 1)):
         r = by_psn.get(psn_add(p.psn, k))
         if r is not None and r.info.read:
-            off = p.va - mr.buf + k * mtu
-            mr.mem[off:off + r.payload_len] = r.payload
+            _write(mr, p.va + k * mtu, r.payload)
 
 
-def _connect(qp: Any, dev: SoftDevice, roles: _Roles, *, max_dest_rd_atomic: int,
-             max_rd_atomic: int, flow_label: int) -> bytes:
+def _first_whole(reqs: list[CapturedPacket], copies: Any) -> CapturedPacket | None:
+    """The peer's first request that starts a message (a capture may start inside one)."""
+    return next((c for c in reqs if c.pkt.info.first and c.index not in copies), None)
+
+
+def _connect(qp: Any, dev: SoftDevice, roles: _Roles, *, rq_psn: int, sq_psn: int,
+             max_dest_rd_atomic: int, max_rd_atomic: int, flow_label: int) -> bytes:
     """Phase 3: bring the QP to RTS with the captured PSNs, QPNs and path; returns the
     peer's GID."""
     a = QPAttr(port_num=1)
@@ -253,10 +486,9 @@ def _connect(qp: Any, dev: SoftDevice, roles: _Roles, *, max_dest_rd_atomic: int
     a.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=peer_gid, sgid_index=1, hop_limit=64,
                                                     flow_label=flow_label))
     a.dest_qp_num = roles.peer_qpn if roles.peer_qpn is not None else 0
-    a.rq_psn = roles.reqs_in[0].pkt.psn if roles.reqs_in else 0
-    a.sq_psn = roles.reqs_out[0].pkt.psn if roles.reqs_out else 0
+    a.rq_psn, a.sq_psn = rq_psn, sq_psn
     a.qkey = (roles.reqs_in or roles.reqs_out)[0].pkt.qkey or 0 \
-        if roles.transport == Transport.UD else 0
+        if roles.transport == Transport.UD and (roles.reqs_in or roles.reqs_out) else 0
     qp.to_rts(a)
     return peer_gid
 
@@ -270,38 +502,45 @@ def _post_receives(pd: Any, qp: Any, roles: _Roles, rx_depth: int) -> None:
         qp.post_recv(RecvWR(i, sg=[SGE(recv_mr.buf + (i % 128) * slot, slot, recv_mr.lkey)]))
 
 
-def _work_requests(pd: Any, roles: _Roles, peer_gid: bytes, inline: bool) -> dict[int, Any]:
-    """Phase 5: the work requests the endpoint posted, rebuilt from its request packets;
-    keyed by the first PSN of each message (where the replay posts it)."""
+def _work_requests(pd: Any, roles: _Roles, msgs: list[_Message], peer_gid: bytes,
+                   inline: bool) -> list[tuple[int, Any]]:
+    """Phase 5: the work requests the endpoint posted, rebuilt from its request packets,
+    each with the first PSN of its message (where the replay posts it), in PSN order."""
     send_mr = MR(pd, 1 << 21, _ALL)
     ah = None
-    wr_at_psn: dict[int, Any] = {}
+    ud = roles.transport == Transport.UD
+    out: list[tuple[int, Any]] = []
     off = 0
-    for msg in _messages(roles.reqs_out):
-        opc, f, data = _wr_of_message(msg)
+    for msg in msgs:
+        opc, f, data = _wr_of_message(msg, roles.path_mtu, ud)
+        if ud and (ah is None or "remote_qpn" not in f):
+            f.setdefault("remote_qpn", roles.peer_qpn or 0)
+            f.setdefault("qkey", 0)
         length = len(data) if opc not in (IBV_WR_RDMA_READ, IBV_WR_ATOMIC_CMP_AND_SWP,
                                           IBV_WR_ATOMIC_FETCH_AND_ADD) else (
             8 if opc != IBV_WR_RDMA_READ else f["len"])
+        length = min(length, send_mr.length)
         if off + length > send_mr.length:
             off = 0
+        data = data[:length]
         send_mr.mem[off:off + len(data)] = data
         flags = IBV_SEND_SIGNALED | (IBV_SEND_SOLICITED if f["se"] else 0) | (
             IBV_SEND_INLINE if inline and opc in (IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
-                                                  IBV_WR_RDMA_WRITE) else 0)
-        wr = SendWR(len(wr_at_psn), opcode=opc,
+                                                  IBV_WR_RDMA_WRITE) and length <= 256 else 0)
+        wr = SendWR(len(out), opcode=opc,
                     sg=[SGE(send_mr.buf + off, length, send_mr.lkey)],
                     imm_data=f.get("imm", 0), send_flags=flags)
         if "remote_addr" in f:
             wr.remote_addr, wr.rkey = f["remote_addr"], f["rkey"]
             wr.compare_add, wr.swap = f.get("compare_add", 0), f.get("swap", 0)
-        if roles.transport == Transport.UD:
+        if ud:
             if ah is None:
                 ah = AH(pd, attr=AHAttr(is_global=1, gr=GlobalRoute(dgid=peer_gid, sgid_index=1,
                                                                     hop_limit=64)))
             wr.set_wr_ud(ah, f["remote_qpn"], f["qkey"])
-        wr_at_psn[msg[0].pkt.psn] = wr
+        out.append((msg.psn, wr))
         off += (length + 63) // 64 * 64
-    return wr_at_psn
+    return out
 
 
 def _time_out(dev: SoftDevice) -> None:
@@ -315,36 +554,47 @@ def _time_out(dev: SoftDevice) -> None:
             dev.progress()
 
 
+@dataclass
+class _Clock:
+    """Where the replay is: the capture frame being played, and how many times softrdma
+    has sent each request PSN."""
+
+    frame: int = 0
+    ours: dict[int, int] = field(default_factory=dict)
+
+
 def _play(capture: list[CapturedPacket], roles: _Roles, dev: SoftDevice, qp: Any,
-          wr_at_psn: dict[int, Any], target_mrs: dict[int, Any],
-          by_psn: dict[int, RocePacket], res: ReplayResult) -> int | None:
-    """Phase 6: in capture order, the endpoint posts each WR when the capture shows its
-    first packet, its retransmit timer fires where the capture shows a go-back-N burst, and
-    every packet the peer sent is delivered. Returns how many packets softrdma had sent
-    when the capture's last packet from the real endpoint had gone by (None: no such)."""
+          pending: list[tuple[int, Any]], base: int, target_mrs: dict[int, Any],
+          by_psn: dict[int, RocePacket], res: ReplayResult, ev: Evidence,
+          clock: _Clock) -> int | None:
+    """Phase 6: in capture order, the endpoint posts each WR when the capture shows a
+    packet of its message (or of a later one), its retransmit timer fires where the capture
+    shows it resend a PSN more times than softrdma has, and every packet the peer sent is
+    delivered, but those the endpoint evidently never received (``ev.undelivered``).
+    Returns how many packets softrdma had sent when the capture's last packet from the
+    real endpoint had gone by (None: no such)."""
     me = roles.me
-    highest = None
-    in_burst = False
     last_mine = max((i for i, c in enumerate(capture) if c.src == me), default=-1)
     cut = None
+    shown: dict[int, int] = {}  # request PSN -> transmissions of it the capture showed
+    k = 0  # the next WR of ``pending`` to post
     for i, c in enumerate(capture):
+        clock.frame = c.index
         if i > last_mine and cut is None:
             cut = len(res.sent)
         p = c.pkt
         if c.src == me:
-            if not p.info.is_request:
+            if not p.info.is_request or c.index in ev.copies:
                 continue
-            if highest is None or psn_diff(p.psn, highest) > 0:
-                highest = p.psn
-                in_burst = False
-                wr = wr_at_psn.pop(p.psn, None)
-                if wr is not None:
-                    qp.post_send(wr)
-            elif not in_burst:
-                in_burst = True  # a retransmission: the real requester timed out here
-                _time_out(dev)
+            off = psn_diff(p.psn, base)
+            while k < len(pending) and psn_diff(pending[k][0], base) <= off:
+                qp.post_send(pending[k][1])
+                k += 1
+            n = shown[p.psn] = shown.get(p.psn, 0) + 1
+            if 0 < clock.ours.get(p.psn, 0) < n:
+                _time_out(dev)  # the real requester resent it: its timer fired
             continue
-        if c.dst == me:
+        if c.dst == me and c.index not in ev.undelivered:
             if p.opcode == O.RC_RDMA_READ_REQUEST and p.dma_len and p.rkey in target_mrs:
                 _seed_read(target_mrs[p.rkey], p, by_psn, roles.path_mtu)
             dev.receive(c.roce, c.src, c.dst, ip_id=c.ip_id, sport=c.sport, verify_icrc=True)
@@ -362,7 +612,7 @@ def _set_aside_late_answers(res: ReplayResult, cut: int | None) -> None:
     late = [i for i in range(cut, len(res.sent)) if not parse(res.sent[i]).info.is_request]
     res.after_capture = [res.sent[i] for i in late]
     for i in reversed(late):
-        del res.sent[i], res.sports[i]
+        del res.sent[i], res.sports[i], res.sent_at[i]
 
 
 def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
@@ -372,17 +622,51 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     """Stand up softrdma as the endpoint at ``ip`` of ``capture`` and replay (see module doc).
     Supports captures of one QP per side (RC, UC or UD); for several, see
     :mod:`softrdma.harness.conversations`. ``flow_label`` is the connection's GRH flow
-    label (rdma_cm puts it in the CM REQ; it picks an RC QP's UDP source port)."""
-    roles = _roles(capture, ipaddress.ip_address(ip).packed)
+    label (rdma_cm puts it in the CM REQ; it picks an RC QP's UDP source port).
+    Raises :class:`ReplayError` when the side cannot be replayed at all."""
+    me = ipaddress.ip_address(ip).packed
+    roles = _roles(capture, me)
+    # packets of another transport (a CNP, a garbled opcode) are nobody's in this QP pair
+    foreign = {c.index for c in capture if c.pkt.info.transport != roles.transport}
+    mine_all = roles.mine_out
+    if foreign:
+        capture = [c for c in capture if c.index not in foreign]
+        roles = _roles(capture, me) if capture else roles
     qpt = {Transport.RC: IBV_QPT_RC, Transport.UC: IBV_QPT_UC,
-           Transport.UD: IBV_QPT_UD}[roles.transport]
+           Transport.UD: IBV_QPT_UD}.get(roles.transport)
+    if qpt is None:
+        raise ReplayError(f"transport {roles.transport.name} is not replayed")
+    ev = infer(capture, me, roles.path_mtu)
+    ud = roles.transport == Transport.UD
+    res = ReplayResult(expected=mine_all, evidence=ev)
+    first = _first_whole(roles.reqs_in, ev.copies)
+    if first is not None:
+        for c in roles.reqs_in:
+            if c is first:
+                break
+            ev.undelivered.setdefault(c.index, "the capture starts inside this message")
+    if roles.reqs_in and first is not roles.reqs_in[0]:
+        ev.events.append(LossEvent(roles.reqs_in[0].index, "unresolved", roles.reqs_in[0].pkt.psn,
+                                   1, "the capture starts inside one of the peer's messages"))
+    peer_resps = {c.pkt.psn: c.pkt for c in capture
+                  if c.dst == me and c.pkt.info.is_response and c.index not in ev.copies}
+    msgs = _fill_holes(_messages(roles.reqs_out, roles.path_mtu, ud, set(ev.copies)),
+                       peer_resps, roles.path_mtu)
+    for m in msgs:
+        if m.head is None:
+            res.notes.append(f"PSN {m.psn}: a message whose first packet was never captured "
+                             "(rebuilt with what the capture shows)")
     dev = SoftDevice(device_name, ip, mtu=_netdev_mtu(roles.path_mtu), seed=1)
     register_device(dev)
-    res = ReplayResult(expected=roles.mine_out)
+    clock = _Clock()
 
     def transmit(data: bytes, dst: bytes, sport: int) -> None:
         res.sent.append(data)
         res.sports.append(sport)
+        res.sent_at.append(clock.frame)
+        p = parse(data)
+        if p.info.is_request:
+            clock.ours[p.psn] = clock.ours.get(p.psn, 0) + 1
 
     dev.transmit = transmit
     ctx = Context(name=device_name)
@@ -390,53 +674,113 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         pd = PD(ctx)
         cq = CQ(ctx, 4096)
         dev.pin_next_qpn(roles.my_qpn)  # the captured QPN: the next one allocated is it
-        cap = QPCap(max_send_wr=1024, max_recv_wr=rx_depth, max_send_sge=1, max_recv_sge=1,
-                    max_inline_data=256 if inline else 0)
+        cap = QPCap(max_send_wr=max(1024, len(msgs) + 1), max_recv_wr=rx_depth, max_send_sge=1,
+                    max_recv_sge=1, max_inline_data=256 if inline else 0)
         qp = QP(pd, QPInitAttr(qp_type=qpt, scq=cq, rcq=cq, cap=cap, sq_sig_all=0))
-        assert qp.qp_num == roles.my_qpn
+        if qp.qp_num != roles.my_qpn:
+            raise ReplayError(f"QP number {roles.my_qpn:#x} cannot be given to the replay")
         target_mrs = _target_memory(pd, dev, roles)
         by_psn = {c.pkt.psn: c.pkt for c in roles.mine_out if c.pkt.info.is_response}
         _seed_atomics(target_mrs, roles, by_psn)
-        peer_gid = _connect(qp, dev, roles, max_dest_rd_atomic=max_dest_rd_atomic,
+        sq_psn = msgs[0].psn if msgs else 0
+        peer_gid = _connect(qp, dev, roles, rq_psn=first.pkt.psn if first is not None else 0,
+                            sq_psn=sq_psn, max_dest_rd_atomic=max_dest_rd_atomic,
                             max_rd_atomic=max_rd_atomic, flow_label=flow_label)
         _post_receives(pd, qp, roles, rx_depth)
-        wr_at_psn = _work_requests(pd, roles, peer_gid, inline)
-        cut = _play(capture, roles, dev, qp, wr_at_psn, target_mrs, by_psn, res)
+        pending = _work_requests(pd, roles, msgs, peer_gid, inline)
+        cut = _play(capture, roles, dev, qp, pending, sq_psn, target_mrs, by_psn, res, ev,
+                    clock)
         res.completions = cq.poll_all()
         _set_aside_late_answers(res, cut)
-        _compare(res, dev)
-        res.drops = dict(dev.counters.drops)  # type: ignore[attr-defined]
+        judge(res, ev, foreign)
+        res.drops = dict(dev.counters.drops)
         return res
     finally:
         ctx.close()
         unregister_device(device_name)
 
 
-def _compare(res: ReplayResult, dev: Any) -> None:
-    """Requests and responses are compared separately (their interleaving is timing).
-    :func:`softrdma.harness.replaydiff.diff_replay` shows the same field by field."""
-    def split(items):
-        reqs = [x for x in items if parse(x[0]).info.is_request]
-        resps = [x for x in items if not parse(x[0]).info.is_request]
-        return reqs, resps
+def _why_not(ev: Evidence, frame: int) -> str | None:
+    """Why a packet at ``frame`` cannot be judged (a loss at or before it), or None."""
+    e = ev.before(frame)
+    return None if e is None else f"after frame {e.frame} ({e.kind}: {e.text})"
 
-    ours = list(zip(res.sent, res.sports))
-    theirs = [(c.roce, c) for c in res.expected]
-    for name, (o_list, t_list) in (("request", (split(ours)[0], split(theirs)[0])),
-                                   ("response", (split(ours)[1], split(theirs)[1]))):
-        if len(o_list) != len(t_list):
-            res.mismatches.append(f"{name}s: softrdma sent {len(o_list)}, capture has {len(t_list)}")
-        for i, ((ob, sport), (tb, c)) in enumerate(zip(o_list, t_list)):
-            if ob[:-4] != tb[:-4]:
-                res.mismatches.append(f"{name} {i} (frame {c.index}): {parse(ob)!r} != {c.pkt!r}")
-                continue
-            if sport != c.sport:
-                res.mismatches.append(f"{name} {i} (frame {c.index}): UDP source port {sport} != "
-                                      f"{c.sport}")
-            if len(c.src) == 4:
-                icrc = icrc_ipv4(ob, c.src, c.dst, sport, ip_id=c.ip_id)
-            else:
-                icrc = icrc_ipv6(ob, c.src, c.dst, sport)
-            if icrc != c.pkt.icrc:
-                res.mismatches.append(f"{name} {i} (frame {c.index}): ICRC with the captured IP ID "
-                                      f"0x{icrc:08x} != 0x{c.pkt.icrc:08x}")
+
+def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = frozenset()) -> None:
+    """Pair softrdma's packets with the endpoint's captured ones and judge each captured one
+    (``res.verdicts``, ``res.extra``, ``res.mismatches``).
+
+    Requests and responses are paired separately (their interleaving is timing), each by
+    aligning the two sequences of (opcode, PSN): a packet lost before the capture point,
+    or one softrdma did not send, leaves the rest paired. Where the two sequences differ
+    over a stretch, its packets are paired in order when the capture shows no loss up to
+    there (a difference), and left unpaired after a loss (not judged: what reached the
+    endpoint is not known). A captured packet with no partner is a difference, unless a
+    loss before it explains it; so is a packet softrdma sent that the capture lacks.
+    :func:`softrdma.harness.replaydiff.diff_replay` shows the same field by field."""
+    verdicts: dict[int, FrameVerdict] = {}
+    res.extra, res.mismatches = [], []
+    ours = [(b, sport, at, parse(b)) for b, sport, at in zip(res.sent, res.sports, res.sent_at)]
+    for c in res.expected:
+        if c.index in ev.copies:
+            verdicts[c.index] = FrameVerdict(c.index, _kind(c.pkt), "not judged", c,
+                                             reason=f"a copy of frame {ev.copies[c.index]} "
+                                                    "(same IPv4 ID) made by the network")
+        elif c.index in foreign:
+            verdicts[c.index] = FrameVerdict(c.index, _kind(c.pkt), "not judged", c,
+                                             reason="not of this conversation's transport")
+    for kind, is_req in (("request", True), ("response", False)):
+        o = [x for x in ours if x[3].info.is_request == is_req]
+        t = [c for c in res.expected if c.index not in verdicts
+             and c.pkt.info.is_request == is_req]
+        sm = SequenceMatcher(None, [(c.pkt.opcode, c.pkt.psn) for c in t],
+                             [(x[3].opcode, x[3].psn) for x in o], autojunk=False)
+        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+            n = min(i2 - i1, j2 - j1) if tag in ("equal", "replace") else 0
+            for k in range(n):
+                c, x = t[i1 + k], o[j1 + k]
+                if tag == "replace" and _why_not(ev, c.index):
+                    # the PSNs part ways after a loss: nothing to pair it with
+                    verdicts[c.index] = FrameVerdict(c.index, kind, "not judged", c,
+                                                     reason=_why_not(ev, c.index) or "")
+                    res.extra.append(ExtraPacket(x[0], x[1], x[2], False,
+                                                 _why_not(ev, x[2]) or ""))
+                    continue
+                verdicts[c.index] = _pair(kind, c, x[0], x[1])
+            for c in t[i1 + n:i2]:
+                why = _why_not(ev, c.index)
+                verdicts[c.index] = FrameVerdict(
+                    c.index, kind, "not judged" if why else "different", c,
+                    reason=why or "softrdma sent nothing in its place")
+            for x in o[j1 + n:j2]:
+                why = _why_not(ev, x[2])
+                res.extra.append(ExtraPacket(x[0], x[1], x[2], why is None, why or ""))
+    res.verdicts = [verdicts[c.index] for c in res.expected]
+    for v in res.verdicts:
+        if v.status == "different":
+            res.mismatches.append(f"{v.kind} (frame {v.frame}): {v.reason}")
+    for x in res.extra:
+        if x.judged:
+            res.mismatches.append(f"softrdma sent {parse(x.data)!r} (replaying frame "
+                                  f"{x.after_frame}), the capture has no such packet")
+
+
+def _kind(p: RocePacket) -> str:
+    return "request" if p.info.is_request else "response"
+
+
+def _pair(kind: str, c: CapturedPacket, ob: bytes, sport: int) -> FrameVerdict:
+    """The verdict on captured ``c`` against softrdma's packet ``ob`` sent from ``sport``."""
+    if ob[:-4] != c.roce[:-4]:
+        why = f"{parse(ob)!r} != {c.pkt!r}"
+    elif sport != c.sport:
+        why = f"UDP source port {sport} != {c.sport}"
+    else:
+        if len(c.src) == 4:
+            icrc = icrc_ipv4(ob, c.src, c.dst, sport, ip_id=c.ip_id)
+        else:
+            icrc = icrc_ipv6(ob, c.src, c.dst, sport)
+        if icrc == c.pkt.icrc:
+            return FrameVerdict(c.index, kind, "identical", c, (ob, sport))
+        why = f"ICRC with the captured IP ID 0x{icrc:08x} != 0x{c.pkt.icrc:08x}"
+    return FrameVerdict(c.index, kind, "different", c, (ob, sport), why)

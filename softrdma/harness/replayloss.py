@@ -1,0 +1,233 @@
+"""What a replay can tell, from one conversation's capture alone, about packets lost,
+duplicated or resent around the capture point; and so what the replayed endpoint
+evidently received.
+
+A capture is taken at one point of the path. A packet lost *before* that point never
+shows; one lost *after* it shows, but never reached its receiver. Replay must feed
+softrdma what the replayed endpoint received, not what the capture shows, and it must not
+call a difference what only a loss explains. The evidence used here is small and local
+(the general inference is ``softrdma check``'s):
+
+* a gap in a sender's new PSNs: packets lost before the capture point;
+* a PSN sequence NAK from the replayed endpoint naming PSN p: it had everything up to
+  p-1 and not p, so every captured transmission of p before the NAK was lost after the
+  point (it is not fed to softrdma);
+* a go-back by the replayed endpoint to PSN q that no NAK or RNR NAK explains: it timed
+  out, so a captured response covering q (an ACK of q or later, a READ response or an
+  atomic ACK at q or later) did not reach it (not fed);
+* a resend by the peer: its first transmission, or the endpoint's answer, did not arrive
+  in time. Which, the capture does not say (rxe's timers also fire spuriously): the
+  first is fed, and an answer softrdma gives to both is not judged;
+* a READ response gap: responses lost before the point;
+* copies: the same packet twice with the same IPv4 ID. rxe numbers its IPv4 packets, so
+  a retransmission has a new ID and a copy with the same ID was made by the network (a
+  copy of the replayed endpoint's packet is not judged as one it sent). Captures whose
+  sender writes ID 0 (softrdma's sockets, the simulated network) cannot tell a copy from a
+  retransmission: there a copy is judged as a retransmission.
+
+Each finding is a :class:`LossEvent`; :class:`Evidence` holds them and the frames the
+replayed endpoint evidently did not receive.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..qp.psn import psn_diff
+
+__all__ = ["Evidence", "LossEvent", "infer"]
+
+_NAK, _RNR, _ACK = 3, 1, 0  # AETH syndrome bits 6:5
+_NAK_SEQ = 0x60  # PSN sequence error
+
+
+@dataclass(frozen=True)
+class LossEvent:
+    """One finding: at capture ``frame``, ``kind`` ("lost-before", "lost-after", "nak",
+    "rnr-nak", "go-back", "duplicate", "unresolved") about PSN ``psn`` (``count``
+    packets), with a short sentence."""
+
+    frame: int
+    kind: str
+    psn: int
+    count: int
+    text: str
+
+
+@dataclass
+class Evidence:
+    """The findings of :func:`infer` on one conversation, seen from one endpoint."""
+
+    events: list[LossEvent] = field(default_factory=list)
+    #: frames of packets to the endpoint that it evidently did not receive -> why
+    undelivered: dict[int, str] = field(default_factory=dict)
+    #: frames that are network copies of an earlier frame -> that frame
+    copies: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._frames: list[int] = []
+
+    def _index(self) -> list[int]:
+        if len(self._frames) != len(self.events):
+            self.events.sort(key=lambda e: e.frame)
+            self._frames = [e.frame for e in self.events]
+        return self._frames
+
+    def before(self, frame: int) -> LossEvent | None:
+        """The last finding at or before ``frame`` (None: the capture is whole so far)."""
+        frames = self._index()
+        i = bisect.bisect_right(frames, frame)
+        return self.events[i - 1] if i else None
+
+    @property
+    def lossy(self) -> bool:
+        return bool(self.events)
+
+
+def _span(pkt: Any, mtu: int) -> int:
+    """How many PSNs a request takes: a READ one per response packet, others one."""
+    if pkt.info.read and pkt.info.is_request:
+        return max(1, -(-(pkt.dma_len or 0) // mtu))
+    return 1
+
+
+def _covers(resp: Any, q: int) -> bool:
+    """Whether a response tells the requester that PSN ``q`` is done."""
+    if resp.info.read or resp.info.atomic:
+        return psn_diff(resp.psn, q) >= 0
+    syn = resp.syndrome
+    return syn is not None and syn >> 5 == _ACK and psn_diff(resp.psn, q) >= 0
+
+
+def infer(capture: list[Any], me: bytes, mtu: int) -> Evidence:
+    """The evidence about the conversation ``capture`` (CapturedPackets, in capture order)
+    seen from the endpoint at address ``me``; ``mtu`` is the path MTU in bytes."""
+    ev = Evidence()
+    seen: dict[tuple, int] = {}
+    for c in capture:
+        if c.ip_id:
+            key = (c.src, c.ip_id, c.roce)
+            if key in seen:
+                ev.copies[c.index] = seen[key]
+                ev.events.append(LossEvent(c.index, "duplicate", c.pkt.psn, 1,
+                                           f"frame {c.index} is a copy of frame {seen[key]} "
+                                           "(same IPv4 ID): made by the network"))
+                continue
+            seen[key] = c.index
+    _request_streams(capture, me, mtu, ev)
+    _responses(capture, me, ev)
+    return ev
+
+
+def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> None:
+    """Gaps and go-backs in each sender's requests; what the endpoint's NAKs and go-backs
+    say it did not receive."""
+    highest: dict[bytes, int] = {}
+    nxt: dict[bytes, int] = {}
+    resending: dict[bytes, bool] = {}
+    lowest: dict[bytes, int] = {}  # each sender's first PSN in the capture
+    first_tx: dict[tuple[bytes, int], int] = {}  # (sender, psn) -> position of its first
+    last_to_me: Any = None  # the last packet the peer sent to the endpoint
+    for pos, c in enumerate(capture):
+        if c.index in ev.copies:
+            continue
+        p = c.pkt
+        if c.dst == me:
+            last_to_me = c
+        if not p.info.is_request:
+            continue
+        s = c.src
+        if s not in highest:
+            highest[s], nxt[s], resending[s] = p.psn, (p.psn + _span(p, mtu)) & 0xFFFFFF, False
+            first_tx[(s, p.psn)] = pos
+            lowest[s] = p.psn
+            continue
+        gap = psn_diff(p.psn, nxt[s])
+        if gap >= 0:
+            if gap > 0:
+                ev.events.append(LossEvent(c.index, "lost-before", nxt[s], gap,
+                                           f"{gap} packet(s) from PSN {nxt[s]} never captured "
+                                           "(lost before the capture point)"))
+            highest[s], nxt[s], resending[s] = p.psn, (p.psn + _span(p, mtu)) & 0xFFFFFF, False
+            first_tx.setdefault((s, p.psn), pos)
+            continue
+        if resending[s] or psn_diff(p.psn, lowest[s]) < 0:
+            continue  # (a PSN before any this sender sent is no resend: judged as it is)
+        resending[s] = True  # the first packet of a go-back
+        ev.events.append(LossEvent(c.index, "go-back", p.psn, 1,
+                                   f"{'the endpoint' if s == me else 'the peer'} resends from "
+                                   f"PSN {p.psn}"))
+        start = first_tx.get((s, p.psn))
+        if start is None:
+            continue
+        if s == me:
+            _my_go_back(capture, start, pos, p.psn, last_to_me, me, ev)
+
+
+def _my_go_back(capture: list[Any], start: int, pos: int, q: int, last_to_me: Any,
+                me: bytes, ev: Evidence) -> None:
+    """The endpoint went back to PSN ``q`` at ``capture[pos]``: unless a NAK or RNR NAK
+    for ``q`` explains it, it timed out, and the responses covering ``q`` captured since
+    its first transmission did not reach it."""
+    lp = last_to_me.pkt if last_to_me is not None else None
+    if lp is not None and lp.syndrome is not None and lp.syndrome >> 5 in (_NAK, _RNR) \
+            and lp.psn == q and not lp.info.read and not lp.info.atomic:
+        return
+    for k in range(start, pos):
+        o = capture[k]
+        if o.dst == me and o.pkt.info.is_response and _covers(o.pkt, q) \
+                and o.index not in ev.undelivered:
+            ev.undelivered[o.index] = (f"the endpoint went back to PSN {q} at frame "
+                                       f"{capture[pos].index}: this answer never reached it")
+            ev.events.append(LossEvent(o.index, "lost-after", o.pkt.psn, 1,
+                                       ev.undelivered[o.index]))
+
+
+def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
+    """NAKs (and what the endpoint's own say it lacked) and READ response gaps."""
+    read_next: dict[bytes, int] = {}
+    to_me: dict[int, list[Any]] = {}  # PSN -> the peer's captured requests with it
+    for c in capture:
+        if c.dst == me and c.pkt.info.is_request:
+            to_me.setdefault(c.pkt.psn, []).append(c)
+    for c in capture:
+        p = c.pkt
+        if c.index in ev.copies or not p.info.is_response:
+            continue
+        syn = p.syndrome
+        if p.info.read:
+            want = read_next.get(c.src)
+            if not p.info.first and want is not None and psn_diff(p.psn, want) > 0:
+                n = psn_diff(p.psn, want)
+                ev.events.append(LossEvent(c.index, "lost-before", want, n,
+                                           f"{n} READ response(s) from PSN {want} never "
+                                           "captured"))
+            read_next[c.src] = (p.psn + 1) & 0xFFFFFF
+            continue
+        if syn is None or syn >> 5 not in (_NAK, _RNR):
+            continue
+        kind = "nak" if syn >> 5 == _NAK else "rnr-nak"
+        who = "the endpoint" if c.src == me else "the peer"
+        ev.events.append(LossEvent(c.index, kind, p.psn, 1,
+                                   f"{who} {'NAKs' if kind == 'nak' else 'RNR NAKs'} "
+                                   f"PSN {p.psn}"))
+        if c.src == me and syn == _NAK_SEQ and _later_arrived(to_me, p.psn, c.index):
+            # it had up to p.psn-1 and not p.psn, and a later PSN had come: no earlier
+            # transmission of p.psn arrived
+            for o in to_me.get(p.psn, ()):
+                if o.index < c.index and o.index not in ev.undelivered:
+                    ev.undelivered[o.index] = (f"the endpoint NAKs PSN {p.psn} at frame "
+                                               f"{c.index}: lost after the capture point")
+                    ev.events.append(LossEvent(o.index, "lost-after", p.psn, 1,
+                                               ev.undelivered[o.index]))
+
+
+def _later_arrived(to_me: dict[int, list[Any]], psn: int, before: int) -> bool:
+    """Whether the capture shows, before frame ``before``, a request to the endpoint with a
+    PSN after ``psn`` sent after ``psn`` first was: what a PSN sequence NAK of ``psn``
+    answers. (A NAK without one is not explained by a loss: it is judged as it is.)"""
+    first = min((o.index for o in to_me.get(psn, ())), default=0)
+    return any(first < o.index < before and 0 < psn_diff(q, psn) < 1 << 22
+               for q, lst in to_me.items() for o in lst)
