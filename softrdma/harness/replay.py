@@ -28,7 +28,7 @@ from ..enums import (
     IBV_ACCESS_REMOTE_WRITE, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_SEND_INLINE,
     IBV_SEND_SIGNALED, IBV_SEND_SOLICITED, IBV_WR_ATOMIC_CMP_AND_SWP,
     IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM,
-    IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV, bytes_to_mtu,
+    IBV_WC_RECV, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV, bytes_to_mtu,
 )
 from ..wire.frames import decode_frame
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
@@ -42,7 +42,7 @@ from ..verbs_api import (
     SendWR,
 )
 from ..verbs_api.device import register_device, unregister_device
-from .replayloss import Evidence, LossEvent, infer
+from .replayloss import Evidence, LossEvent, infer, rnr_frames
 
 __all__ = ["CapturedPacket", "ExtraPacket", "FrameVerdict", "ReplayError", "ReplayResult",
            "captured_packet", "iter_capture", "load_capture", "replay_side"]
@@ -493,13 +493,46 @@ def _connect(qp: Any, dev: SoftDevice, roles: _Roles, *, rq_psn: int, sq_psn: in
     return peer_gid
 
 
-def _post_receives(pd: Any, qp: Any, roles: _Roles, rx_depth: int) -> None:
-    """Phase 4: a receive for every message of the peer's that consumes one."""
-    recv_mr = MR(pd, 1 << 20, _ALL)
-    n_recv = sum(1 for c in roles.reqs_in if c.pkt.info.consumes_rwqe)
-    slot = 8192
-    for i in range(min(n_recv, rx_depth)):
-        qp.post_recv(RecvWR(i, sg=[SGE(recv_mr.buf + (i % 128) * slot, slot, recv_mr.lkey)]))
+class _Receives:
+    """Phase 4: the endpoint's receive queue, posted as the capture shows it was. Before a
+    packet of the peer's that consumes a receive is delivered, one is posted if none is
+    left, unless the endpoint answered that packet with an RNR NAK (it had none)."""
+
+    SLOT = 8192
+
+    def __init__(self, pd: Any, qp: Any, cq: Any, capture: list[CapturedPacket],
+                 me: bytes, rq_psn: int | None, mtu: int) -> None:
+        self.mr = MR(pd, 1 << 20, _ALL)
+        self.epsn, self.mtu = rq_psn, mtu  # None: UD (no sequence)
+        self.qp, self.cq = qp, cq
+        self.posted = self.done = 0
+        self.completions: list[Any] = []
+        self.rnr = rnr_frames(capture, me)
+
+    def before(self, c: CapturedPacket) -> None:
+        """``c`` (a request of the peer's) is about to be delivered."""
+        p = c.pkt
+        if self.epsn is not None:
+            # only a request the responder takes in sequence may consume a receive (the
+            # rest are duplicates, or dropped out of sequence)
+            if p.psn != self.epsn or c.index in self.rnr:
+                return
+            self.epsn = (p.psn + (max(1, -(-(p.dma_len or 0) // self.mtu))
+                                  if p.info.read else 1)) & 0xFFFFFF
+        if not p.info.consumes_rwqe or c.index in self.rnr:
+            return
+        self.poll()
+        if self.posted - self.done <= 0:
+            i = self.posted
+            self.qp.post_recv(RecvWR(i, sg=[SGE(self.mr.buf + (i % 128) * self.SLOT,
+                                                self.SLOT, self.mr.lkey)]))
+            self.posted += 1
+
+    def poll(self) -> None:
+        for wc in self.cq.poll_all():
+            self.completions.append(wc)
+            if wc.opcode & IBV_WC_RECV:
+                self.done += 1
 
 
 def _work_requests(pd: Any, roles: _Roles, msgs: list[_Message], peer_gid: bytes,
@@ -566,7 +599,7 @@ class _Clock:
 def _play(capture: list[CapturedPacket], roles: _Roles, dev: SoftDevice, qp: Any,
           pending: list[tuple[int, Any]], base: int, target_mrs: dict[int, Any],
           by_psn: dict[int, RocePacket], res: ReplayResult, ev: Evidence,
-          clock: _Clock) -> int | None:
+          clock: _Clock, rq: _Receives) -> int | None:
     """Phase 6: in capture order, the endpoint posts each WR when the capture shows a
     packet of its message (or of a later one), its retransmit timer fires where the capture
     shows it resend a PSN more times than softrdma has, and every packet the peer sent is
@@ -597,6 +630,7 @@ def _play(capture: list[CapturedPacket], roles: _Roles, dev: SoftDevice, qp: Any
         if c.dst == me and c.index not in ev.undelivered:
             if p.opcode == O.RC_RDMA_READ_REQUEST and p.dma_len and p.rkey in target_mrs:
                 _seed_read(target_mrs[p.rkey], p, by_psn, roles.path_mtu)
+            rq.before(c)
             dev.receive(c.roce, c.src, c.dst, ip_id=c.ip_id, sport=c.sport, verify_icrc=True)
             while dev.run_responders():  # a long READ's response, whole before the next packet
                 pass
@@ -683,14 +717,16 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         by_psn = {c.pkt.psn: c.pkt for c in roles.mine_out if c.pkt.info.is_response}
         _seed_atomics(target_mrs, roles, by_psn)
         sq_psn = msgs[0].psn if msgs else 0
-        peer_gid = _connect(qp, dev, roles, rq_psn=first.pkt.psn if first is not None else 0,
+        rq_psn = first.pkt.psn if first is not None else 0
+        peer_gid = _connect(qp, dev, roles, rq_psn=rq_psn,
                             sq_psn=sq_psn, max_dest_rd_atomic=max_dest_rd_atomic,
                             max_rd_atomic=max_rd_atomic, flow_label=flow_label)
-        _post_receives(pd, qp, roles, rx_depth)
+        rq = _Receives(pd, qp, cq, capture, me, None if ud else rq_psn, roles.path_mtu)
         pending = _work_requests(pd, roles, msgs, peer_gid, inline)
         cut = _play(capture, roles, dev, qp, pending, sq_psn, target_mrs, by_psn, res, ev,
-                    clock)
-        res.completions = cq.poll_all()
+                    clock, rq)
+        rq.poll()
+        res.completions = rq.completions
         _set_aside_late_answers(res, cut)
         judge(res, ev, foreign)
         res.drops = dict(dev.counters.drops)
@@ -704,6 +740,15 @@ def _why_not(ev: Evidence, frame: int) -> str | None:
     """Why a packet at ``frame`` cannot be judged (a loss at or before it), or None."""
     e = ev.before(frame)
     return None if e is None else f"after frame {e.frame} ({e.kind}: {e.text})"
+
+
+def _why_extra(ev: Evidence) -> str | None:
+    """Why a packet softrdma sent that the capture lacks is not judged, or None. In a
+    capture with losses it may have been lost before the capture point, and the evidence of
+    that (the peer acting as if it never came) may be anywhere after it: not judged."""
+    e = ev.first_loss()
+    return None if e is None else (f"the capture shows losses (first at frame {e.frame}: "
+                                   f"{e.text}): it may have been lost before the capture point")
 
 
 def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = frozenset()) -> None:
@@ -744,7 +789,7 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
                     verdicts[c.index] = FrameVerdict(c.index, kind, "not judged", c,
                                                      reason=_why_not(ev, c.index) or "")
                     res.extra.append(ExtraPacket(x[0], x[1], x[2], False,
-                                                 _why_not(ev, x[2]) or ""))
+                                                 _why_extra(ev) or ""))
                     continue
                 verdicts[c.index] = _pair(kind, c, x[0], x[1])
             for c in t[i1 + n:i2]:
@@ -753,7 +798,7 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
                     c.index, kind, "not judged" if why else "different", c,
                     reason=why or "softrdma sent nothing in its place")
             for x in o[j1 + n:j2]:
-                why = _why_not(ev, x[2])
+                why = _why_extra(ev)
                 res.extra.append(ExtraPacket(x[0], x[1], x[2], why is None, why or ""))
     res.verdicts = [verdicts[c.index] for c in res.expected]
     for v in res.verdicts:

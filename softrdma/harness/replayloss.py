@@ -37,10 +37,14 @@ from typing import Any
 
 from ..qp.psn import psn_diff
 
-__all__ = ["Evidence", "LossEvent", "infer"]
+__all__ = ["Evidence", "LossEvent", "infer", "rnr_frames"]
 
 _NAK, _RNR, _ACK = 3, 1, 0  # AETH syndrome bits 6:5
 _NAK_SEQ = 0x60  # PSN sequence error
+#: the kinds of finding that say a packet was lost or copied (an RNR NAK and the retry
+#: after it are flow control, no loss)
+LOSS_KINDS = frozenset({"lost-before", "lost-after", "nak", "go-back", "duplicate",
+                        "unresolved"})
 
 
 @dataclass(frozen=True)
@@ -68,22 +72,31 @@ class Evidence:
 
     def __post_init__(self) -> None:
         self._frames: list[int] = []
+        self._loss: list[LossEvent] = []
+        self._n = -1
 
     def _index(self) -> list[int]:
-        if len(self._frames) != len(self.events):
+        if self._n != len(self.events):
+            self._n = len(self.events)
             self.events.sort(key=lambda e: e.frame)
-            self._frames = [e.frame for e in self.events]
+            self._loss = [e for e in self.events if e.kind in LOSS_KINDS]
+            self._frames = [e.frame for e in self._loss]
         return self._frames
 
     def before(self, frame: int) -> LossEvent | None:
-        """The last finding at or before ``frame`` (None: the capture is whole so far)."""
+        """The last finding of a loss at or before ``frame`` (None: the capture is whole so
+        far; RNR NAKs and their retries are no loss)."""
         frames = self._index()
         i = bisect.bisect_right(frames, frame)
-        return self.events[i - 1] if i else None
+        return self._loss[i - 1] if i else None
+
+    def first_loss(self) -> LossEvent | None:
+        self._index()
+        return self._loss[0] if self._loss else None
 
     @property
     def lossy(self) -> bool:
-        return bool(self.events)
+        return self.first_loss() is not None
 
 
 def _span(pkt: Any, mtu: int) -> int:
@@ -130,12 +143,14 @@ def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> N
     lowest: dict[bytes, int] = {}  # each sender's first PSN in the capture
     first_tx: dict[tuple[bytes, int], int] = {}  # (sender, psn) -> position of its first
     last_to_me: Any = None  # the last packet the peer sent to the endpoint
+    rnr_psn: dict[bytes, int] = {}  # sender -> the PSN of its RNR NAK still in force
     for pos, c in enumerate(capture):
         if c.index in ev.copies:
             continue
         p = c.pkt
         if c.dst == me:
             last_to_me = c
+        _track_rnr(rnr_psn, c)
         if not p.info.is_request:
             continue
         s = c.src
@@ -156,9 +171,10 @@ def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> N
         if resending[s] or psn_diff(p.psn, lowest[s]) < 0:
             continue  # (a PSN before any this sender sent is no resend: judged as it is)
         resending[s] = True  # the first packet of a go-back
-        ev.events.append(LossEvent(c.index, "go-back", p.psn, 1,
+        rnr = rnr_psn.get(c.dst) == p.psn
+        ev.events.append(LossEvent(c.index, "rnr-retry" if rnr else "go-back", p.psn, 1,
                                    f"{'the endpoint' if s == me else 'the peer'} resends from "
-                                   f"PSN {p.psn}"))
+                                   f"PSN {p.psn}{' after an RNR NAK' if rnr else ''}"))
         start = first_tx.get((s, p.psn))
         if start is None:
             continue
@@ -188,6 +204,8 @@ def _my_go_back(capture: list[Any], start: int, pos: int, q: int, last_to_me: An
 def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
     """NAKs (and what the endpoint's own say it lacked) and READ response gaps."""
     read_next: dict[bytes, int] = {}
+    rnr_psn: dict[bytes, int] = {}
+    rnr = rnr_frames(capture, me)  # requests the endpoint did receive (it RNR NAKed them)
     to_me: dict[int, list[Any]] = {}  # PSN -> the peer's captured requests with it
     for c in capture:
         if c.dst == me and c.pkt.info.is_request:
@@ -197,6 +215,8 @@ def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
         if c.index in ev.copies or not p.info.is_response:
             continue
         syn = p.syndrome
+        after_rnr = rnr_psn.get(c.src) == p.psn
+        _track_rnr(rnr_psn, c)
         if p.info.read:
             want = read_next.get(c.src)
             if not p.info.first and want is not None and psn_diff(p.psn, want) > 0:
@@ -208,7 +228,8 @@ def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
             continue
         if syn is None or syn >> 5 not in (_NAK, _RNR):
             continue
-        kind = "nak" if syn >> 5 == _NAK else "rnr-nak"
+        # (rxe NAKs the packets after one it RNR NAKed as out of sequence: no loss)
+        kind = "nak" if syn >> 5 == _NAK and not after_rnr else "rnr-nak"
         who = "the endpoint" if c.src == me else "the peer"
         ev.events.append(LossEvent(c.index, kind, p.psn, 1,
                                    f"{who} {'NAKs' if kind == 'nak' else 'RNR NAKs'} "
@@ -217,7 +238,7 @@ def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
             # it had up to p.psn-1 and not p.psn, and a later PSN had come: no earlier
             # transmission of p.psn arrived
             for o in to_me.get(p.psn, ()):
-                if o.index < c.index and o.index not in ev.undelivered:
+                if o.index < c.index and o.index not in ev.undelivered and o.index not in rnr:
                     ev.undelivered[o.index] = (f"the endpoint NAKs PSN {p.psn} at frame "
                                                f"{c.index}: lost after the capture point")
                     ev.events.append(LossEvent(o.index, "lost-after", p.psn, 1,
@@ -231,3 +252,30 @@ def _later_arrived(to_me: dict[int, list[Any]], psn: int, before: int) -> bool:
     first = min((o.index for o in to_me.get(psn, ())), default=0)
     return any(first < o.index < before and 0 < psn_diff(q, psn) < 1 << 22
                for q, lst in to_me.items() for o in lst)
+
+
+def _track_rnr(rnr_psn: dict[bytes, int], c: Any) -> None:
+    """Keep, per sender, the PSN of the RNR NAK it sent last, until it acknowledges."""
+    p = c.pkt
+    if not p.info.is_response:
+        return
+    if p.syndrome is not None and p.syndrome >> 5 == _RNR:
+        rnr_psn[c.src] = p.psn
+    elif p.info.read or p.info.atomic or (p.syndrome is not None and p.syndrome >> 5 == _ACK):
+        rnr_psn.pop(c.src, None)
+
+
+def rnr_frames(capture: list[Any], me: bytes) -> set[int]:
+    """Frames of the peer's requests the endpoint answered with an RNR NAK (it received
+    them, and had no receive posted): the same PSN RNR NAKed before the peer sent that
+    PSN again."""
+    out: set[int] = set()
+    waiting: dict[int, int] = {}  # PSN -> frame of the peer's latest request with it
+    for c in capture:
+        p = c.pkt
+        if c.dst == me and p.info.is_request:
+            waiting[p.psn] = c.index
+        elif c.src == me and p.syndrome is not None and p.syndrome >> 5 == _RNR \
+                and not p.info.read and not p.info.atomic and p.psn in waiting:
+            out.add(waiting.pop(p.psn))
+    return out
