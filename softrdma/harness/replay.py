@@ -756,7 +756,7 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
     (``res.verdicts``, ``res.extra``, ``res.mismatches``).
 
     Requests and responses are paired separately (their interleaving is timing), each by
-    aligning the two sequences of (opcode, PSN): a packet lost before the capture point,
+    aligning the two sequences of (opcode, PSN, AETH kind): a packet lost before the capture point,
     or one softrdma did not send, leaves the rest paired. Where the two sequences differ
     over a stretch, its packets are paired in order when the capture shows no loss up to
     there (a difference), and left unpaired after a loss (not judged: what reached the
@@ -778,8 +778,8 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
         o = [x for x in ours if x[3].info.is_request == is_req]
         t = [c for c in res.expected if c.index not in verdicts
              and c.pkt.info.is_request == is_req]
-        sm = SequenceMatcher(None, [(c.pkt.opcode, c.pkt.psn) for c in t],
-                             [(x[3].opcode, x[3].psn) for x in o], autojunk=False)
+        sm = SequenceMatcher(None, [_key(c.pkt) for c in t], [_key(x[3]) for x in o],
+                             autojunk=False)
         for tag, i1, i2, j1, j2 in sm.get_opcodes():
             n = min(i2 - i1, j2 - j1) if tag in ("equal", "replace") else 0
             for k in range(n):
@@ -791,7 +791,10 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
                     res.extra.append(ExtraPacket(x[0], x[1], x[2], False,
                                                  _why_extra(ev) or ""))
                     continue
-                verdicts[c.index] = _pair(kind, c, x[0], x[1])
+                v = verdicts[c.index] = _pair(kind, c, x[0], x[1])
+                why = ev.uncertain_at(c.index) if v.status == "different" else None
+                if why:
+                    v.status, v.reason = "not judged", why
             for c in t[i1 + n:i2]:
                 why = _why_not(ev, c.index)
                 verdicts[c.index] = FrameVerdict(
@@ -808,6 +811,12 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
         if x.judged:
             res.mismatches.append(f"softrdma sent {parse(x.data)!r} (replaying frame "
                                   f"{x.after_frame}), the capture has no such packet")
+
+
+def _key(p: RocePacket) -> tuple[int, int, int]:
+    """What pairs two packets: opcode, PSN and, for an ACK, whether it is an ACK, an RNR
+    NAK or a NAK (a NAK of PSN p and the later ACK of p are different answers)."""
+    return p.opcode, p.psn, -1 if p.syndrome is None else p.syndrome >> 5
 
 
 def _kind(p: RocePacket) -> str:

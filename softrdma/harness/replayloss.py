@@ -69,6 +69,18 @@ class Evidence:
     undelivered: dict[int, str] = field(default_factory=dict)
     #: frames that are network copies of an earlier frame -> that frame
     copies: dict[int, int] = field(default_factory=dict)
+    #: (first frame, last frame, why): stretches where the endpoint's answers depend on
+    #: which of the peer's packets reached it, which the capture does not show (after
+    #: the peer resent, until the endpoint acknowledges all it had sent)
+    uncertain: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def uncertain_at(self, frame: int) -> str | None:
+        """Why what the endpoint answered at ``frame`` is not known to follow from what
+        the capture shows reaching it, or None."""
+        for lo, hi, why in self.uncertain:
+            if lo <= frame <= hi:
+                return why
+        return None
 
     def __post_init__(self) -> None:
         self._frames: list[int] = []
@@ -91,8 +103,10 @@ class Evidence:
         return self._loss[i - 1] if i else None
 
     def first_loss(self) -> LossEvent | None:
+        """The first finding that a packet was lost or copied (a go-back alone is none:
+        rxe's retransmit timer also fires when nothing was lost)."""
         self._index()
-        return self._loss[0] if self._loss else None
+        return next((e for e in self._loss if e.kind != "go-back"), None)
 
     @property
     def lossy(self) -> bool:
@@ -176,10 +190,27 @@ def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> N
                                    f"{'the endpoint' if s == me else 'the peer'} resends from "
                                    f"PSN {p.psn}{' after an RNR NAK' if rnr else ''}"))
         start = first_tx.get((s, p.psn))
-        if start is None:
+        if start is None and s == me:
             continue
         if s == me:
             _my_go_back(capture, start, pos, p.psn, last_to_me, me, ev)
+        elif not rnr:
+            _uncertain(capture, pos, highest[s], me, ev)
+
+
+def _uncertain(capture: list[Any], pos: int, top: int, me: bytes, ev: Evidence) -> None:
+    """The peer resent at ``capture[pos]`` with PSNs up to ``top`` sent: which of them
+    reached the endpoint the first time is not known until it acknowledges ``top``."""
+    g = capture[pos]
+    end = capture[-1].index
+    for c in capture[pos + 1:]:
+        p = c.pkt
+        if c.src == me and p.info.is_response and _covers(p, top):
+            end = c.index
+            break
+    ev.uncertain.append((g.index, end, f"the peer resent from PSN {g.pkt.psn} at frame "
+                                       f"{g.index}: which of its packets up to PSN {top} "
+                                       "reached the endpoint before is not known"))
 
 
 def _my_go_back(capture: list[Any], start: int, pos: int, q: int, last_to_me: Any,
@@ -231,10 +262,16 @@ def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
         # (rxe NAKs the packets after one it RNR NAKed as out of sequence: no loss)
         kind = "nak" if syn >> 5 == _NAK and not after_rnr else "rnr-nak"
         who = "the endpoint" if c.src == me else "the peer"
+        explained = True
+        if c.src == me and syn == _NAK_SEQ and kind == "nak":
+            # a sequence NAK answers a later PSN than the one it names: without one in
+            # the capture it is no evidence of a loss (and is judged as it is)
+            explained = _later_arrived(to_me, p.psn, c.index)
+            kind = "nak" if explained else "unexplained-nak"
         ev.events.append(LossEvent(c.index, kind, p.psn, 1,
-                                   f"{who} {'NAKs' if kind == 'nak' else 'RNR NAKs'} "
+                                   f"{who} {'RNR NAKs' if kind == 'rnr-nak' else 'NAKs'} "
                                    f"PSN {p.psn}"))
-        if c.src == me and syn == _NAK_SEQ and _later_arrived(to_me, p.psn, c.index):
+        if c.src == me and syn == _NAK_SEQ and kind == "nak":
             # it had up to p.psn-1 and not p.psn, and a later PSN had come: no earlier
             # transmission of p.psn arrived
             for o in to_me.get(p.psn, ()):
