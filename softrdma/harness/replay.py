@@ -792,7 +792,12 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
                                                  _why_extra(ev) or ""))
                     continue
                 v = verdicts[c.index] = _pair(kind, c, x[0], x[1])
-                why = ev.uncertain_at(c.index) if v.status == "different" else None
+                why = None
+                if v.status == "different":
+                    e = ev.input_before(c.index)
+                    why = ev.uncertain_at(c.index) or (e is not None and (
+                        f"after frame {e.frame} ({e.kind}: {e.text}), what reached the "
+                        "endpoint is not known exactly"))
                 if why:
                     v.status, v.reason = "not judged", why
             for c in t[i1 + n:i2]:

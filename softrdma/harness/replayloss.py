@@ -74,6 +74,17 @@ class Evidence:
     #: the peer resent, until the endpoint acknowledges all it had sent)
     uncertain: list[tuple[int, int, str]] = field(default_factory=list)
 
+    #: frames of findings that what the capture shows of the peer's packets is not what
+    #: reached the endpoint (they were lost, copied or resent after the capture point)
+    input_events: list[int] = field(default_factory=list)
+
+    def input_before(self, frame: int) -> LossEvent | None:
+        """The last such finding at or before ``frame``, or None."""
+        best = max((f for f in self.input_events if f <= frame), default=None)
+        if best is None:
+            return None
+        return next((e for e in self.events if e.frame == best), None)
+
     def uncertain_at(self, frame: int) -> str | None:
         """Why what the endpoint answered at ``frame`` is not known to follow from what
         the capture shows reaching it, or None."""
@@ -133,19 +144,30 @@ def infer(capture: list[Any], me: bytes, mtu: int) -> Evidence:
     seen from the endpoint at address ``me``; ``mtu`` is the path MTU in bytes."""
     ev = Evidence()
     seen: dict[tuple, int] = {}
+    prev: dict[bytes, Any] = {}  # each sender's previous packet
     for c in capture:
+        last, prev[c.src] = prev.get(c.src), c
         if c.ip_id:
             key = (c.src, c.ip_id, c.roce)
             if key in seen:
-                ev.copies[c.index] = seen[key]
-                ev.events.append(LossEvent(c.index, "duplicate", c.pkt.psn, 1,
-                                           f"frame {c.index} is a copy of frame {seen[key]} "
-                                           "(same IPv4 ID): made by the network"))
+                _copy(ev, c, seen[key], "same IPv4 ID", me)
                 continue
             seen[key] = c.index
+        elif last is not None and last.roce == c.roce and last.index not in ev.copies:
+            # no IPv4 ID to tell by: the same bytes twice in a row from one sender
+            _copy(ev, c, last.index, "the same bytes twice in a row", me)
     _request_streams(capture, me, mtu, ev)
     _responses(capture, me, ev)
     return ev
+
+
+def _copy(ev: Evidence, c: Any, of: int, how: str, me: bytes) -> None:
+    ev.copies[c.index] = of
+    ev.events.append(LossEvent(of, "duplicate", c.pkt.psn, 1,
+                               f"frame {c.index} is a copy of frame {of} ({how}): made by "
+                               "the network"))
+    if c.src != me:
+        ev.input_events.append(of)
 
 
 def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> None:
@@ -196,6 +218,7 @@ def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> N
             _my_go_back(capture, start, pos, p.psn, last_to_me, me, ev)
         elif not rnr:
             _uncertain(capture, pos, highest[s], me, ev)
+            ev.input_events.append(c.index)
 
 
 def _uncertain(capture: list[Any], pos: int, top: int, me: bytes, ev: Evidence) -> None:
@@ -228,6 +251,7 @@ def _my_go_back(capture: list[Any], start: int, pos: int, q: int, last_to_me: An
                 and o.index not in ev.undelivered:
             ev.undelivered[o.index] = (f"the endpoint went back to PSN {q} at frame "
                                        f"{capture[pos].index}: this answer never reached it")
+            ev.input_events.append(o.index)
             ev.events.append(LossEvent(o.index, "lost-after", o.pkt.psn, 1,
                                        ev.undelivered[o.index]))
 
@@ -278,6 +302,7 @@ def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
                 if o.index < c.index and o.index not in ev.undelivered and o.index not in rnr:
                     ev.undelivered[o.index] = (f"the endpoint NAKs PSN {p.psn} at frame "
                                                f"{c.index}: lost after the capture point")
+                    ev.input_events.append(o.index)
                     ev.events.append(LossEvent(o.index, "lost-after", p.psn, 1,
                                                ev.undelivered[o.index]))
 
