@@ -16,11 +16,13 @@ says which QP of B it is for, not which QP of A sent it.
   paired when one flow runs in each direction between the two addresses; flows that
   cannot be paired are reported, not guessed.
 
+QP1, the CM's MADs, is replayed by :mod:`softrdma.harness.replaycm`: softrdma's rdma_cm
+answers the captured REQ as the passive side, compared field by field except the random
+IDs and PSNs. The active side is refused (its random IDs are what every later message
+names).
+
 What is refused, and why (each :class:`Conversation` carries the reason):
 
-* QP1, the CM's MADs: their transaction and communication IDs and the starting PSNs
-  they carry are random per run, so there is nothing byte-exact to compare;
-  ``softrdma check`` judges their rules instead.
 * a flow with no partner (only one direction captured, or RC/UC flows that could not be
   paired): softrdma could not know what the missing side said.
 
@@ -62,6 +64,7 @@ class Conversation:
     b: tuple[str, int | None]
     packets: list[CapturedPacket] = field(default_factory=list)
     refused: str | None = None  # why it is not replayed, or None
+    cm: bool = False  # the CM's MADs on QP1 (replayed by softrdma.harness.replaycm)
 
     @property
     def frames(self) -> tuple[int, int]:
@@ -108,9 +111,7 @@ def conversations(capture: list[CapturedPacket]) -> list[Conversation]:
                                                 (_ip(dst[0]), dst[1])))
             cv.packets.append(c)
             if QP1 in (p.src_qp, p.dest_qp):
-                cv.refused = ("QP1 (the CM's MADs): their transaction and communication "
-                              "IDs and starting PSNs are random per run; softrdma check "
-                              "judges them")
+                cv.cm = True
             continue
         fk = (c.src, c.dst, c.sport)
         flows[fk].append(c)
@@ -181,6 +182,14 @@ class SideReplay:
     result: ReplayResult | None
     #: why the replay of this side stopped (a capture it cannot make sense of), or None
     error: str | None = None
+    #: why this side (not the whole conversation) is not replayed, or None
+    side_refused: str | None = None
+
+    @property
+    def refused(self) -> str | None:
+        """Why this side is not replayed (None: it was, or it failed: see ``error``)."""
+        return self.side_refused or (self.conversation.refused if self.result is None
+                                     and self.error is None else None)
 
     @property
     def ok(self) -> bool:
@@ -223,6 +232,13 @@ def replay_one(cv: Conversation, side: tuple[str, int | None], *, device_name: s
     (garbled beyond what it reconstructs) gives a :class:`SideReplay` with ``error`` set,
     never an exception: a replay tool must survive any capture."""
     try:
+        if cv.cm:
+            from .replaycm import is_passive, replay_cm
+            if not is_passive(cv.packets, side[0]):
+                return SideReplay(cv, side, None, side_refused=(
+                    "QP1 (the CM): softrdma answers the captured REQ as the passive side; "
+                    "this side sent it (its comm ID, PSN and port are random per run)"))
+            return SideReplay(cv, side, replay_cm(cv.packets, side[0], device_name=device_name))
         return SideReplay(cv, side, replay_side(cv.packets, side[0], device_name=device_name,
                                                 inline=inline, flow_label=flow_label))
     except ReplayError as e:

@@ -72,11 +72,13 @@ class FrameVerdict:
     (bytes and UDP source port), if any."""
 
     frame: int
-    kind: str  # "request" or "response"
+    kind: str  # "request", "response" or "cm" (a MAD on QP1)
     status: str
     captured: CapturedPacket
     ours: tuple[bytes, int] | None = None
     reason: str = ""
+    #: for a MAD compared field by field: (field, captured, softrdma's) of each difference
+    fields: list[tuple[str, Any, Any]] | None = None
 
 
 @dataclass

@@ -238,6 +238,16 @@ def diff_replay(res: ReplayResult, ip: str, source: str = "the capture") -> Repl
     for v in res.verdicts:
         if v.status != "different":
             continue
+        if v.kind == "cm":  # a MAD, compared field by field (softrdma.harness.replaycm)
+            c = v.captured
+            exp_line = _line(c.roce, c.src, c.dst, c.sport, c.ip_id, c.index)
+            got = v.ours
+            diffs.append(PacketDiff("cm", nth.get(c.index, 0), c.index, c.pkt.name, exp_line,
+                                    _line(got[0], c.src, c.dst, got[1], 0, c.index)
+                                    if got else None,
+                                    [FieldDiff(k, e, g) for k, e, g in (v.fields or [])]
+                                    or [FieldDiff("reason", v.reason, "")]))
+            continue
         d = _pair(v.kind, nth[v.captured.index], v.ours, v.captured, ends)
         if d is None:  # the same bytes, told apart by what _pair does not show
             d = PacketDiff(v.kind, nth[v.captured.index], v.frame, v.captured.pkt.name,

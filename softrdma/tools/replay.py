@@ -68,7 +68,7 @@ def _side_json(r: Any) -> dict[str, Any]:
         out.update(status="failed", reason=r.error)
         return out
     if r.result is None:
-        out.update(status="refused", reason=cv.refused)
+        out.update(status="refused", reason=r.refused)
         return out
     res = r.result
     diff = r.diff()
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if not capture:
         raise UsageError(f"{args.pcap}: no RoCEv2 packets in the capture")
     out = sys.stdout
-    sides = different = refused = failed = 0
+    sides = different = refused = failed = refused_sides = 0
     frames = judged = identical = ndiff = 0
     last = None
     for r in replay_conversations(capture, ip=args.ip, qpn=args.qpn, inline=args.inline):
@@ -165,7 +165,13 @@ def run(args: argparse.Namespace) -> int:
         new = cv is not last
         last = cv
         if r.result is None and r.error is None:
-            if new:
+            if r.side_refused is not None:  # this side only
+                refused_sides += 1
+                if not args.json:
+                    if new:
+                        out.write(cv.describe() + "\n")
+                    out.write(f"  as {r.side[0]}: not replayed: {r.side_refused}\n")
+            elif new:
                 refused += 1
                 if not args.json:
                     out.write(f"{cv.describe()}\n  not replayed: {cv.refused}\n")
@@ -197,5 +203,7 @@ def run(args: argparse.Namespace) -> int:
                    "every replayed side identical")
         if failed:
             verdict += f"; {failed} side(s) could not be replayed"
-        out.write(f"{verdict}; {refused} conversation(s) not replayed; {summary}\n")
+        sides_note = f" ({refused_sides} side(s) not replayed)" if refused_sides else ""
+        out.write(f"{verdict}; {refused} conversation(s) not replayed{sides_note}; "
+                  f"{summary}\n")
     return 1 if different or failed else 0
