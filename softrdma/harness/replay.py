@@ -473,6 +473,22 @@ def _first_whole(reqs: list[CapturedPacket], copies: Any) -> CapturedPacket | No
     return next((c for c in reqs if c.pkt.info.first and c.index not in copies), None)
 
 
+def _first_expected(capture: list[CapturedPacket], me: bytes) -> int | None:
+    """The PSN the endpoint's responder expected first, if its first answer says so (a
+    PSN sequence NAK, before any acknowledgement, of a PSN before any the capture shows the
+    peer sending it), else None."""
+    start = None
+    for c in capture:
+        p = c.pkt
+        if c.dst == me and p.info.is_request and start is None:
+            start = p.psn
+        if c.src == me and p.info.is_response:
+            if p.syndrome == 0x60 and start is not None and psn_diff(p.psn, start) < 0:
+                return p.psn
+            return None
+    return None
+
+
 def _connect(qp: Any, dev: SoftDevice, roles: _Roles, *, rq_psn: int, sq_psn: int,
              max_dest_rd_atomic: int, max_rd_atomic: int, flow_label: int) -> bytes:
     """Phase 3: bring the QP to RTS with the captured PSNs, QPNs and path; returns the
@@ -676,12 +692,22 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     ud = roles.transport == Transport.UD
     res = ReplayResult(expected=mine_all, evidence=ev)
     first = _first_whole(roles.reqs_in, ev.copies)
-    if first is not None:
+    rq_psn = first.pkt.psn if first is not None else 0
+    expected = _first_expected(capture, me)
+    if expected is not None:
+        # the endpoint's first answer is a sequence NAK: it expected that PSN (the first
+        # packets were lost before the capture point), whatever the capture starts with
+        rq_psn = expected
+        ev.events.append(LossEvent(roles.reqs_in[0].index if roles.reqs_in else 0,
+                                   "lost-before", expected, 1,
+                                   f"the endpoint's first answer NAKs PSN {expected}: the "
+                                   "packets before it in the capture were lost before the "
+                                   "capture point"))
+    elif first is not None and first is not roles.reqs_in[0]:
         for c in roles.reqs_in:
             if c is first:
                 break
             ev.undelivered.setdefault(c.index, "the capture starts inside this message")
-    if roles.reqs_in and first is not roles.reqs_in[0]:
         ev.events.append(LossEvent(roles.reqs_in[0].index, "unresolved", roles.reqs_in[0].pkt.psn,
                                    1, "the capture starts inside one of the peer's messages"))
     peer_resps = {c.pkt.psn: c.pkt for c in capture
@@ -719,7 +745,6 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         by_psn = {c.pkt.psn: c.pkt for c in roles.mine_out if c.pkt.info.is_response}
         _seed_atomics(target_mrs, roles, by_psn)
         sq_psn = msgs[0].psn if msgs else 0
-        rq_psn = first.pkt.psn if first is not None else 0
         peer_gid = _connect(qp, dev, roles, rq_psn=rq_psn,
                             sq_psn=sq_psn, max_dest_rd_atomic=max_dest_rd_atomic,
                             max_rd_atomic=max_rd_atomic, flow_label=flow_label)

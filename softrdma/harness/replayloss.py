@@ -21,9 +21,9 @@ call a difference what only a loss explains. The evidence used here is small and
 * a READ response gap: responses lost before the point;
 * copies: the same packet twice with the same IPv4 ID. rxe numbers its IPv4 packets, so
   a retransmission has a new ID and a copy with the same ID was made by the network (a
-  copy of the replayed endpoint's packet is not judged as one it sent). Captures whose
-  sender writes ID 0 (softrdma's sockets, the simulated network) cannot tell a copy from a
-  retransmission: there a copy is judged as a retransmission.
+  copy of the replayed endpoint's packet is not judged as one it sent). Where the sender
+  does not number its packets (softrdma's sockets send ID 0), only the same bytes twice
+  in a row, nothing between, count as a copy; anything else is taken as sent twice.
 
 Each finding is a :class:`LossEvent`; :class:`Evidence` holds them and the frames the
 replayed endpoint evidently did not receive.
@@ -144,21 +144,33 @@ def infer(capture: list[Any], me: bytes, mtu: int) -> Evidence:
     seen from the endpoint at address ``me``; ``mtu`` is the path MTU in bytes."""
     ev = Evidence()
     seen: dict[tuple, int] = {}
-    prev: dict[bytes, Any] = {}  # each sender's previous packet
+    numbered = _numbers_packets(capture)
+    prev: Any = None  # the previous frame of the conversation
     for c in capture:
-        last, prev[c.src] = prev.get(c.src), c
-        if c.ip_id:
+        last, prev = prev, c
+        if numbered.get(c.src):
             key = (c.src, c.ip_id, c.roce)
             if key in seen:
                 _copy(ev, c, seen[key], "same IPv4 ID", me)
                 continue
             seen[key] = c.index
-        elif last is not None and last.roce == c.roce and last.index not in ev.copies:
-            # no IPv4 ID to tell by: the same bytes twice in a row from one sender
+        elif last is not None and last.src == c.src and last.roce == c.roce \
+                and last.index not in ev.copies:
+            # no IPv4 ID to tell by: the same bytes twice in a row, nothing between
             _copy(ev, c, last.index, "the same bytes twice in a row", me)
     _request_streams(capture, me, mtu, ev)
     _responses(capture, me, ev)
     return ev
+
+
+def _numbers_packets(capture: list[Any]) -> dict[bytes, bool]:
+    """Per sender, whether it numbers its IPv4 packets (rxe does: nearly every packet a
+    new ID), so that a repeated ID marks a copy. softrdma's sockets send ID 0 and the
+    simulated network numbers only the packets of a train."""
+    ids: dict[bytes, list[int]] = {}
+    for c in capture:
+        ids.setdefault(c.src, []).append(c.ip_id)
+    return {s: len(v) > 1 and len(set(v)) >= 0.9 * len(v) for s, v in ids.items()}
 
 
 def _copy(ev: Evidence, c: Any, of: int, how: str, me: bytes) -> None:
