@@ -210,7 +210,10 @@ def replay_conversations(capture: list[CapturedPacket], *, ip: str | None = None
     turn, or only for the end at ``ip`` and/or ``qpn`` (conversations without such an
     end are skipped). Refused conversations are yielded with ``result=None``."""
     labels = cm_flow_labels(capture)
-    for cv in conversations(capture):
+    convs = conversations(capture)
+    # rdma_cm made the connections, but a REQ may be missing: the label is then the port's
+    by_cm = any(cv.cm for cv in convs)
+    for cv in convs:
         if ip is not None or qpn is not None:
             end = cv.endpoint(ip, qpn)
             if end is None:
@@ -222,19 +225,25 @@ def replay_conversations(capture: list[CapturedPacket], *, ip: str | None = None
             if cv.refused:
                 yield SideReplay(cv, side, None)
                 continue
-            fl = labels.get(cv.a, labels.get(cv.b, 0))  # the REQ came from either end
+            # the REQ came from either end
+            fl = labels.get(cv.a, labels.get(cv.b, None if by_cm else 0))
             yield replay_one(cv, side, device_name=device_name, inline=inline, flow_label=fl)
 
 
 def replay_one(cv: Conversation, side: tuple[str, int | None], *, device_name: str,
-               inline: bool = False, flow_label: int = 0) -> SideReplay:
+               inline: bool = False, flow_label: int | None = 0) -> SideReplay:
     """softrdma in place of ``side`` of ``cv``. A capture the replay cannot make sense of
     (garbled beyond what it reconstructs) gives a :class:`SideReplay` with ``error`` set,
     never an exception: a replay tool must survive any capture."""
     try:
         if cv.cm:
             from .replaycm import is_passive, replay_cm
-            if not is_passive(cv.packets, side[0]):
+            passive = is_passive(cv.packets, side[0])
+            if passive is None:
+                return SideReplay(cv, side, None, side_refused=(
+                    "QP1 (the CM): the capture shows no REQ or SIDR_REQ (lost, or sent "
+                    "before the capture began): nothing for softrdma's CM to answer"))
+            if not passive:
                 return SideReplay(cv, side, None, side_refused=(
                     "QP1 (the CM): softrdma answers the captured REQ as the passive side; "
                     "this side sent it (its comm ID, PSN and port are random per run)"))

@@ -35,6 +35,7 @@ from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from ..wire.opcodes import Opcode as O, Transport
 from ..wire.packet import DecodeError, RocePacket, parse
 from ..wire.pcap import read_pcap
+from ..qp.params import udp_sport_for_path
 from ..qp.psn import psn_add, psn_diff
 from ..soft.device import RXE_MAX_HDR_LENGTH, SoftDevice
 from ..verbs_api import (
@@ -473,6 +474,19 @@ def _first_whole(reqs: list[CapturedPacket], copies: Any) -> CapturedPacket | No
     return next((c for c in reqs if c.pkt.info.first and c.index not in copies), None)
 
 
+def _flow_label_from_port(roles: _Roles) -> int:
+    """A flow label that gives the UDP source port the endpoint's packets carry (rxe folds
+    the label into the port's low 14 bits: a label below 2**14 is the port's bits), or 0
+    when the QP numbers alone give that port (no label was set)."""
+    if roles.transport == Transport.UD or not roles.mine_out or roles.peer_qpn is None:
+        return 0
+    sport = roles.mine_out[0].sport
+    if udp_sport_for_path(0, roles.my_qpn, roles.peer_qpn) == sport:
+        return 0
+    fl = sport & 0x3FFF
+    return fl if fl and udp_sport_for_path(fl, roles.my_qpn, roles.peer_qpn) == sport else 0
+
+
 def _first_expected(capture: list[CapturedPacket], me: bytes) -> int | None:
     """The PSN the endpoint's responder expected first, if its first answer says so (a
     PSN sequence NAK, before any acknowledgement, of a PSN before any the capture shows the
@@ -670,14 +684,21 @@ def _set_aside_late_answers(res: ReplayResult, cut: int | None) -> None:
 def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
                 inline: bool = False, max_dest_rd_atomic: int = 16,
                 max_rd_atomic: int = 16, rx_depth: int = 512,
-                flow_label: int = 0) -> ReplayResult:
+                flow_label: int | None = 0) -> ReplayResult:
     """Stand up softrdma as the endpoint at ``ip`` of ``capture`` and replay (see module doc).
     Supports captures of one QP per side (RC, UC or UD); for several, see
     :mod:`softrdma.harness.conversations`. ``flow_label`` is the connection's GRH flow
-    label (rdma_cm puts it in the CM REQ; it picks an RC QP's UDP source port).
-    Raises :class:`ReplayError` when the side cannot be replayed at all."""
+    label (rdma_cm puts it in the CM REQ; it picks an RC QP's UDP source port); None:
+    the connection was made by rdma_cm but the capture lacks its REQ, so take one that
+    gives the captured port. Raises :class:`ReplayError` when the side cannot be replayed at all."""
     me = ipaddress.ip_address(ip).packed
     roles = _roles(capture, me)
+    notes: list[str] = []
+    if flow_label is None:
+        flow_label = _flow_label_from_port(roles)
+        if flow_label:
+            notes.append("the connection's flow label is not in the capture (no CM REQ): "
+                         "taken from its UDP source port, which is then not judged")
     # packets of another transport (a CNP, a garbled opcode) are nobody's in this QP pair
     foreign = {c.index for c in capture if c.pkt.info.transport != roles.transport}
     mine_all = roles.mine_out
@@ -690,7 +711,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         raise ReplayError(f"transport {roles.transport.name} is not replayed")
     ev = infer(capture, me, roles.path_mtu)
     ud = roles.transport == Transport.UD
-    res = ReplayResult(expected=mine_all, evidence=ev)
+    res = ReplayResult(expected=mine_all, evidence=ev, notes=notes)
     first = _first_whole(roles.reqs_in, ev.copies)
     rq_psn = first.pkt.psn if first is not None else 0
     expected = _first_expected(capture, me)
@@ -708,12 +729,25 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
             if c is first:
                 break
             ev.undelivered.setdefault(c.index, "the capture starts inside this message")
+            ev.input_events.append((c.index, "the capture starts inside this message"))
         ev.events.append(LossEvent(roles.reqs_in[0].index, "unresolved", roles.reqs_in[0].pkt.psn,
                                    1, "the capture starts inside one of the peer's messages"))
     peer_resps = {c.pkt.psn: c.pkt for c in capture
                   if c.dst == me and c.pkt.info.is_response and c.index not in ev.copies}
     msgs = _fill_holes(_messages(roles.reqs_out, roles.path_mtu, ud, set(ev.copies)),
                        peer_resps, roles.path_mtu)
+    skipped: dict[int, str] = {}
+    if msgs and msgs[0].head is None and msgs[0].slots and msgs[0].slots[0] is not None:
+        # the capture starts inside one of the endpoint's messages: where it began, and
+        # so what its first packet was, is not known; it is not replayed
+        m0 = msgs.pop(0)
+        inside = {psn_add(m0.psn, k) for k in range(len(m0.slots))}
+        for c in roles.reqs_out:
+            if c.pkt.psn in inside:
+                skipped[c.index] = "the capture starts inside this message of the endpoint's"
+        ev.events.append(LossEvent(roles.reqs_out[0].index, "unresolved", m0.psn,
+                                   len(m0.slots), "the capture starts inside one of the "
+                                   "endpoint's messages"))
     for m in msgs:
         if m.head is None:
             res.notes.append(f"PSN {m.psn}: a message whose first packet was never captured "
@@ -755,7 +789,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
         rq.poll()
         res.completions = rq.completions
         _set_aside_late_answers(res, cut)
-        judge(res, ev, foreign)
+        judge(res, ev, foreign, skipped)
         res.drops = dict(dev.counters.drops)
         return res
     finally:
@@ -778,7 +812,8 @@ def _why_extra(ev: Evidence) -> str | None:
                                    f"{e.text}): it may have been lost before the capture point")
 
 
-def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = frozenset()) -> None:
+def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = frozenset(),
+          skipped: dict[int, str] | None = None) -> None:
     """Pair softrdma's packets with the endpoint's captured ones and judge each captured one
     (``res.verdicts``, ``res.extra``, ``res.mismatches``).
 
@@ -801,6 +836,10 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
         elif c.index in foreign:
             verdicts[c.index] = FrameVerdict(c.index, _kind(c.pkt), "not judged", c,
                                              reason="not of this conversation's transport")
+        elif skipped and c.index in skipped:
+            verdicts[c.index] = FrameVerdict(c.index, _kind(c.pkt), "not judged", c,
+                                             reason=skipped[c.index])
+    shown = {c.pkt.psn for c in res.expected if c.pkt.info.is_request}
     for kind, is_req in (("request", True), ("response", False)):
         o = [x for x in ours if x[3].info.is_request == is_req]
         t = [c for c in res.expected if c.index not in verdicts
@@ -821,10 +860,7 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
                 v = verdicts[c.index] = _pair(kind, c, x[0], x[1])
                 why = None
                 if v.status == "different":
-                    e = ev.input_before(c.index)
-                    why = ev.uncertain_at(c.index) or (e is not None and (
-                        f"after frame {e.frame} ({e.kind}: {e.text}), what reached the "
-                        "endpoint is not known exactly"))
+                    why = ev.uncertain_at(c.index) or ev.input_before(c.index)
                 if why:
                     v.status, v.reason = "not judged", why
             for c in t[i1 + n:i2]:
@@ -834,6 +870,9 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
                     reason=why or "softrdma sent nothing in its place")
             for x in o[j1 + n:j2]:
                 why = _why_extra(ev)
+                if why is None and is_req and x[3].psn not in shown:
+                    why = (f"the capture never shows PSN {x[3].psn} from the endpoint (lost "
+                           "before the capture point, or sent before the capture began)")
                 res.extra.append(ExtraPacket(x[0], x[1], x[2], why is None, why or ""))
     res.verdicts = [verdicts[c.index] for c in res.expected]
     for v in res.verdicts:

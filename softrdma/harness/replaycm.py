@@ -59,13 +59,14 @@ def _mads(packets: list[CapturedPacket]) -> list[tuple[CapturedPacket, Any]]:
     return out
 
 
-def is_passive(packets: list[CapturedPacket], ip: str) -> bool:
-    """Whether the endpoint at ``ip`` received the conversation's first REQ/SIDR_REQ."""
+def is_passive(packets: list[CapturedPacket], ip: str) -> bool | None:
+    """Whether the endpoint at ``ip`` received the conversation's first REQ/SIDR_REQ
+    (None: the capture shows none)."""
     me = ipaddress.ip_address(ip).packed
     for c, m in _mads(packets):
         if m is not None and m.name in ("REQ", "SIDR_REQ"):
             return c.dst == me
-    return False
+    return None
 
 
 def _rewrite(msg: Any, tid: int | None = None, **fields: Any) -> bytes:

@@ -76,14 +76,14 @@ class Evidence:
 
     #: frames of findings that what the capture shows of the peer's packets is not what
     #: reached the endpoint (they were lost, copied or resent after the capture point)
-    input_events: list[int] = field(default_factory=list)
+    input_events: list[tuple[int, str]] = field(default_factory=list)
 
-    def input_before(self, frame: int) -> LossEvent | None:
-        """The last such finding at or before ``frame``, or None."""
-        best = max((f for f in self.input_events if f <= frame), default=None)
-        if best is None:
-            return None
-        return next((e for e in self.events if e.frame == best), None)
+    def input_before(self, frame: int) -> str | None:
+        """Why, at ``frame``, what reached the endpoint is not known exactly (the last
+        such finding at or before it), or None."""
+        best = max((e for e in self.input_events if e[0] <= frame), default=None)
+        return None if best is None else (f"after frame {best[0]} ({best[1]}), what reached "
+                                          "the endpoint is not known exactly")
 
     def uncertain_at(self, frame: int) -> str | None:
         """Why what the endpoint answered at ``frame`` is not known to follow from what
@@ -179,7 +179,7 @@ def _copy(ev: Evidence, c: Any, of: int, how: str, me: bytes) -> None:
                                f"frame {c.index} is a copy of frame {of} ({how}): made by "
                                "the network"))
     if c.src != me:
-        ev.input_events.append(of)
+        ev.input_events.append((of, f"frame {c.index} copies it"))
 
 
 def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> None:
@@ -230,7 +230,7 @@ def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> N
             _my_go_back(capture, start, pos, p.psn, last_to_me, me, ev)
         elif not rnr:
             _uncertain(capture, pos, highest[s], me, ev)
-            ev.input_events.append(c.index)
+            ev.input_events.append((c.index, f"the peer resends from PSN {p.psn}"))
 
 
 def _uncertain(capture: list[Any], pos: int, top: int, me: bytes, ev: Evidence) -> None:
@@ -263,7 +263,7 @@ def _my_go_back(capture: list[Any], start: int, pos: int, q: int, last_to_me: An
                 and o.index not in ev.undelivered:
             ev.undelivered[o.index] = (f"the endpoint went back to PSN {q} at frame "
                                        f"{capture[pos].index}: this answer never reached it")
-            ev.input_events.append(o.index)
+            ev.input_events.append((o.index, ev.undelivered[o.index]))
             ev.events.append(LossEvent(o.index, "lost-after", o.pkt.psn, 1,
                                        ev.undelivered[o.index]))
 
@@ -314,7 +314,7 @@ def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
                 if o.index < c.index and o.index not in ev.undelivered and o.index not in rnr:
                     ev.undelivered[o.index] = (f"the endpoint NAKs PSN {p.psn} at frame "
                                                f"{c.index}: lost after the capture point")
-                    ev.input_events.append(o.index)
+                    ev.input_events.append((o.index, ev.undelivered[o.index]))
                     ev.events.append(LossEvent(o.index, "lost-after", p.psn, 1,
                                                ev.undelivered[o.index]))
 
