@@ -159,7 +159,7 @@ def infer(capture: list[Any], me: bytes, mtu: int) -> Evidence:
             # no IPv4 ID to tell by: the same bytes twice in a row, nothing between
             _copy(ev, c, last.index, "the same bytes twice in a row", me)
     _request_streams(capture, me, mtu, ev)
-    _responses(capture, me, ev)
+    _responses(capture, me, mtu, ev)
     return ev
 
 
@@ -230,7 +230,6 @@ def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> N
             _my_go_back(capture, start, pos, p.psn, last_to_me, me, ev)
         elif not rnr:
             _uncertain(capture, pos, highest[s], me, ev)
-            ev.input_events.append((c.index, f"the peer resends from PSN {p.psn}"))
 
 
 def _uncertain(capture: list[Any], pos: int, top: int, me: bytes, ev: Evidence) -> None:
@@ -268,7 +267,7 @@ def _my_go_back(capture: list[Any], start: int, pos: int, q: int, last_to_me: An
                                        ev.undelivered[o.index]))
 
 
-def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
+def _responses(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> None:
     """NAKs (and what the endpoint's own say it lacked) and READ response gaps."""
     read_next: dict[bytes, int] = {}
     rnr_psn: dict[bytes, int] = {}
@@ -277,10 +276,26 @@ def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
     for c in capture:
         if c.dst == me and c.pkt.info.is_request:
             to_me.setdefault(c.pkt.psn, []).append(c)
+    # the endpoint's responder, as the capture shows it: the PSN it expects next and the
+    # transmission of each PSN it would have taken in sequence
+    epsn: int | None = None
+    taken: dict[int, int] = {}
     for c in capture:
         p = c.pkt
-        if c.index in ev.copies or not p.info.is_response:
+        if c.index in ev.copies:
             continue
+        if c.dst == me and p.info.is_request:
+            if epsn is None:
+                epsn = p.psn
+            if p.psn == epsn and c.index not in rnr:
+                taken[p.psn] = c.index
+                epsn = (p.psn + _span(p, mtu)) & 0xFFFFFF
+            continue
+        if not p.info.is_response:
+            continue
+        if c.src == me and (p.info.read or p.info.atomic or (p.syndrome or 0) >> 5 == _ACK) \
+                and (epsn is None or psn_diff(p.psn, epsn) >= 0):
+            epsn = (p.psn + 1) & 0xFFFFFF  # it had more than the capture shows
         syn = p.syndrome
         after_rnr = rnr_psn.get(c.src) == p.psn
         _track_rnr(rnr_psn, c)
@@ -308,15 +323,16 @@ def _responses(capture: list[Any], me: bytes, ev: Evidence) -> None:
                                    f"{who} {'RNR NAKs' if kind == 'rnr-nak' else 'NAKs'} "
                                    f"PSN {p.psn}"))
         if c.src == me and syn == _NAK_SEQ and kind == "nak":
-            # it had up to p.psn-1 and not p.psn, and a later PSN had come: no earlier
-            # transmission of p.psn arrived
-            for o in to_me.get(p.psn, ()):
-                if o.index < c.index and o.index not in ev.undelivered and o.index not in rnr:
-                    ev.undelivered[o.index] = (f"the endpoint NAKs PSN {p.psn} at frame "
-                                               f"{c.index}: lost after the capture point")
-                    ev.input_events.append((o.index, ev.undelivered[o.index]))
-                    ev.events.append(LossEvent(o.index, "lost-after", p.psn, 1,
-                                               ev.undelivered[o.index]))
+            # it had up to p.psn-1 and not p.psn: the transmission of p.psn it would have
+            # taken in sequence (if the capture shows one) never reached it
+            o = taken.get(p.psn)
+            if o is not None and epsn is not None and psn_diff(epsn, p.psn) > 0:
+                ev.undelivered[o] = (f"the endpoint NAKs PSN {p.psn} at frame {c.index}: "
+                                     "lost after the capture point")
+                ev.input_events.append((o, ev.undelivered[o]))
+                ev.events.append(LossEvent(o, "lost-after", p.psn, 1, ev.undelivered[o]))
+            epsn = p.psn
+            taken = {q: f for q, f in taken.items() if psn_diff(q, p.psn) < 0}
 
 
 def _later_arrived(to_me: dict[int, list[Any]], psn: int, before: int) -> bool:
