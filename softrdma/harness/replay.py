@@ -114,6 +114,9 @@ class ReplayResult:
     evidence: Evidence | None = None
     #: things the replay could not reconstruct (a message never captured, ...)
     notes: list[str] = field(default_factory=list)
+    #: what softrdma failed to do that no captured frame shows (a CM event not raised):
+    #: differences too
+    failures: list[str] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)
 
     def count(self, status: str) -> int:

@@ -195,16 +195,21 @@ def replay_cm(packets: list[CapturedPacket], ip: str, *, device_name: str) -> Re
         lid.listen()
         side.start()
 
+        reqs = [m for c2, m in mads if m is not None and c2.dst == me
+                and m.name in ("REQ", "SIDR_REQ")]
+        reps = [m for c2, m in mads if m is not None and c2.src == me
+                and m.name in ("REP", "SIDR_REP")]
+
         def reply_of(req: Any) -> Any:
-            """The captured side's reply to ``req`` (what its application accepted with)."""
-            for c2, m2 in mads:
-                if m2 is None or c2.src != me:
-                    continue
-                if m2.name == "REP" and m2.remote_comm_id == req.local_comm_id:
+            """The captured side's reply to ``req`` (what its application accepted with):
+            the one naming it, else the one in its place in order."""
+            for m2 in reps:
+                if m2.name == "REP" and m2.remote_comm_id == getattr(req, "local_comm_id", -1):
                     return m2
-                if m2.name == "SIDR_REP" and m2.request_id == req.request_id:
+                if m2.name == "SIDR_REP" and m2.request_id == getattr(req, "request_id", -1):
                     return m2
-            return None
+            k = next((i for i, r in enumerate(reqs) if r is req), len(reps))
+            return reps[k] if k < len(reps) else None
 
         for c, m in mads:
             if m is None:
@@ -223,7 +228,7 @@ def replay_cm(packets: list[CapturedPacket], ip: str, *, device_name: str) -> Re
         res.sent = [b for b, _ in side.all]
         res.sports = [sp for _, sp in side.all]
         res.mismatches = [f"cm (frame {v.frame}): {v.reason}" for v in res.verdicts
-                          if v.status == "different"] + res.notes
+                          if v.status == "different"] + res.failures
         for st in conns.values():
             cid = st.get("cid")
             if cid is not None:
@@ -252,8 +257,8 @@ def _from_active(side: _Side, c: CapturedPacket, m: Any, conns: dict[int, dict[s
         st: dict[str, Any] = {"req": m, "replies": []}
         conns[key] = st
         if ev is None:
-            res.notes.append(f"frame {c.index}: softrdma's CM raised no CONNECT_REQUEST "
-                             f"for the {m.name}")
+            res.failures.append(f"frame {c.index}: softrdma's CM raised no "
+                                f"CONNECT_REQUEST for the {m.name}")
             return
         cid = CMID(ev, listen_id=lid)
         st["cid"] = cid
@@ -283,15 +288,15 @@ def _from_active(side: _Side, c: CapturedPacket, m: Any, conns: dict[int, dict[s
     if m.name == "RTU":
         side.feed(c, _rewrite(m, remote_comm_id=ours.local_comm_id))
         if side.event(E.RDMA_CM_EVENT_ESTABLISHED) is None:
-            res.notes.append(f"frame {c.index}: the RTU did not establish softrdma's "
-                             "connection")
+            res.failures.append(f"frame {c.index}: the RTU did not establish softrdma's "
+                                "connection")
     elif m.name == "DREQ":
         st["their_dreq"] = m
         side.feed(c, _rewrite(m, remote_comm_id=ours.local_comm_id,
                               remote_qpn=st["cid"].qpn))
         if side.event(E.RDMA_CM_EVENT_DISCONNECTED) is None:
-            res.notes.append(f"frame {c.index}: the DREQ did not disconnect softrdma's "
-                             "connection")
+            res.failures.append(f"frame {c.index}: the DREQ did not disconnect softrdma's "
+                                "connection")
         st["cid"].disconnect()  # the application's answer: rdma_disconnect sends the DREP
         st["replies"] = side.take()
     elif m.name == "DREP":
@@ -315,7 +320,11 @@ def _from_passive(side: _Side, c: CapturedPacket, m: Any, conns: dict[int, dict[
 
     if m.name in ("REP", "REJ", "MRA"):
         st = next((s for s in conns.values() if s["req"].name == "REQ"
-                   and s["req"].local_comm_id == m.remote_comm_id), None)
+                   and s["req"].local_comm_id == m.remote_comm_id), None) or next(
+            (s for s in conns.values() if s["req"].name == "REQ" and not s.get("answered")),
+            None)  # (a REP that names no REQ is judged against the first unanswered one)
+        if st is not None:
+            st["answered"] = True
         if st is None:
             return FrameVerdict(c.index, "cm", "not judged", c,
                                 reason=f"a {m.name} to a REQ the capture does not show")
@@ -330,7 +339,11 @@ def _from_passive(side: _Side, c: CapturedPacket, m: Any, conns: dict[int, dict[
         return _compare(c, m, ours, rel)
     if m.name == "SIDR_REP":
         st = next((s for s in conns.values() if s["req"].name == "SIDR_REQ"
-                   and s["req"].request_id == m.request_id), None)
+                   and s["req"].request_id == m.request_id), None) or next(
+            (s for s in conns.values() if s["req"].name == "SIDR_REQ"
+             and not s.get("answered")), None)
+        if st is not None:
+            st["answered"] = True
         if st is None:
             return FrameVerdict(c.index, "cm", "not judged", c,
                                 reason="a SIDR_REP to a SIDR_REQ the capture does not show")

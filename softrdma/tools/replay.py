@@ -89,7 +89,7 @@ def _side_json(r: Any) -> dict[str, Any]:
                extra_not_judged=sum(1 for x in res.extra if not x.judged),
                losses=[{"frame": e.frame, "kind": e.kind, "psn": e.psn, "count": e.count,
                         "text": e.text} for e in (ev.events if ev is not None else [])],
-               notes=res.notes)
+               notes=res.notes, failures=res.failures)
     return out
 
 
@@ -136,6 +136,7 @@ def _side_text(r: Any, max_diffs: int) -> list[str]:
                 lines.extend("    " + f.line() for f in d.differing)
         if len(diff.packets) > max_diffs:
             lines.append(f"  ... {len(diff.packets) - max_diffs} more (--max-diffs)")
+        lines.extend(f"  {f}" for f in res.failures)
     runs = _not_judged(nj)
     for first, last, why in runs[:max_diffs]:
         frames = f"frame {first}" if first == last else f"frames {first}-{last}"
