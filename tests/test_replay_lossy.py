@@ -274,3 +274,42 @@ def _write(tmp_path: Path, recs: list) -> str:
     f = tmp_path / "x.pcap"
     f.write_bytes(pm.to_bytes(recs))
     return str(f)
+
+
+def test_a_file_is_replayed_one_conversation_at_a_time(tmp_path):
+    """Bounded memory: replay_file indexes the capture in one pass (frame numbers only) and
+    holds the packets of one conversation at a time; a conversation not chosen with
+    --ip/--qpn is never read in. srq_pingpong has four RC conversations."""
+    from softrdma.harness.conversations import replay_file
+
+    path = str(ROOT / "pcaps/linux-rxe/srq_pingpong.pcap")
+    index: list = []
+    seen = []
+    for r in replay_file(path, index=index):
+        held = [cv for cv in index if cv.packets]
+        assert held == [r.conversation]  # the others are frame numbers only
+        assert [c.index for c in r.conversation.packets] == list(r.conversation.frame_numbers)
+        seen.append(r.conversation)
+    assert len(index) == 4 and all(not cv.packets for cv in index)
+    assert [id(cv) for cv in index] == list(dict.fromkeys(id(cv) for cv in seen))
+    index = []
+    sides = list(replay_file(path, qpn=0x15, index=index))
+    assert {r.side[1] for r in sides} == {0x15} and all(r.ok for r in sides)
+    # the three conversations without QP 0x15 were never read in: no packets, ever
+    # (frame numbers alone: 4 bytes a packet)
+    assert sum(1 for cv in index if cv.endpoint(qpn=0x15) is None) == 3
+
+
+def test_a_file_cut_inside_a_record_is_replayed_up_to_the_cut(tmp_path):
+    """tcpdump killed mid-write: the records before the cut are replayed, the cut is named
+    on stderr, and the exit status is the replay's (not 2)."""
+    data = (ROOT / "pcaps/linux-rxe/rc_pingpong.pcap").read_bytes()
+    whole = len(pm.load(ROOT / "pcaps/linux-rxe/rc_pingpong.pcap"))
+    f = tmp_path / "cut.pcap"
+    f.write_bytes(data[:len(data) * 2 // 3])
+    rc, out, err = _cli(str(f))
+    assert rc == 0, out + err
+    assert "data truncated" in err and "record(s) before it are replayed" in err
+    n = int(err.split("the ")[-1].split()[0])
+    assert 0 < n < whole
+    assert "as 10.77.0.11 qpn 0x11" in out

@@ -37,15 +37,17 @@ import ipaddress
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from array import array
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..wire.opcodes import Transport
-from .replay import CapturedPacket, ReplayError, ReplayResult, replay_side
+from .replay import CapturedPacket, ReplayError, ReplayResult, iter_capture, replay_side
 
 if TYPE_CHECKING:
     from .replaydiff import ReplayDiff
 
-__all__ = ["Conversation", "SideReplay", "conversations", "replay_conversations", "replay_one"]
+__all__ = ["Conversation", "SideReplay", "conversations", "replay_conversations", "replay_file",
+           "replay_one"]
 
 QP1 = 1
 
@@ -65,11 +67,20 @@ class Conversation:
     packets: list[CapturedPacket] = field(default_factory=list)
     refused: str | None = None  # why it is not replayed, or None
     cm: bool = False  # the CM's MADs on QP1 (replayed by softrdma.harness.replaycm)
+    #: the frame numbers of its packets when they are not held (:func:`replay_file`)
+    frame_numbers: Any = field(default_factory=lambda: array("L"))
 
     @property
     def frames(self) -> tuple[int, int]:
         """First and last frame numbers (1-based, as tshark and ``softrdma dissect``)."""
+        if self.frame_numbers:
+            return self.frame_numbers[0], self.frame_numbers[-1]
         return self.packets[0].index, self.packets[-1].index
+
+    @property
+    def count(self) -> int:
+        """How many packets it has (held or not)."""
+        return len(self.frame_numbers) or len(self.packets)
 
     def endpoint(self, ip: str | None = None, qpn: int | None = None) -> tuple[str, int | None] | None:
         """The end matching ``ip`` and/or ``qpn``, or None."""
@@ -82,12 +93,16 @@ class Conversation:
         def end(e: tuple[str, int | None]) -> str:
             return f"{e[0]} qpn {'?' if e[1] is None else hex(e[1])}"
         first, last = self.frames
-        return (f"{self.transport} {end(self.a)} <-> {end(self.b)}: {len(self.packets)} "
+        return (f"{self.transport} {end(self.a)} <-> {end(self.b)}: {self.count} "
                 f"packets, frames {first}-{last}")
 
 
-def conversations(capture: list[CapturedPacket]) -> list[Conversation]:
-    """The capture's conversations, in order of their first packet."""
+def conversations(capture: Iterable[CapturedPacket], *, keep: bool = True,
+                  labels: dict[tuple[str, int], int] | None = None) -> list[Conversation]:
+    """The capture's conversations, in order of their first packet. ``keep`` False keeps
+    only each conversation's frame numbers (``frame_numbers``), not its packets: the index
+    :func:`replay_file` makes in one pass over a long capture. ``labels``, if given, is
+    filled with :func:`cm_flow_labels` of the same pass."""
     convs: dict[tuple, Conversation] = {}
     order: list[tuple] = []
 
@@ -98,7 +113,7 @@ def conversations(capture: list[CapturedPacket]) -> list[Conversation]:
         return convs[key]
 
     # connected flows: (src, dst, sport) -> packets, and the QP each is destined to
-    flows: dict[tuple[bytes, bytes, int], list[CapturedPacket]] = defaultdict(list)
+    flows: dict[tuple[bytes, bytes, int], list[Any]] = defaultdict(list)
     flow_qpn: dict[tuple[bytes, bytes, int], int] = {}
     flow_kind: dict[tuple[bytes, bytes, int], str] = {}
     for c in capture:
@@ -109,12 +124,17 @@ def conversations(capture: list[CapturedPacket]) -> list[Conversation]:
             key = ("UD",) + tuple(sorted([src, dst]))
             cv = conv(key, lambda: Conversation("UD", (_ip(src[0]), src[1]),
                                                 (_ip(dst[0]), dst[1])))
-            cv.packets.append(c)
+            if keep:
+                cv.packets.append(c)
+            else:
+                cv.frame_numbers.append(c.index)
             if QP1 in (p.src_qp, p.dest_qp):
                 cv.cm = True
+                if labels is not None:
+                    labels.update(cm_flow_labels([c]))
             continue
         fk = (c.src, c.dst, c.sport)
-        flows[fk].append(c)
+        flows[fk].append(c if keep else c.index)
         flow_qpn[fk] = p.dest_qp
         flow_kind[fk] = t.name
     # pair each flow with the reverse flow on the same port (rxe), else the only one
@@ -145,11 +165,15 @@ def conversations(capture: list[CapturedPacket]) -> list[Conversation]:
             key = ("conn",) + tuple(sorted([fk, rev]))
             cv = conv(key, lambda: Conversation(flow_kind[fk], (_ip(src), flow_qpn[rev]),
                                                 (_ip(dst), flow_qpn[fk])))
-        cv.packets.extend(pkts)
+        if keep:
+            cv.packets.extend(pkts)
+        else:
+            cv.frame_numbers.extend(pkts)
     out = [convs[k] for k in order]
     for cv in out:
         cv.packets.sort(key=lambda c: c.index)
-    out.sort(key=lambda cv: cv.packets[0].index)
+        cv.frame_numbers = array("L", sorted(cv.frame_numbers))
+    out.sort(key=lambda cv: cv.frames[0])
     return out
 
 
@@ -211,6 +235,31 @@ def replay_conversations(capture: list[CapturedPacket], *, ip: str | None = None
     end are skipped). Refused conversations are yielded with ``result=None``."""
     labels = cm_flow_labels(capture)
     convs = conversations(capture)
+    yield from _replay_all(convs, labels, None, ip=ip, qpn=qpn, device_name=device_name,
+                           inline=inline)
+
+
+def replay_file(path: str, *, ip: str | None = None, qpn: int | None = None,
+                device_name: str = "replay0", inline: bool = False,
+                warnings: list[str] | None = None,
+                index: list[Conversation] | None = None) -> Iterator[SideReplay]:
+    """:func:`replay_conversations` on the capture file ``path``, in bounded memory: a first
+    pass keeps only each conversation's frame numbers (and the CM REQs' flow labels); then
+    each conversation replayed is read again, alone, replayed, and let go before the next.
+    What is held at once: the index (a few bytes per packet) and one conversation's packets
+    with its replay. A file cut inside a record is read up to the cut (``warnings`` gets a
+    line saying so); ``index``, if given, gets every conversation found."""
+    labels: dict[tuple[str, int], int] = {}
+    convs = conversations(iter_capture(path, warnings), keep=False, labels=labels)
+    if index is not None:
+        index.extend(convs)
+    yield from _replay_all(convs, labels, path, ip=ip, qpn=qpn, device_name=device_name,
+                           inline=inline)
+
+
+def _replay_all(convs: list[Conversation], labels: dict[tuple[str, int], int],
+                path: str | None, *, ip: str | None, qpn: int | None, device_name: str,
+                inline: bool) -> Iterator[SideReplay]:
     # rdma_cm made the connections, but a REQ may be missing: the label is then the port's
     by_cm = any(cv.cm for cv in convs)
     for cv in convs:
@@ -221,13 +270,24 @@ def replay_conversations(capture: list[CapturedPacket], *, ip: str | None = None
             sides = [end]
         else:
             sides = [cv.a, cv.b]
-        for side in sides:
-            if cv.refused:
-                yield SideReplay(cv, side, None)
-                continue
-            # the REQ came from either end
-            fl = labels.get(cv.a, labels.get(cv.b, None if by_cm else 0))
-            yield replay_one(cv, side, device_name=device_name, inline=inline, flow_label=fl)
+        if path is not None and not cv.packets:
+            wanted = set(cv.frame_numbers)
+            cv.packets = [c for c in iter_capture(path, []) if c.index in wanted]
+        yield from _replay_sides(cv, sides, labels, by_cm, device_name, inline)
+        if path is not None:
+            cv.packets = []  # let the conversation go: the next one is read on its own
+
+
+def _replay_sides(cv: Conversation, sides: list[tuple[str, int | None]],
+                  labels: dict[tuple[str, int], int], by_cm: bool, device_name: str,
+                  inline: bool) -> Iterator[SideReplay]:
+    for side in sides:
+        if cv.refused:
+            yield SideReplay(cv, side, None)
+            continue
+        # the REQ came from either end
+        fl = labels.get(cv.a, labels.get(cv.b, None if by_cm else 0))
+        yield replay_one(cv, side, device_name=device_name, inline=inline, flow_label=fl)
 
 
 def replay_one(cv: Conversation, side: tuple[str, int | None], *, device_name: str,

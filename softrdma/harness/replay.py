@@ -34,7 +34,7 @@ from ..wire.frames import decode_frame
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from ..wire.opcodes import Opcode as O, Transport
 from ..wire.packet import DecodeError, RocePacket, parse
-from ..wire.pcap import read_pcap
+from ..wire.pcap import PcapError, read_pcap
 from ..qp.params import udp_sport_for_path
 from ..qp.psn import psn_add, psn_diff
 from ..soft.device import RXE_MAX_HDR_LENGTH, SoftDevice
@@ -136,13 +136,22 @@ def load_capture(path: str) -> list[CapturedPacket]:
     return list(iter_capture(path))
 
 
-def iter_capture(path: str) -> Iterator[CapturedPacket]:
+def iter_capture(path: str, warnings: list[str] | None = None) -> Iterator[CapturedPacket]:
     """The capture's RoCE packets, one at a time (frames that are not RoCEv2, or whose
-    RoCE packet does not parse, are skipped: they are nobody's transport)."""
-    for r in read_pcap(path):
-        cp = captured_packet(r)
-        if cp is not None:
-            yield cp
+    RoCE packet does not parse, are skipped: they are nobody's transport). With
+    ``warnings``, a file cut inside a record (tcpdump killed) is read up to the cut and a
+    line saying where is added; without, the error is raised."""
+    n = 0
+    try:
+        for r in read_pcap(path):
+            n += 1
+            cp = captured_packet(r)
+            if cp is not None:
+                yield cp
+    except PcapError as e:
+        if warnings is None or n == 0:
+            raise
+        warnings.append(f"{e}: the {n} record(s) before it are replayed")
 
 
 def captured_packet(r: Any) -> CapturedPacket | None:
@@ -849,7 +858,11 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
              and c.pkt.info.is_request == is_req]
         sm = SequenceMatcher(None, [_key(c.pkt) for c in t], [_key(x[3]) for x in o],
                              autojunk=False)
-        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        ops = sm.get_opcodes()
+        # softrdma's packets after the last one paired with the capture's: the capture
+        # may end before it would have shown them (cut inside a retransmission burst)
+        tail = ops[-1][3] if ops and ops[-1][0] == "insert" else len(o)
+        for tag, i1, i2, j1, j2 in ops:
             n = min(i2 - i1, j2 - j1) if tag in ("equal", "replace") else 0
             for k in range(n):
                 c, x = t[i1 + k], o[j1 + k]
@@ -871,8 +884,10 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
                 verdicts[c.index] = FrameVerdict(
                     c.index, kind, "not judged" if why else "different", c,
                     reason=why or "softrdma sent nothing in its place")
-            for x in o[j1 + n:j2]:
-                why = _why_extra(ev)
+            for j, x in enumerate(o[j1 + n:j2], j1 + n):
+                why = _why_extra(ev) or (
+                    f"sent after the last {kind} of the endpoint's the capture shows: the "
+                    "capture may end before it" if j >= tail else None)
                 if why is None and is_req and x[3].psn not in shown:
                     why = (f"the capture never shows PSN {x[3].psn} from the endpoint (lost "
                            "before the capture point, or sent before the capture began)")

@@ -61,7 +61,7 @@ def _side_json(r: Any) -> dict[str, Any]:
     cv = r.conversation
     out: dict[str, Any] = {
         "conversation": {"transport": cv.transport, "a": list(cv.a), "b": list(cv.b),
-                         "frames": list(cv.frames), "packets": len(cv.packets)},
+                         "frames": list(cv.frames), "packets": cv.count},
         "as": list(r.side),
     }
     if r.error is not None:
@@ -148,17 +148,20 @@ def _side_text(r: Any, max_diffs: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..harness.conversations import replay_conversations
-    from ..harness.replay import load_capture
     with capture_file_errors(args.pcap):
-        capture = load_capture(args.pcap)
-    if not capture:
-        raise UsageError(f"{args.pcap}: no RoCEv2 packets in the capture")
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..harness.conversations import replay_file
+    warnings: list[str] = []
     out = sys.stdout
     sides = different = refused = failed = refused_sides = 0
     frames = judged = identical = ndiff = 0
     last = None
-    for r in replay_conversations(capture, ip=args.ip, qpn=args.qpn, inline=args.inline):
+    convs: list[Any] = []
+    for r in replay_file(args.pcap, ip=args.ip, qpn=args.qpn, inline=args.inline,
+                         warnings=warnings, index=convs):
         sides += 1
         cv = r.conversation
         if args.json:
@@ -192,6 +195,10 @@ def run(args: argparse.Namespace) -> int:
                 out.write(cv.describe() + "\n")
             for line in _side_text(r, args.max_diffs):
                 out.write(line + "\n")
+    for w in warnings:
+        sys.stderr.write(f"softrdma replay: {args.pcap}: {w}\n")
+    if not convs:
+        raise UsageError(f"{args.pcap}: no RoCEv2 packets in the capture")
     if sides == 0:
         want = " ".join(x for x in (args.ip and f"--ip {args.ip}",
                                     args.qpn is not None and f"--qpn {args.qpn:#x}") if x)
