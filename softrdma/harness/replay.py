@@ -694,7 +694,7 @@ def _set_aside_late_answers(res: ReplayResult, cut: int | None) -> None:
 
 
 def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
-                inline: bool = False, max_dest_rd_atomic: int = 16,
+                inline: bool = False, max_dest_rd_atomic: int = 128,
                 max_rd_atomic: int = 16, rx_depth: int = 512,
                 flow_label: int | None = 0) -> ReplayResult:
     """Stand up softrdma as the endpoint at ``ip`` of ``capture`` and replay (see module doc).
@@ -702,7 +702,9 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     :mod:`softrdma.harness.conversations`. ``flow_label`` is the connection's GRH flow
     label (rdma_cm puts it in the CM REQ; it picks an RC QP's UDP source port); None:
     the connection was made by rdma_cm but the capture lacks its REQ, so take one that
-    gives the captured port. Raises :class:`ReplayError` when the side cannot be replayed at all."""
+    gives the captured port. ``max_dest_rd_atomic`` is rxe's largest (128, what perftest
+    asks for): the responder resources a duplicate READ or atomic is answered from, which
+    the wire does not show. Raises :class:`ReplayError` when the side cannot be replayed at all."""
     me = ipaddress.ip_address(ip).packed
     roles = _roles(capture, me)
     notes: list[str] = []
@@ -815,11 +817,14 @@ def _why_not(ev: Evidence, frame: int) -> str | None:
     return None if e is None else f"after frame {e.frame} ({e.kind}: {e.text})"
 
 
-def _why_extra(ev: Evidence) -> str | None:
-    """Why a packet softrdma sent that the capture lacks is not judged, or None. In a
-    capture with losses it may have been lost before the capture point, and the evidence of
-    that (the peer acting as if it never came) may be anywhere after it: not judged."""
-    e = ev.first_loss()
+def _why_extra(ev: Evidence, frame: int) -> str | None:
+    """Why a packet softrdma sent (replaying ``frame``) that the capture lacks is not
+    judged, or None. In a capture with losses it may have been lost before the capture
+    point, and the evidence of that (the peer acting as if it never came) may be anywhere
+    after it, or nowhere (a later cumulative ACK covers a lost one): not judged. A go-back
+    alone is no loss (rxe's timer also fires spuriously), but after one the capture is
+    not known to be whole either."""
+    e = ev.first_loss() or ev.before(frame)
     return None if e is None else (f"the capture shows losses (first at frame {e.frame}: "
                                    f"{e.text}): it may have been lost before the capture point")
 
@@ -871,7 +876,7 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
                     verdicts[c.index] = FrameVerdict(c.index, kind, "not judged", c,
                                                      reason=_why_not(ev, c.index) or "")
                     res.extra.append(ExtraPacket(x[0], x[1], x[2], False,
-                                                 _why_extra(ev) or ""))
+                                                 _why_extra(ev, x[2]) or ""))
                     continue
                 v = verdicts[c.index] = _pair(kind, c, x[0], x[1])
                 why = None
@@ -885,9 +890,10 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
                     c.index, kind, "not judged" if why else "different", c,
                     reason=why or "softrdma sent nothing in its place")
             for j, x in enumerate(o[j1 + n:j2], j1 + n):
-                why = _why_extra(ev) or (
+                why = _why_extra(ev, x[2]) or (
                     f"sent after the last {kind} of the endpoint's the capture shows: the "
-                    "capture may end before it" if j >= tail else None)
+                    "capture may end before it" if j >= tail else None) or (
+                    None if is_req else ev.answer_lost(x[3].psn, x[2]))
                 if why is None and is_req and x[3].psn not in shown:
                     why = (f"the capture never shows PSN {x[3].psn} from the endpoint (lost "
                            "before the capture point, or sent before the capture began)")

@@ -85,6 +85,20 @@ class Evidence:
         return None if best is None else (f"after frame {best[0]} ({best[1]}), what reached "
                                           "the endpoint is not known exactly")
 
+    #: (frame, first PSN, highest PSN sent) of each go-back of the peer's (not after an
+    #: RNR NAK): it never got the answers to those PSNs
+    peer_resends: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def answer_lost(self, psn: int, after: int) -> str | None:
+        """Why an answer of the endpoint's to PSN ``psn``, sent at frame ``after`` and absent
+        from the capture, is evidently lost before the capture point (the peer went back
+        over ``psn`` later), or None."""
+        for f, lo, hi in self.peer_resends:
+            if f >= after and psn_diff(psn, lo) >= 0 and psn_diff(hi, psn) >= 0:
+                return (f"the peer went back to PSN {lo} at frame {f}: it never got this "
+                        "answer (lost before the capture point)")
+        return None
+
     def uncertain_at(self, frame: int) -> str | None:
         """Why what the endpoint answered at ``frame`` is not known to follow from what
         the capture shows reaching it, or None."""
@@ -230,6 +244,7 @@ def _request_streams(capture: list[Any], me: bytes, mtu: int, ev: Evidence) -> N
             _my_go_back(capture, start, pos, p.psn, last_to_me, me, ev)
         elif not rnr:
             _uncertain(capture, pos, highest[s], me, ev)
+            ev.peer_resends.append((c.index, p.psn, highest[s]))
 
 
 def _uncertain(capture: list[Any], pos: int, top: int, me: bytes, ev: Evidence) -> None:
