@@ -849,7 +849,8 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
         if c.index in ev.copies:
             verdicts[c.index] = FrameVerdict(c.index, _kind(c.pkt), "not judged", c,
                                              reason=f"a copy of frame {ev.copies[c.index]} "
-                                                    "(same IPv4 ID) made by the network")
+                                                    f"({ev.copy_how.get(c.index, 'same bytes')})"
+                                                    " made by the network")
         elif c.index in foreign:
             verdicts[c.index] = FrameVerdict(c.index, _kind(c.pkt), "not judged", c,
                                              reason="not of this conversation's transport")

@@ -22,8 +22,9 @@ call a difference what only a loss explains. The evidence used here is small and
 * copies: the same packet twice with the same IPv4 ID. rxe numbers its IPv4 packets, so
   a retransmission has a new ID and a copy with the same ID was made by the network (a
   copy of the replayed endpoint's packet is not judged as one it sent). Where the sender
-  does not number its packets (softrdma's sockets send ID 0), only the same bytes twice
-  in a row, nothing between, count as a copy; anything else is taken as sent twice.
+  does not number its packets (softrdma's sockets send ID 0), the same bytes twice in a
+  row are noted (a copy, or sent twice: a burst of answers to resends looks the same) and
+  each is judged as sent.
 
 Each finding is a :class:`LossEvent`; :class:`Evidence` holds them and the frames the
 replayed endpoint evidently did not receive.
@@ -67,8 +68,9 @@ class Evidence:
     events: list[LossEvent] = field(default_factory=list)
     #: frames of packets to the endpoint that it evidently did not receive -> why
     undelivered: dict[int, str] = field(default_factory=dict)
-    #: frames that are network copies of an earlier frame -> that frame
+    #: frames that are network copies of an earlier frame -> that frame (and how told)
     copies: dict[int, int] = field(default_factory=dict)
+    copy_how: dict[int, str] = field(default_factory=dict)
     #: (first frame, last frame, why): stretches where the endpoint's answers depend on
     #: which of the peer's packets reached it, which the capture does not show (after
     #: the peer resent, until the endpoint acknowledges all it had sent)
@@ -168,27 +170,36 @@ def infer(capture: list[Any], me: bytes, mtu: int) -> Evidence:
                 _copy(ev, c, seen[key], "same IPv4 ID", me)
                 continue
             seen[key] = c.index
-        elif last is not None and last.src == c.src and last.roce == c.roce \
-                and last.index not in ev.copies:
-            # no IPv4 ID to tell by: the same bytes twice in a row, nothing between
-            _copy(ev, c, last.index, "the same bytes twice in a row", me)
+        elif last is not None and last.src == c.src and last.roce == c.roce:
+            # no IPv4 ID to tell by: the same bytes twice in a row may be a copy or sent
+            # twice (answers to a burst of resends); it is paired if softrdma sent it twice
+            ev.events.append(LossEvent(last.index, "duplicate", c.pkt.psn, 1,
+                                       f"frame {c.index} repeats frame {last.index}: a copy "
+                                       "made by the network, or sent twice"))
     _request_streams(capture, me, mtu, ev)
     _responses(capture, me, mtu, ev)
     return ev
 
 
 def _numbers_packets(capture: list[Any]) -> dict[bytes, bool]:
-    """Per sender, whether it numbers its IPv4 packets (rxe does: nearly every packet a
-    new ID), so that a repeated ID marks a copy. softrdma's sockets send ID 0 and the
-    simulated network numbers only the packets of a train."""
+    """Per sender, whether it numbers its IPv4 packets (Linux does for rxe: each packet the
+    ID after the last), so that a repeated ID marks a copy. softrdma's sockets send ID 0
+    and the simulated network numbers only the packets of a train, from 0."""
     ids: dict[bytes, list[int]] = {}
     for c in capture:
         ids.setdefault(c.src, []).append(c.ip_id)
-    return {s: len(v) > 1 and len(set(v)) >= 0.9 * len(v) for s, v in ids.items()}
+
+    def counter(v: list[int]) -> bool:
+        # a counter: (almost) no ID 0, and (almost) every next packet a little higher
+        # (packets lost before the capture point skip a few)
+        steps = sum(1 for a, b in zip(v, v[1:]) if 0 < (b - a) % 65536 <= 64)
+        return len(v) > 1 and v.count(0) <= 0.02 * len(v) and steps >= 0.9 * (len(v) - 1)
+    return {s: counter(v) for s, v in ids.items()}
 
 
 def _copy(ev: Evidence, c: Any, of: int, how: str, me: bytes) -> None:
     ev.copies[c.index] = of
+    ev.copy_how[c.index] = how
     ev.events.append(LossEvent(of, "duplicate", c.pkt.psn, 1,
                                f"frame {c.index} is a copy of frame {of} ({how}): made by "
                                "the network"))
