@@ -695,16 +695,18 @@ def _set_aside_late_answers(res: ReplayResult, cut: int | None) -> None:
 
 def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
                 inline: bool = False, max_dest_rd_atomic: int = 128,
-                max_rd_atomic: int = 16, rx_depth: int = 512,
+                max_rd_atomic: int = 128, rx_depth: int = 512,
                 flow_label: int | None = 0) -> ReplayResult:
     """Stand up softrdma as the endpoint at ``ip`` of ``capture`` and replay (see module doc).
     Supports captures of one QP per side (RC, UC or UD); for several, see
     :mod:`softrdma.harness.conversations`. ``flow_label`` is the connection's GRH flow
     label (rdma_cm puts it in the CM REQ; it picks an RC QP's UDP source port); None:
     the connection was made by rdma_cm but the capture lacks its REQ, so take one that
-    gives the captured port. ``max_dest_rd_atomic`` is rxe's largest (128, what perftest
-    asks for): the responder resources a duplicate READ or atomic is answered from, which
-    the wire does not show. Raises :class:`ReplayError` when the side cannot be replayed at all."""
+    gives the captured port. ``max_dest_rd_atomic`` and ``max_rd_atomic`` are rxe's largest (128,
+    what perftest asks for): the responder resources a duplicate READ or atomic is
+    answered from, and the READs and atomics in flight, which the wire does not show (the
+    replay posts each WR when the capture shows it, so a limit above the endpoint's
+    changes nothing). Raises :class:`ReplayError` when the side cannot be replayed at all."""
     me = ipaddress.ip_address(ip).packed
     roles = _roles(capture, me)
     notes: list[str] = []
