@@ -870,37 +870,46 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
         # softrdma's packets after the last one paired with the capture's: the capture
         # may end before it would have shown them (cut inside a retransmission burst)
         tail = ops[-1][3] if ops and ops[-1][0] == "insert" else len(o)
+        pairs: list[tuple[str, Any, int]] = []  # (how, captured, index into o)
+        lone_t: list[Any] = []
+        lone_o: list[int] = []
         for tag, i1, i2, j1, j2 in ops:
             n = min(i2 - i1, j2 - j1) if tag in ("equal", "replace") else 0
             for k in range(n):
-                c, x = t[i1 + k], o[j1 + k]
+                c = t[i1 + k]
                 if tag == "replace" and _why_not(ev, c.index):
                     # the PSNs part ways after a loss: nothing to pair it with
-                    verdicts[c.index] = FrameVerdict(c.index, kind, "not judged", c,
-                                                     reason=_why_not(ev, c.index) or "")
-                    res.extra.append(ExtraPacket(x[0], x[1], x[2], False,
-                                                 _why_extra(ev, x[2]) or ""))
-                    continue
-                v = verdicts[c.index] = _pair(kind, c, x[0], x[1])
-                why = None
-                if v.status == "different":
-                    why = ev.uncertain_at(c.index) or ev.input_before(c.index)
-                if why:
-                    v.status, v.reason = "not judged", why
-            for c in t[i1 + n:i2]:
-                why = _why_not(ev, c.index)
-                verdicts[c.index] = FrameVerdict(
-                    c.index, kind, "not judged" if why else "different", c,
-                    reason=why or "softrdma sent nothing in its place")
-            for j, x in enumerate(o[j1 + n:j2], j1 + n):
-                why = _why_extra(ev, x[2]) or (
-                    f"sent after the last {kind} of the endpoint's the capture shows: the "
-                    "capture may end before it" if j >= tail else None) or (
-                    None if is_req else ev.answer_lost(x[3].psn, x[2]))
-                if why is None and is_req and x[3].psn not in shown:
-                    why = (f"the capture never shows PSN {x[3].psn} from the endpoint (lost "
-                           "before the capture point, or sent before the capture began)")
-                res.extra.append(ExtraPacket(x[0], x[1], x[2], why is None, why or ""))
+                    lone_t.append(c)
+                    lone_o.append(j1 + k)
+                else:
+                    pairs.append((tag, c, j1 + k))
+            lone_t.extend(t[i1 + n:i2])
+            lone_o.extend(range(j1 + n, j2))
+        _repair(pairs, lone_o, o)
+        for tag, c, j in pairs:
+            x = o[j]
+            v = verdicts[c.index] = _pair(kind, c, x[0], x[1])
+            why = None
+            if v.status == "different":
+                why = ev.uncertain_at(c.index) or ev.input_before(c.index) or \
+                    _atomic_after_uncertainty(ev, c, x[3])
+            if why:
+                v.status, v.reason = "not judged", why
+        for c in lone_t:
+            why = _why_not(ev, c.index)
+            verdicts[c.index] = FrameVerdict(
+                c.index, kind, "not judged" if why else "different", c,
+                reason=why or "softrdma sent nothing in its place")
+        for j in sorted(lone_o):
+            x = o[j]
+            why = _why_extra(ev, x[2]) or (
+                f"sent after the last {kind} of the endpoint's the capture shows: the "
+                "capture may end before it" if j >= tail else None) or (
+                None if is_req else ev.answer_lost(x[3].psn, x[2]))
+            if why is None and is_req and x[3].psn not in shown:
+                why = (f"the capture never shows PSN {x[3].psn} from the endpoint (lost "
+                       "before the capture point, or sent before the capture began)")
+            res.extra.append(ExtraPacket(x[0], x[1], x[2], why is None, why or ""))
     res.verdicts = [verdicts[c.index] for c in res.expected]
     for v in res.verdicts:
         if v.status == "different":
@@ -909,6 +918,43 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
         if x.judged:
             res.mismatches.append(f"softrdma sent {parse(x.data)!r} (replaying frame "
                                   f"{x.after_frame}), the capture has no such packet")
+
+
+def _repair(pairs: list[tuple[str, Any, int]], lone_o: list[int], o: list[Any]) -> None:
+    """Where a captured packet is paired with a softrdma packet that differs, but one of
+    softrdma's left unpaired has the same key and the captured bytes, pair it with that
+    one instead: the alignment cannot tell apart packets with one key (answers to the same
+    duplicate READ at different times carry different MSNs)."""
+    if not lone_o:
+        return
+    by_bytes: dict[bytes, list[int]] = {}
+    for j in lone_o:
+        by_bytes.setdefault(bytes(o[j][0][:-4]), []).append(j)
+    for k, (tag, c, j) in enumerate(pairs):
+        if bytes(o[j][0][:-4]) == c.roce[:-4]:
+            continue
+        alt = by_bytes.get(c.roce[:-4])
+        if alt:
+            j2 = alt.pop(0)
+            pairs[k] = (tag, c, j2)
+            lone_o.remove(j2)
+            lone_o.append(j)
+            by_bytes.setdefault(bytes(o[j][0][:-4]), []).append(j)
+
+
+def _atomic_after_uncertainty(ev: Evidence, c: CapturedPacket, ours: RocePacket) -> str | None:
+    """An atomic ACK that differs only in the original value, after a stretch where which
+    of the peer's atomics reached the endpoint is not known: the memory it read may hold
+    one add or swap more or less (not judged), or None."""
+    if not c.pkt.info.atomic or not ours.info.atomic:
+        return None
+    a, b = c.pkt.fields(), ours.fields()
+    if {k for k in a if a[k] != b.get(k)} - {"orig"}:
+        return None
+    lo = next((w for w in ev.uncertain if w[0] <= c.index), None)
+    return None if lo is None else (f"the original value of an atomic after frames {lo[0]}-"
+                                    f"{lo[1]}, where which of the peer's atomics reached the "
+                                    "endpoint is not known")
 
 
 def _key(p: RocePacket) -> tuple[int, int, int]:
