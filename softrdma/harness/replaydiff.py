@@ -19,8 +19,12 @@ prints, for each of the first packets that differ, its frame number, both packet
           dest_qp: 0x000011
           ...
 
-Requests and responses are paired separately, in order, as ``replay_side`` compares them:
-how the two kinds interleave is timing, not protocol. The ICRC softrdma's packet would
+Requests and responses are paired as ``replay_side`` pairs them
+(:func:`softrdma.harness.replay.judge`: separately, how the two kinds interleave being
+timing, not protocol; aligned by opcode, PSN and ACK kind, so that one packet only one
+side sent does not shift every later pair). Only the packets judged different are shown;
+those not judged (a loss makes them unknowable) are in ``not_judged`` with their reason,
+and ``share()`` says how much was judged. The ICRC softrdma's packet would
 carry is computed with the capture's IPv4 ID (rxe numbers its packets; softrdma's sockets
 send ID 0), so an ICRC difference is a difference in the covered bytes, not the ID.
 """
