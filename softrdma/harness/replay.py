@@ -579,28 +579,38 @@ class _Receives:
                 self.done += 1
 
 
+#: the most memory the endpoint's send buffers take in a replay: their data is laid out
+#: one message after the other and written when the message is posted, so a ring this
+#: large wraps only over messages long completed
+_MAX_SEND_RING = 64 << 20
+
+
 def _work_requests(pd: Any, roles: _Roles, msgs: list[_Message], peer_gid: bytes,
-                   inline: bool) -> list[tuple[int, Any]]:
+                   inline: bool) -> list[tuple[int, Any, bytes, Any, int]]:
     """Phase 5: the work requests the endpoint posted, rebuilt from its request packets,
-    each with the first PSN of its message (where the replay posts it), in PSN order."""
-    send_mr = MR(pd, 1 << 21, _ALL)
+    each with the first PSN of its message (where the replay posts it), in PSN order, and
+    the data to write into its buffer when it is posted: (PSN, WR, data, MR, offset)."""
     ah = None
     ud = roles.transport == Transport.UD
-    out: list[tuple[int, Any]] = []
-    off = 0
+    built = []
+    total = 0
     for msg in msgs:
         opc, f, data = _wr_of_message(msg, roles.path_mtu, ud)
-        if ud and (ah is None or "remote_qpn" not in f):
-            f.setdefault("remote_qpn", roles.peer_qpn or 0)
-            f.setdefault("qkey", 0)
         length = len(data) if opc not in (IBV_WR_RDMA_READ, IBV_WR_ATOMIC_CMP_AND_SWP,
                                           IBV_WR_ATOMIC_FETCH_AND_ADD) else (
             8 if opc != IBV_WR_RDMA_READ else f["len"])
-        length = min(length, send_mr.length)
+        length = min(length, _MAX_SEND_RING)
+        built.append((msg, opc, f, data[:length], length))
+        total += (length + 63) // 64 * 64
+    send_mr = MR(pd, min(max(total, 1 << 20), _MAX_SEND_RING), _ALL)
+    out: list[tuple[int, Any, bytes, Any, int]] = []
+    off = 0
+    for msg, opc, f, data, length in built:
+        if ud and (ah is None or "remote_qpn" not in f):
+            f.setdefault("remote_qpn", roles.peer_qpn or 0)
+            f.setdefault("qkey", 0)
         if off + length > send_mr.length:
             off = 0
-        data = data[:length]
-        send_mr.mem[off:off + len(data)] = data
         flags = IBV_SEND_SIGNALED | (IBV_SEND_SOLICITED if f["se"] else 0) | (
             IBV_SEND_INLINE if inline and opc in (IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
                                                   IBV_WR_RDMA_WRITE) and length <= 256 else 0)
@@ -615,7 +625,7 @@ def _work_requests(pd: Any, roles: _Roles, msgs: list[_Message], peer_gid: bytes
                 ah = AH(pd, attr=AHAttr(is_global=1, gr=GlobalRoute(dgid=peer_gid, sgid_index=1,
                                                                     hop_limit=64)))
             wr.set_wr_ud(ah, f["remote_qpn"], f["qkey"])
-        out.append((msg.psn, wr))
+        out.append((msg.psn, wr, data if opc != IBV_WR_RDMA_READ else b"", send_mr, off))
         off += (length + 63) // 64 * 64
     return out
 
@@ -641,7 +651,8 @@ class _Clock:
 
 
 def _play(capture: list[CapturedPacket], roles: _Roles, dev: SoftDevice, qp: Any,
-          pending: list[tuple[int, Any]], base: int, target_mrs: dict[int, Any],
+          pending: list[tuple[int, Any, bytes, Any, int]], base: int,
+          target_mrs: dict[int, Any],
           by_psn: dict[int, RocePacket], res: ReplayResult, ev: Evidence,
           clock: _Clock, rq: _Receives) -> int | None:
     """Phase 6: in capture order, the endpoint posts each WR when the capture shows a
@@ -665,7 +676,9 @@ def _play(capture: list[CapturedPacket], roles: _Roles, dev: SoftDevice, qp: Any
                 continue
             off = psn_diff(p.psn, base)
             while k < len(pending) and psn_diff(pending[k][0], base) <= off:
-                qp.post_send(pending[k][1])
+                _, wr, data, mr, at = pending[k]
+                mr.mem[at:at + len(data)] = data  # the application's buffer, as sent
+                qp.post_send(wr)
                 k += 1
             n = shown[p.psn] = shown.get(p.psn, 0) + 1
             if 0 < clock.ours.get(p.psn, 0) < n:
