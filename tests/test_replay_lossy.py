@@ -61,7 +61,10 @@ def _mutate(recs: list, rng: random.Random) -> list:
 
             def flip(b: bytearray, k: int = k, bit: int = 1 << rng.randrange(8)) -> None:
                 b[k % len(b)] ^= bit
-            recs = pm.edit(recs, i, flip)
+            try:
+                recs = pm.edit(recs, i, flip)
+            except ValueError:  # not a UDP frame (a capture's TCP exchange): left alone
+                pass
     return recs
 
 

@@ -43,6 +43,7 @@ from ..verbs_api import (
     SendWR,
 )
 from ..verbs_api.device import register_device, unregister_device
+from ..errors import PyverbsError
 from .replayloss import Evidence, LossEvent, infer, rnr_frames
 
 __all__ = ["CapturedPacket", "ExtraPacket", "FrameVerdict", "ReplayError", "ReplayResult",
@@ -444,7 +445,10 @@ def _target_memory(pd: Any, dev: SoftDevice, roles: _Roles) -> dict[int, Any]:
         assert entry is not None
         if rkey != mr.rkey and dev.keys.get(rkey) is not None:
             continue  # the key is one of the replay's own MRs: the peer's requests miss
-        dev.keys.rekey(entry, rkey)
+        try:
+            dev.keys.rekey(entry, rkey)
+        except ValueError:  # its index is taken (a garbled key): the requests miss
+            continue
         target_mrs[rkey] = mr
     return target_mrs
 
@@ -678,7 +682,11 @@ def _play(capture: list[CapturedPacket], roles: _Roles, dev: SoftDevice, qp: Any
             while k < len(pending) and psn_diff(pending[k][0], base) <= off:
                 _, wr, data, mr, at = pending[k]
                 mr.mem[at:at + len(data)] = data  # the application's buffer, as sent
-                qp.post_send(wr)
+                try:
+                    qp.post_send(wr)
+                except PyverbsError as e:  # a garbled request no verb could post
+                    res.notes.append(f"frame {c.index}: the work request at PSN "
+                                     f"{pending[k][0]} cannot be posted: {e}")
                 k += 1
             n = shown[p.psn] = shown.get(p.psn, 0) + 1
             if 0 < clock.ours.get(p.psn, 0) < n:
