@@ -885,7 +885,7 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
         o = [x for x in ours if x[3].info.is_request == is_req]
         t = [c for c in res.expected if c.index not in verdicts
              and c.pkt.info.is_request == is_req]
-        sm = SequenceMatcher(None, [_key(c.pkt) for c in t], [_key(x[3]) for x in o],
+        sm = SequenceMatcher(None, _keys([c.pkt for c in t]), _keys([x[3] for x in o]),
                              autojunk=False)
         ops = sm.get_opcodes()
         # softrdma's packets after the last one paired with the capture's: the capture
@@ -907,6 +907,7 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
             lone_t.extend(t[i1 + n:i2])
             lone_o.extend(range(j1 + n, j2))
         _repair(pairs, lone_o, o)
+        lone_t = _pair_lone(pairs, lone_t, lone_o, o)
         for tag, c, j in pairs:
             x = o[j]
             v = verdicts[c.index] = _pair(kind, c, x[0], x[1])
@@ -939,6 +940,41 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
         if x.judged:
             res.mismatches.append(f"softrdma sent {parse(x.data)!r} (replaying frame "
                                   f"{x.after_frame}), the capture has no such packet")
+
+
+def _keys(pkts: list[RocePacket]) -> list[tuple[int, int, int, int]]:
+    """The alignment keys of a sequence: :func:`_key` and how many times it came before,
+    so that a first transmission pairs with a first transmission, not with a resend of it
+    in a later go-back burst (the longest run would otherwise win)."""
+    seen: dict[tuple[int, int, int], int] = {}
+    out = []
+    for p in pkts:
+        k = _key(p)
+        n = seen[k] = seen.get(k, -1) + 1
+        out.append(k + (n,))
+    return out
+
+
+def _pair_lone(pairs: list[tuple[str, Any, int]], lone_t: list[Any], lone_o: list[int],
+               o: list[Any]) -> list[Any]:
+    """Pair a captured packet left alone with one of softrdma's left alone that has its
+    bytes (a transmission lost before the capture point shifts which resend is which).
+    Returns the captured packets still alone."""
+    if not lone_t or not lone_o:
+        return lone_t
+    by_bytes: dict[bytes, list[int]] = {}
+    for j in sorted(lone_o):
+        by_bytes.setdefault(bytes(o[j][0][:-4]), []).append(j)
+    rest = []
+    for c in lone_t:
+        alt = by_bytes.get(c.roce[:-4])
+        if alt:
+            j = alt.pop(0)
+            lone_o.remove(j)
+            pairs.append(("equal", c, j))
+        else:
+            rest.append(c)
+    return rest
 
 
 def _repair(pairs: list[tuple[str, Any, int]], lone_o: list[int], o: list[Any]) -> None:
