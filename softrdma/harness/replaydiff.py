@@ -153,7 +153,8 @@ class ReplayDiff:
         return not self.packets
 
     def share(self) -> str:
-        """"judged J of N frames (I identical, D different, U not judged)"."""
+        """The judged share: 'judged J of N frames (I identical, D different, U not
+        judged)'."""
         return (f"judged {self.judged} of {self.n_expected} frames ({self.identical} "
                 f"identical, {self.judged - self.identical} different, "
                 f"{len(self.not_judged)} not judged)")
