@@ -19,22 +19,18 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-from difflib import SequenceMatcher
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from ..enums import (
     IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_SEND_INLINE,
     IBV_SEND_SIGNALED, IBV_SEND_SOLICITED, IBV_WR_ATOMIC_CMP_AND_SWP,
-    IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM,
-    IBV_WC_RECV, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV, bytes_to_mtu,
+    IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WC_RECV,
+    IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, bytes_to_mtu,
 )
-from ..wire.frames import decode_frame
-from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from ..wire.opcodes import Opcode as O, Transport
-from ..wire.packet import DecodeError, RocePacket, parse
-from ..wire.pcap import PcapError, read_pcap
+from ..wire.packet import RocePacket, parse
 from ..qp.params import udp_sport_for_path
 from ..qp.psn import psn_add, psn_diff
 from ..soft.device import RXE_MAX_HDR_LENGTH, SoftDevice
@@ -44,317 +40,21 @@ from ..verbs_api import (
 )
 from ..verbs_api.device import register_device, unregister_device
 from ..errors import PyverbsError
+from .replayjudge import judge
 from .replayloss import Evidence, LossEvent, infer, rnr_frames
+from .replaymsgs import Message, fill_holes, messages, wr_of_message
+from .replayresult import (
+    CapturedPacket, ExtraPacket, FrameVerdict, ReplayError, ReplayResult, captured_packet,
+    iter_capture, load_capture,
+)
 
 __all__ = ["CapturedPacket", "ExtraPacket", "FrameVerdict", "ReplayError", "ReplayResult",
-           "captured_packet", "iter_capture", "load_capture", "replay_side"]
+           "captured_packet", "iter_capture", "judge", "load_capture", "replay_side"]
 
 _ALL = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
     IBV_ACCESS_REMOTE_ATOMIC
 _U64 = struct.Struct("<Q")
 ETH_MTU = 1500  # the netdev MTU of the captures' hosts (and of rxe's usual Ethernet)
-
-
-@dataclass
-class CapturedPacket:
-    index: int
-    src: bytes
-    dst: bytes
-    sport: int
-    ip_id: int
-    roce: bytes
-    pkt: RocePacket
-
-
-@dataclass
-class FrameVerdict:
-    """The judgement of one packet the real endpoint sent (capture frame ``frame``):
-    ``status`` is "identical", "different" or "not judged"; ``reason`` says why it was not
-    judged, or what softrdma did instead; ``ours`` is softrdma's packet paired with it
-    (bytes and UDP source port), if any."""
-
-    frame: int
-    kind: str  # "request", "response" or "cm" (a MAD on QP1)
-    status: str
-    captured: CapturedPacket
-    ours: tuple[bytes, int] | None = None
-    reason: str = ""
-    #: for a MAD compared field by field: (field, captured, softrdma's) of each difference
-    fields: list[tuple[str, Any, Any]] | None = None
-
-
-@dataclass
-class ExtraPacket:
-    """A packet softrdma sent that no captured packet pairs with; ``judged`` False when a
-    loss before it explains it (``reason``)."""
-
-    data: bytes
-    sport: int
-    after_frame: int  # the capture frame being replayed when softrdma sent it
-    judged: bool
-    reason: str = ""
-
-
-@dataclass
-class ReplayResult:
-    sent: list[bytes] = field(default_factory=list)  # what softrdma transmitted
-    expected: list[CapturedPacket] = field(default_factory=list)  # what the real side sent
-    sports: list[int] = field(default_factory=list)
-    completions: list[Any] = field(default_factory=list)
-    mismatches: list[str] = field(default_factory=list)
-    # what softrdma sent after the capture's last packet from the real endpoint: answers
-    # the capture may have ended too early to show (reported, not compared)
-    after_capture: list[bytes] = field(default_factory=list)
-    # the capture frame being replayed when softrdma sent each packet of ``sent``
-    sent_at: list[int] = field(default_factory=list)
-    #: one per packet of ``expected``, in capture order
-    verdicts: list[FrameVerdict] = field(default_factory=list)
-    #: softrdma's packets that pair with no captured one
-    extra: list[ExtraPacket] = field(default_factory=list)
-    #: what the capture shows of losses (:mod:`softrdma.harness.replayloss`)
-    evidence: Evidence | None = None
-    #: things the replay could not reconstruct (a message never captured, ...)
-    notes: list[str] = field(default_factory=list)
-    #: what softrdma failed to do that no captured frame shows (a CM event not raised):
-    #: differences too
-    failures: list[str] = field(default_factory=list)
-    drops: dict[str, int] = field(default_factory=dict)
-
-    def count(self, status: str) -> int:
-        """How many of the endpoint's captured packets have ``status``."""
-        return sum(1 for v in self.verdicts if v.status == status)
-
-    @property
-    def judged(self) -> int:
-        return len(self.verdicts) - self.count("not judged")
-
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches
-
-
-def load_capture(path: str) -> list[CapturedPacket]:
-    return list(iter_capture(path))
-
-
-def iter_capture(path: str, warnings: list[str] | None = None) -> Iterator[CapturedPacket]:
-    """The capture's RoCE packets, one at a time (frames that are not RoCEv2, or whose
-    RoCE packet does not parse, are skipped: they are nobody's transport). With
-    ``warnings``, a file cut inside a record (tcpdump killed) is read up to the cut and a
-    line saying where is added; without, the error is raised."""
-    n = 0
-    try:
-        for r in read_pcap(path):
-            n += 1
-            cp = captured_packet(r)
-            if cp is not None:
-                yield cp
-    except PcapError as e:
-        if warnings is None or n == 0:
-            raise
-        warnings.append(f"{e}: the {n} record(s) before it are replayed")
-
-
-def captured_packet(r: Any) -> CapturedPacket | None:
-    """The :class:`CapturedPacket` of one pcap record, or None if it is not RoCEv2."""
-    try:
-        f = decode_frame(r.data, r.linktype)
-        if f is None or not f.is_roce:
-            return None
-        roce = bytes(f.payload)
-        return CapturedPacket(r.index, f.ip_src, f.ip_dst, f.sport, f.ip_id, roce, parse(roce))
-    except (DecodeError, ValueError, IndexError, struct.error):
-        return None
-
-
-class ReplayError(Exception):
-    """The conversation cannot be replayed from this side (the reason is the message)."""
-
-
-#: the WR of each request opcode's message (low five bits; UD sends are all "send")
-_KIND = {0x00: "send", 0x01: "send", 0x02: "send", 0x03: "send_imm", 0x04: "send",
-         0x05: "send_imm", 0x06: "write", 0x07: "write", 0x08: "write", 0x09: "write_imm",
-         0x0A: "write", 0x0B: "write_imm", 0x0C: "read", 0x13: "cas", 0x14: "faa",
-         0x16: "send_inv", 0x17: "send_inv"}
-_OPC = {"send": IBV_WR_SEND, "send_imm": IBV_WR_SEND_WITH_IMM, "send_inv": IBV_WR_SEND_WITH_INV,
-        "write": IBV_WR_RDMA_WRITE, "write_imm": IBV_WR_RDMA_WRITE_WITH_IMM,
-        "read": IBV_WR_RDMA_READ, "cas": IBV_WR_ATOMIC_CMP_AND_SWP,
-        "faa": IBV_WR_ATOMIC_FETCH_AND_ADD}
-
-
-@dataclass
-class _Message:
-    """One message of the endpoint's, as far as the capture shows it: ``slots`` has one
-    entry per PSN from ``psn``, the captured packet or None where none was captured;
-    ``head`` is its first packet if captured."""
-
-    psn: int
-    head: CapturedPacket | None
-    slots: list[CapturedPacket | None] = field(default_factory=list)
-    span: int = 1  # PSNs it takes (a READ: one per response packet)
-    read_len: int | None = None  # a READ never captured, its length from the responses
-    atomic: bool = False  # an atomic never captured (its ACK was)
-
-
-def _wr_of_message(msg: _Message, mtu: int, ud: bool) -> tuple[int, dict[str, Any], bytes]:
-    """(WR opcode, WR fields, data) of one message the endpoint sent. What the capture
-    lacks is filled in: a packet never captured carries zeros (its bytes are never
-    compared: the capture has nothing to compare them with); a message whose first packet
-    was never captured targets address 0 with key 0 (its RETH was never seen)."""
-    captured = [c for c in msg.slots if c is not None]
-    first = msg.head.pkt if msg.head is not None else None
-    last = captured[-1].pkt if captured else None
-    ref = first or last
-    kind = "send" if ref is None or ud else _KIND.get(ref.opcode & 0x1F, "send")
-    if msg.read_len is not None:
-        kind = "read"
-    elif msg.atomic:
-        kind = "faa"
-    if last is not None and last.info.last:
-        if kind == "send" and last.info.with_imm:
-            kind = "send_imm"
-        elif kind == "send" and last.info.with_inv:
-            kind = "send_inv"
-        elif kind == "write" and last.info.with_imm:
-            kind = "write_imm"
-    data = b"".join(bytes(c.pkt.payload) if c is not None else bytes(mtu) for c in msg.slots)
-    f: dict[str, Any] = {"se": bool(last is not None and last.info.last and last.se)}
-    if kind in ("send_imm", "write_imm"):
-        f["imm"] = (last.imm or 0) if last is not None and last.info.last else 0
-    if kind == "send_inv":
-        f["imm"] = (last.ieth_rkey or 0) if last is not None and last.info.last else 0
-    if kind in ("write", "write_imm", "read"):
-        if first is not None:
-            f["remote_addr"], f["rkey"], f["len"] = first.va or 0, first.rkey or 0, \
-                first.dma_len or 0
-        else:
-            f["remote_addr"], f["rkey"] = 0, 0
-            f["len"] = msg.read_len if msg.read_len is not None else len(data)
-        if kind != "read" and first is not None and first.dma_len is not None:
-            data = data[:first.dma_len].ljust(first.dma_len, b"\0")
-    if kind in ("cas", "faa"):
-        ref = ref if ref is not None and ref.info.atomic else None
-        f["remote_addr"], f["rkey"] = (ref.va or 0, ref.rkey or 0) if ref else (0, 0)
-        if ref is None:
-            f["compare_add"] = f["swap"] = 0
-            return _OPC[kind], f, data
-        f["compare_add"] = (ref.compare if kind == "cas" else ref.swap_add) or 0
-        f["swap"] = (ref.swap_add or 0) if kind == "cas" else 0
-    if ud and ref is not None:
-        f["remote_qpn"], f["qkey"] = ref.dest_qp, ref.qkey or 0
-    return _OPC[kind], f, data
-
-
-def _messages(pkts: list[CapturedPacket], mtu: int, ud: bool = False,
-              copies: frozenset[int] | set[int] = frozenset()) -> list[_Message]:
-    """The endpoint's messages in PSN order, from its request packets (a retransmission
-    gives nothing new, but may be the only capture of a packet). A PSN never captured is
-    a hole in its message; a run of holes between two messages is a message of its own
-    (see :func:`_fill_holes`)."""
-    at: dict[int, CapturedPacket] = {}
-    for c in pkts:
-        if c.index not in copies:
-            at.setdefault(c.pkt.psn, c)
-    if not at:
-        return []
-    base = pkts[0].pkt.psn
-    offs = _cluster({psn_diff(psn, base): c for psn, c in at.items()})
-    lo, hi = min(offs), max(offs)
-    msgs: list[_Message] = []
-    cur: _Message | None = None
-    o = lo
-    while o <= hi:
-        c = offs.get(o)
-        psn = psn_add(base, o)
-        if c is None or ud:
-            if ud and c is not None:  # every datagram is a message
-                msgs.append(_Message(psn, c, [c]))
-            elif ud:
-                msgs.append(_Message(psn, None, [None]))
-            else:
-                if cur is None:
-                    cur = _Message(psn, None)
-                    msgs.append(cur)
-                cur.slots.append(None)
-            o += 1
-            continue
-        info = c.pkt.info
-        if info.first:
-            cur = _Message(psn, c, [c])
-            msgs.append(cur)
-            if info.last:
-                cur.span = max(1, -(-(c.pkt.dma_len or 0) // mtu)) if info.read else 1
-                o += cur.span
-                cur = None
-                continue
-        else:
-            if cur is None:
-                cur = _Message(psn, None)
-                msgs.append(cur)
-            cur.slots.append(c)
-            if info.last:
-                cur = None
-        o += 1
-    for m in msgs:
-        if m.head is None or not m.head.pkt.info.read:
-            m.span = len(m.slots)
-    return msgs
-
-
-#: the widest run of PSNs never captured that a replay bridges (more says the PSN itself
-#: is wrong: a garbled packet, not a loss)
-_MAX_HOLE = 4096
-
-
-def _cluster(offs: dict[int, CapturedPacket]) -> dict[int, CapturedPacket]:
-    """The packets whose PSNs (offsets from the first captured) form one run with the first
-    one, no gap wider than ``_MAX_HOLE``; a packet far from the rest is judged as it is."""
-    keys = sorted(offs)
-    i = keys.index(0)
-    lo = hi = i
-    while lo > 0 and keys[lo] - keys[lo - 1] <= _MAX_HOLE:
-        lo -= 1
-    while hi < len(keys) - 1 and keys[hi + 1] - keys[hi] <= _MAX_HOLE:
-        hi += 1
-    return {k: offs[k] for k in keys[lo:hi + 1]}
-
-
-def _fill_holes(msgs: list[_Message], peer_resps: dict[int, RocePacket], mtu: int) -> list[_Message]:
-    """Runs of PSNs of the endpoint's that were never captured become messages: a READ
-    where the peer's READ responses show one (from the response at its first PSN to the
-    LAST), an atomic where an atomic ACK does, else one SEND covering the rest of the run.
-    Their packets are never compared; they keep softrdma's PSNs where the endpoint's were."""
-    out: list[_Message] = []
-    for m in msgs:
-        if m.head is not None or any(c is not None for c in m.slots):
-            out.append(m)
-            continue
-        k, n = 0, len(m.slots)
-        while k < n:
-            psn = psn_add(m.psn, k)
-            r = peer_resps.get(psn)
-            if r is not None and r.info.read and r.info.first:
-                end = k
-                while end < n - 1:
-                    e = peer_resps.get(psn_add(m.psn, end))
-                    if e is not None and e.info.read and e.info.last:
-                        break
-                    end += 1
-                e = peer_resps.get(psn_add(m.psn, end))
-                tail = e.payload_len if e is not None and e.info.last else mtu
-                out.append(_Message(psn, None, [None], span=end - k + 1,
-                                    read_len=(end - k) * mtu + tail))
-                k = end + 1
-            elif r is not None and r.info.atomic:
-                out.append(_Message(psn, None, [None], atomic=True))
-                k += 1
-            else:
-                j = k + 1
-                while j < n and peer_resps.get(psn_add(m.psn, j)) is None:
-                    j += 1
-                out.append(_Message(psn, None, [None] * (j - k), span=j - k))
-                k = j
-    return out
 
 
 @dataclass
@@ -589,7 +289,7 @@ class _Receives:
 _MAX_SEND_RING = 64 << 20
 
 
-def _work_requests(pd: Any, roles: _Roles, msgs: list[_Message], peer_gid: bytes,
+def _work_requests(pd: Any, roles: _Roles, msgs: list[Message], peer_gid: bytes,
                    inline: bool) -> list[tuple[int, Any, bytes, Any, int]]:
     """Phase 5: the work requests the endpoint posted, rebuilt from its request packets,
     each with the first PSN of its message (where the replay posts it), in PSN order, and
@@ -599,7 +299,7 @@ def _work_requests(pd: Any, roles: _Roles, msgs: list[_Message], peer_gid: bytes
     built = []
     total = 0
     for msg in msgs:
-        opc, f, data = _wr_of_message(msg, roles.path_mtu, ud)
+        opc, f, data = wr_of_message(msg, roles.path_mtu, ud)
         length = len(data) if opc not in (IBV_WR_RDMA_READ, IBV_WR_ATOMIC_CMP_AND_SWP,
                                           IBV_WR_ATOMIC_FETCH_AND_ADD) else (
             8 if opc != IBV_WR_RDMA_READ else f["len"])
@@ -771,7 +471,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
                                    1, "the capture starts inside one of the peer's messages"))
     peer_resps = {c.pkt.psn: c.pkt for c in capture
                   if c.dst == me and c.pkt.info.is_response and c.index not in ev.copies}
-    msgs = _fill_holes(_messages(roles.reqs_out, roles.path_mtu, ud, set(ev.copies)),
+    msgs = fill_holes(messages(roles.reqs_out, roles.path_mtu, ud, set(ev.copies)),
                        peer_resps, roles.path_mtu)
     skipped: dict[int, str] = {}
     if msgs and msgs[0].head is None and msgs[0].slots and msgs[0].slots[0] is not None:
@@ -832,210 +532,3 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     finally:
         ctx.close()
         unregister_device(device_name)
-
-
-def _why_not(ev: Evidence, frame: int) -> str | None:
-    """Why a packet at ``frame`` cannot be judged (a loss at or before it), or None."""
-    e = ev.before(frame)
-    return None if e is None else f"after frame {e.frame} ({e.kind}: {e.text})"
-
-
-def _why_extra(ev: Evidence, frame: int) -> str | None:
-    """Why a packet softrdma sent (replaying ``frame``) that the capture lacks is not
-    judged, or None. In a capture with losses it may have been lost before the capture
-    point, and the evidence of that (the peer acting as if it never came) may be anywhere
-    after it, or nowhere (a later cumulative ACK covers a lost one): not judged. A go-back
-    alone is no loss (rxe's timer also fires spuriously), but after one the capture is
-    not known to be whole either."""
-    e = ev.first_loss() or ev.before(frame)
-    return None if e is None else (f"the capture shows losses (first at frame {e.frame}: "
-                                   f"{e.text}): it may have been lost before the capture point")
-
-
-def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = frozenset(),
-          skipped: dict[int, str] | None = None) -> None:
-    """Pair softrdma's packets with the endpoint's captured ones and judge each captured one
-    (``res.verdicts``, ``res.extra``, ``res.mismatches``).
-
-    Requests and responses are paired separately (their interleaving is timing), each by
-    aligning the two sequences of (opcode, PSN, AETH kind): a packet lost before the capture point,
-    or one softrdma did not send, leaves the rest paired. Where the two sequences differ
-    over a stretch, its packets are paired in order when the capture shows no loss up to
-    there (a difference), and left unpaired after a loss (not judged: what reached the
-    endpoint is not known). A captured packet with no partner is a difference, unless a
-    loss before it explains it; so is a packet softrdma sent that the capture lacks.
-    :func:`softrdma.harness.replaydiff.diff_replay` shows the same field by field."""
-    verdicts: dict[int, FrameVerdict] = {}
-    res.extra, res.mismatches = [], []
-    ours = [(b, sport, at, parse(b)) for b, sport, at in zip(res.sent, res.sports, res.sent_at)]
-    for c in res.expected:
-        if c.index in ev.copies:
-            verdicts[c.index] = FrameVerdict(c.index, _kind(c.pkt), "not judged", c,
-                                             reason=f"a copy of frame {ev.copies[c.index]} "
-                                                    f"({ev.copy_how.get(c.index, 'same bytes')})"
-                                                    " made by the network")
-        elif c.index in foreign:
-            verdicts[c.index] = FrameVerdict(c.index, _kind(c.pkt), "not judged", c,
-                                             reason="not of this conversation's transport")
-        elif skipped and c.index in skipped:
-            verdicts[c.index] = FrameVerdict(c.index, _kind(c.pkt), "not judged", c,
-                                             reason=skipped[c.index])
-    shown = {c.pkt.psn for c in res.expected if c.pkt.info.is_request}
-    for kind, is_req in (("request", True), ("response", False)):
-        o = [x for x in ours if x[3].info.is_request == is_req]
-        t = [c for c in res.expected if c.index not in verdicts
-             and c.pkt.info.is_request == is_req]
-        sm = SequenceMatcher(None, _keys([c.pkt for c in t]), _keys([x[3] for x in o]),
-                             autojunk=False)
-        ops = sm.get_opcodes()
-        # softrdma's packets after the last one paired with the capture's: the capture
-        # may end before it would have shown them (cut inside a retransmission burst)
-        tail = ops[-1][3] if ops and ops[-1][0] == "insert" else len(o)
-        pairs: list[tuple[str, Any, int]] = []  # (how, captured, index into o)
-        lone_t: list[Any] = []
-        lone_o: list[int] = []
-        for tag, i1, i2, j1, j2 in ops:
-            n = min(i2 - i1, j2 - j1) if tag in ("equal", "replace") else 0
-            for k in range(n):
-                c = t[i1 + k]
-                if tag == "replace" and _why_not(ev, c.index):
-                    # the PSNs part ways after a loss: nothing to pair it with
-                    lone_t.append(c)
-                    lone_o.append(j1 + k)
-                else:
-                    pairs.append((tag, c, j1 + k))
-            lone_t.extend(t[i1 + n:i2])
-            lone_o.extend(range(j1 + n, j2))
-        _repair(pairs, lone_o, o)
-        lone_t = _pair_lone(pairs, lone_t, lone_o, o)
-        for tag, c, j in pairs:
-            x = o[j]
-            v = verdicts[c.index] = _pair(kind, c, x[0], x[1])
-            why = None
-            if v.status == "different":
-                why = ev.uncertain_at(c.index) or ev.input_before(c.index) or \
-                    _atomic_after_uncertainty(ev, c, x[3])
-            if why:
-                v.status, v.reason = "not judged", why
-        for c in lone_t:
-            why = _why_not(ev, c.index)
-            verdicts[c.index] = FrameVerdict(
-                c.index, kind, "not judged" if why else "different", c,
-                reason=why or "softrdma sent nothing in its place")
-        for j in sorted(lone_o):
-            x = o[j]
-            why = _why_extra(ev, x[2]) or (
-                f"sent after the last {kind} of the endpoint's the capture shows: the "
-                "capture may end before it" if j >= tail else None) or (
-                None if is_req else ev.answer_lost(x[3].psn, x[2]))
-            if why is None and is_req and x[3].psn not in shown:
-                why = (f"the capture never shows PSN {x[3].psn} from the endpoint (lost "
-                       "before the capture point, or sent before the capture began)")
-            res.extra.append(ExtraPacket(x[0], x[1], x[2], why is None, why or ""))
-    res.verdicts = [verdicts[c.index] for c in res.expected]
-    for v in res.verdicts:
-        if v.status == "different":
-            res.mismatches.append(f"{v.kind} (frame {v.frame}): {v.reason}")
-    for x in res.extra:
-        if x.judged:
-            res.mismatches.append(f"softrdma sent {parse(x.data)!r} (replaying frame "
-                                  f"{x.after_frame}), the capture has no such packet")
-
-
-def _keys(pkts: list[RocePacket]) -> list[tuple[int, int, int, int]]:
-    """The alignment keys of a sequence: :func:`_key` and how many times it came before,
-    so that a first transmission pairs with a first transmission, not with a resend of it
-    in a later go-back burst (the longest run would otherwise win)."""
-    seen: dict[tuple[int, int, int], int] = {}
-    out = []
-    for p in pkts:
-        k = _key(p)
-        n = seen[k] = seen.get(k, -1) + 1
-        out.append(k + (n,))
-    return out
-
-
-def _pair_lone(pairs: list[tuple[str, Any, int]], lone_t: list[Any], lone_o: list[int],
-               o: list[Any]) -> list[Any]:
-    """Pair a captured packet left alone with one of softrdma's left alone that has its
-    bytes (a transmission lost before the capture point shifts which resend is which).
-    Returns the captured packets still alone."""
-    if not lone_t or not lone_o:
-        return lone_t
-    by_bytes: dict[bytes, list[int]] = {}
-    for j in sorted(lone_o):
-        by_bytes.setdefault(bytes(o[j][0][:-4]), []).append(j)
-    rest = []
-    for c in lone_t:
-        alt = by_bytes.get(c.roce[:-4])
-        if alt:
-            j = alt.pop(0)
-            lone_o.remove(j)
-            pairs.append(("equal", c, j))
-        else:
-            rest.append(c)
-    return rest
-
-
-def _repair(pairs: list[tuple[str, Any, int]], lone_o: list[int], o: list[Any]) -> None:
-    """Where a captured packet is paired with a softrdma packet that differs, but one of
-    softrdma's left unpaired has the same key and the captured bytes, pair it with that
-    one instead: the alignment cannot tell apart packets with one key (answers to the same
-    duplicate READ at different times carry different MSNs)."""
-    if not lone_o:
-        return
-    by_bytes: dict[bytes, list[int]] = {}
-    for j in lone_o:
-        by_bytes.setdefault(bytes(o[j][0][:-4]), []).append(j)
-    for k, (tag, c, j) in enumerate(pairs):
-        if bytes(o[j][0][:-4]) == c.roce[:-4]:
-            continue
-        alt = by_bytes.get(c.roce[:-4])
-        if alt:
-            j2 = alt.pop(0)
-            pairs[k] = (tag, c, j2)
-            lone_o.remove(j2)
-            lone_o.append(j)
-            by_bytes.setdefault(bytes(o[j][0][:-4]), []).append(j)
-
-
-def _atomic_after_uncertainty(ev: Evidence, c: CapturedPacket, ours: RocePacket) -> str | None:
-    """An atomic ACK that differs only in the original value, after a stretch where which
-    of the peer's atomics reached the endpoint is not known: the memory it read may hold
-    one add or swap more or less (not judged), or None."""
-    if not c.pkt.info.atomic or not ours.info.atomic:
-        return None
-    a, b = c.pkt.fields(), ours.fields()
-    if {k for k in a if a[k] != b.get(k)} - {"orig"}:
-        return None
-    lo = next((w for w in ev.uncertain if w[0] <= c.index), None)
-    return None if lo is None else (f"the original value of an atomic after frames {lo[0]}-"
-                                    f"{lo[1]}, where which of the peer's atomics reached the "
-                                    "endpoint is not known")
-
-
-def _key(p: RocePacket) -> tuple[int, int, int]:
-    """What pairs two packets: opcode, PSN and, for an ACK, whether it is an ACK, an RNR
-    NAK or a NAK (a NAK of PSN p and the later ACK of p are different answers)."""
-    return p.opcode, p.psn, -1 if p.syndrome is None else p.syndrome >> 5
-
-
-def _kind(p: RocePacket) -> str:
-    return "request" if p.info.is_request else "response"
-
-
-def _pair(kind: str, c: CapturedPacket, ob: bytes, sport: int) -> FrameVerdict:
-    """The verdict on captured ``c`` against softrdma's packet ``ob`` sent from ``sport``."""
-    if ob[:-4] != c.roce[:-4]:
-        why = f"{parse(ob)!r} != {c.pkt!r}"
-    elif sport != c.sport:
-        why = f"UDP source port {sport} != {c.sport}"
-    else:
-        if len(c.src) == 4:
-            icrc = icrc_ipv4(ob, c.src, c.dst, sport, ip_id=c.ip_id)
-        else:
-            icrc = icrc_ipv6(ob, c.src, c.dst, sport)
-        if icrc == c.pkt.icrc:
-            return FrameVerdict(c.index, kind, "identical", c, (ob, sport))
-        why = f"ICRC with the captured IP ID 0x{icrc:08x} != 0x{c.pkt.icrc:08x}"
-    return FrameVerdict(c.index, kind, "different", c, (ob, sport), why)
