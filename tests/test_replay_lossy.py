@@ -320,3 +320,22 @@ def test_a_file_cut_inside_a_record_is_replayed_up_to_the_cut(tmp_path):
     n = int(err.split("the ")[-1].split()[0])
     assert 0 < n < whole
     assert "as 10.77.0.11 qpn 0x11" in out
+
+
+def test_a_nak_says_what_never_reached_the_endpoint(tmp_path):
+    """write_bw as if the capture point were before a lossy hop: the server's PSN sequence
+    NAK of 5558131 inserted after the client's 5558132 (frame 3) says frame 2 (5558131)
+    never reached it. The replay does not feed frame 2 to softrdma, which then NAKs the
+    same PSN with the same MSN: the inserted NAK is judged identical (fed frame 2,
+    softrdma would have sent no NAK)."""
+    recs = pm.load(ROOT / "pcaps/linux-rxe/write_bw.pcap")
+    assert [pm.packet(recs[i]).psn for i in (1, 2)] == [5558131, 5558132]
+    first_ack = pm.packet(recs[8])
+    assert first_ack.opcode == 0x11 and first_ack.msn == 1  # frame 9, the server's
+    nak = pm.edit(recs, 9, psn=5558131, syndrome=0x60, msn=0)[8]  # no message done yet
+    f = _write(tmp_path, pm.insert(recs, 3, nak))
+    (r,) = list(replay_conversations(load_capture(f), ip=SERVER, device_name="nak0"))
+    res = r.result
+    assert 2 in res.evidence.undelivered
+    (v,) = [v for v in res.verdicts if v.frame == 4]
+    assert v.status == "identical", v.reason
