@@ -339,3 +339,37 @@ def test_a_nak_says_what_never_reached_the_endpoint(tmp_path):
     assert 2 in res.evidence.undelivered
     (v,) = [v for v in res.verdicts if v.frame == 4]
     assert v.status == "identical", v.reason
+
+
+def _resent(rec, ip_id: int):
+    """``rec`` sent again by its endpoint: the same RoCE packet under a new IPv4 ID (rxe
+    numbers its packets), ICRC computed for it."""
+    import dataclasses
+
+    from softrdma.wire.frames import decode_frame, encode_frame
+    f = decode_frame(rec.data, rec.linktype)
+    data = encode_frame(bytes(f.payload), src=f.ip_src, dst=f.ip_dst, sport=f.sport,
+                        dport=f.dport, ip_id=ip_id, ttl=f.ttl, tos=f.tos, frag=f.ip_frag,
+                        fill_icrc=True, linktype=rec.linktype,
+                        **({"eth_src": f.eth_src, "eth_dst": f.eth_dst} if f.eth_src else {}))
+    return dataclasses.replace(rec, data=data, orig_len=len(data))
+
+
+def test_a_timeout_says_which_answer_never_reached_the_endpoint(tmp_path):
+    """write_bw as if the server's first ACK (frame 9) were lost after the capture point:
+    the client resends its first message (frames 1-8 again, new IPv4 IDs) after it. No
+    NAK explains that go-back, so the client timed out and never got the ACK: the replay
+    does not feed it to softrdma, whose retransmit timer then fires where the capture
+    shows the resend, and the eight resent frames are judged identical (fed the ACK,
+    softrdma would have had nothing to resend)."""
+    recs = pm.load(ROOT / "pcaps/linux-rxe/write_bw.pcap")
+    assert pm.packet(recs[8]).opcode == 0x11 and pm.packet(recs[8]).psn == 5558137
+    resend = [_resent(recs[i], 0xF000 + i) for i in range(8)]
+    out = recs[:9]
+    for r in resend:
+        out = pm.insert(out, len(out), r)
+    f = _write(tmp_path, out + recs[9:])
+    (r,) = list(replay_conversations(load_capture(f), ip=CLIENT, device_name="rto0"))
+    res = r.result
+    assert 9 in res.evidence.undelivered
+    assert [v.status for v in res.verdicts if 10 <= v.frame <= 17] == ["identical"] * 8
