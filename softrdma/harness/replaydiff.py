@@ -19,8 +19,12 @@ prints, for each of the first packets that differ, its frame number, both packet
           dest_qp: 0x000011
           ...
 
-Requests and responses are paired separately, in order, as ``replay_side`` compares them:
-how the two kinds interleave is timing, not protocol. The ICRC softrdma's packet would
+Requests and responses are paired as ``replay_side`` pairs them
+(:func:`softrdma.harness.replay.judge`: separately, how the two kinds interleave being
+timing, not protocol; aligned by opcode, PSN and ACK kind, so that one packet only one
+side sent does not shift every later pair). Only the packets judged different are shown;
+those not judged (a loss makes them unknowable) are in ``not_judged`` with their reason,
+and ``share()`` says how much was judged. The ICRC softrdma's packet would
 carry is computed with the capture's IPv4 ID (rxe numbers its packets; softrdma's sockets
 send ID 0), so an ICRC difference is a difference in the covered bytes, not the ID.
 """
@@ -36,7 +40,7 @@ from ..wire.frames import decode_frame, encode_frame
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
 from ..wire.opcodes import lookup
 from ..wire.packet import RocePacket, parse
-from .replay import CapturedPacket, ReplayResult
+from .replay import CapturedPacket, FrameVerdict, ReplayResult
 
 __all__ = ["FieldDiff", "PacketDiff", "ReplayDiff", "ReplayMismatch", "diff_replay",
            "packet_fields", "opcode_name"]
@@ -138,18 +142,32 @@ class ReplayDiff:
     n_sent: int
     packets: list[PacketDiff]
     completions: list[Any] = field(default_factory=list)
+    #: how many of the ``n_expected`` captured packets were judged, and found identical
+    judged: int = 0
+    identical: int = 0
+    #: the captured packets not judged, each with its reason (a loss before it)
+    not_judged: list[FrameVerdict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.packets
 
+    def share(self) -> str:
+        """The judged share: 'judged J of N frames (I identical, D different, U not
+        judged)'."""
+        return (f"judged {self.judged} of {self.n_expected} frames ({self.identical} "
+                f"identical, {self.judged - self.identical} different, "
+                f"{len(self.not_judged)} not judged)")
+
     def format(self, limit: int = 3) -> str:
-        if self.ok:
+        if self.ok and not self.not_judged:
             return (f"softrdma as {self.ip} in {self.source}: all {self.n_sent} packets "
                     "match the capture")
+        if self.ok:
+            return f"softrdma as {self.ip} in {self.source}: no difference; {self.share()}"
         lines = [f"softrdma as {self.ip} in {self.source}: {len(self.packets)} packet(s) "
                  f"differ (the capture has {self.n_expected} from {self.ip}, softrdma sent "
-                 f"{self.n_sent})"]
+                 f"{self.n_sent}; {self.share()})"]
         for d in self.packets[:limit]:
             lines.append(d.format())
         if len(self.packets) > limit:
@@ -208,23 +226,59 @@ def _pair(kind: str, i: int, ours: tuple[bytes, int] | None,
 
 
 def diff_replay(res: ReplayResult, ip: str, source: str = "the capture") -> ReplayDiff:
-    """Compare ``res.sent`` with ``res.expected`` (softrdma replayed as ``ip`` in ``source``):
-    requests with requests and responses with responses, in order."""
-    ours = list(zip(res.sent, res.sports))
+    """The differences of ``res`` (softrdma replayed as ``ip`` in ``source``), packet by
+    packet: each captured packet judged different beside the softrdma packet paired with
+    it (:func:`softrdma.harness.replay.judge` pairs them), and each packet softrdma sent
+    that the capture lacks where a loss does not explain it."""
     me = ipaddress.ip_address(ip).packed
     peer = res.expected[0].dst if res.expected else bytes(len(me))
     ends = (me, peer)
+    nth: dict[int, int] = {}
+    count = {"request": 0, "response": 0}
+    for c in res.expected:
+        k = "request" if c.pkt.info.is_request else "response"
+        nth[c.index] = count[k]
+        count[k] += 1
     diffs: list[PacketDiff] = []
-    for kind, is_req in (("request", True), ("response", False)):
-        o = [x for x in ours if parse(x[0]).info.is_request == is_req]
-        t = [c for c in res.expected if c.pkt.info.is_request == is_req]
-        for i in range(max(len(o), len(t))):
-            d = _pair(kind, i, o[i] if i < len(o) else None, t[i] if i < len(t) else None,
+    for v in res.verdicts:
+        if v.status != "different":
+            continue
+        if v.kind == "cm":  # a MAD, compared field by field (softrdma.harness.replaycm)
+            c = v.captured
+            exp_line = _line(c.roce, c.src, c.dst, c.sport, c.ip_id, c.index)
+            got = v.ours
+            diffs.append(PacketDiff("cm", nth.get(c.index, 0), c.index, c.pkt.name, exp_line,
+                                    _line(got[0], c.src, c.dst, got[1], 0, c.index)
+                                    if got else None,
+                                    [FieldDiff(k, e, g) for k, e, g in (v.fields or [])]
+                                    or [FieldDiff("reason", v.reason, "")]))
+            continue
+        d = _pair(v.kind, nth[v.captured.index], v.ours, v.captured, ends)
+        if d is None:  # the same bytes, told apart by what _pair does not show
+            d = PacketDiff(v.kind, nth[v.captured.index], v.frame, v.captured.pkt.name,
+                           None, None)
+        diffs.append(d)
+    sent_nth = {"request": 0, "response": 0}
+    index_of: dict[int, int] = {}
+    for i, b in enumerate(res.sent):
+        k = "request" if parse(b).info.is_request else "response"
+        index_of[i] = sent_nth[k]
+        sent_nth[k] += 1
+    pos = {id(b): i for i, b in enumerate(res.sent)}
+    for x in res.extra:
+        if x.judged:
+            p = parse(x.data)
+            k = "request" if p.info.is_request else "response"
+            d = _pair(k, index_of.get(pos.get(id(x.data), -1), 0), (x.data, x.sport), None,
                       ends)
             if d is not None:
                 diffs.append(d)
     diffs.sort(key=lambda d: d.frame if d.frame is not None else 1 << 62)
-    return ReplayDiff(ip, source, len(res.expected), len(res.sent), diffs, res.completions)
+    out = ReplayDiff(ip, source, len(res.expected), len(res.sent), diffs, res.completions)
+    out.judged = res.judged
+    out.identical = res.count("identical")
+    out.not_judged = [v for v in res.verdicts if v.status == "not judged"]
+    return out
 
 
 class ReplayMismatch(AssertionError):
