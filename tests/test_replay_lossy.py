@@ -373,3 +373,24 @@ def test_a_timeout_says_which_answer_never_reached_the_endpoint(tmp_path):
     res = r.result
     assert 9 in res.evidence.undelivered
     assert [v.status for v in res.verdicts if 10 <= v.frame <= 17] == ["identical"] * 8
+
+
+def test_a_re_ack_of_a_duplicate_made_after_the_capture_point_is_not_judged():
+    """The lab's send.dup run (netem duplicating on each guest's way in, after the bridge):
+    rxe re-ACKs a duplicate SEND the bridge never saw (frame 32 repeats frame 31's ACK).
+    softrdma, fed what the bridge shows, has no duplicate to answer: that ACK is not judged,
+    with the reason, and the side is identical where judged."""
+    import json
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    pcap = ROOT / "pcaps" / "linux-rxe" / "lossy" / "send.dup.bridge.pcap"
+    r = subprocess.run([sys.executable, "-m", "softrdma", "replay", str(pcap), "--ip",
+                        "10.77.0.11", "--json"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (side,) = [json.loads(x) for x in r.stdout.splitlines()]
+    reasons = {f["frame"]: f["reason"] for f in side["not_judged_frames"]}
+    assert reasons[32].startswith("repeats the ACK of frame 31")

@@ -8,6 +8,7 @@ from difflib import SequenceMatcher
 from typing import Any
 
 from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from ..wire.opcodes import Opcode
 from ..wire.packet import RocePacket, parse
 from .replayloss import Evidence
 from .replayresult import CapturedPacket, ExtraPacket, FrameVerdict, ReplayResult
@@ -15,10 +16,30 @@ from .replayresult import CapturedPacket, ExtraPacket, FrameVerdict, ReplayResul
 __all__ = ["judge"]
 
 
+_ACK = int(Opcode.RC_ACKNOWLEDGE)
+
+
 def _why_not(ev: Evidence, frame: int) -> str | None:
     """Why a packet at ``frame`` cannot be judged (a loss at or before it), or None."""
     e = ev.before(frame)
     return None if e is None else f"after frame {e.frame} ({e.kind}: {e.text})"
+
+
+def _repeated_ack(res: ReplayResult, c: Any) -> str | None:
+    """A plain ACK the endpoint sent again (the same PSN, MSN and syndrome as an earlier
+    one): its answer to a duplicate request. When the network made that duplicate after
+    the capture point, the capture does not show it, and what softrdma was fed lacks it."""
+    p = c.pkt
+    if p.opcode != _ACK or p.syndrome is None:
+        return None
+    for e in res.expected:
+        if e.index >= c.index:
+            break
+        q = e.pkt
+        if q.opcode == _ACK and (q.psn, q.msn, q.syndrome) == (p.psn, p.msn, p.syndrome):
+            return (f"repeats the ACK of frame {e.index}: the endpoint's answer to a duplicate "
+                    "request the capture does not show (made after the capture point)")
+    return None
 
 
 def _why_extra(ev: Evidence, frame: int) -> str | None:
@@ -99,7 +120,7 @@ def judge(res: ReplayResult, ev: Evidence, foreign: set[int] | frozenset[int] = 
             if why:
                 v.status, v.reason = "not judged", why
         for c in lone_t:
-            why = _why_not(ev, c.index)
+            why = _why_not(ev, c.index) or _repeated_ack(res, c)
             verdicts[c.index] = FrameVerdict(
                 c.index, kind, "not judged" if why else "different", c,
                 reason=why or "softrdma sent nothing in its place")
