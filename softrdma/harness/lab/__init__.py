@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Lab", "LabUnavailable", "Result", "missing_prerequisites", "HOST_IP", "guest_ip",
-           "GuestJob", "cm_listeners"]
+           "GuestJob", "cm_listeners", "kernels", "DEFAULT_KERNEL"]
 
 HOST_IP = "10.77.0.1"
 AGENT_PORT = 7777
@@ -67,9 +67,42 @@ class Result:
         return self.rc == 0
 
 
-def _kernel() -> str | None:
-    cands = sorted(Path("/boot").glob("vmlinuz-*"))
-    return str(cands[-1]) if cands else None
+#: the guest kernel a lab boots when none is named: Debian 12's default kernel, the reference
+#: peer every interop scenario was written against
+DEFAULT_KERNEL = "6.1"
+
+
+def _release_key(path: Path) -> tuple[int, ...]:
+    """``vmlinuz-6.12.57+deb12-amd64`` -> (6, 12, 57): releases compared as numbers (a plain
+    string sort puts 6.12 after 6.1 but also 6.9 after 6.12)."""
+    rel = path.name.removeprefix("vmlinuz-")
+    nums = []
+    for part in rel.replace("-", ".").replace("+", ".").split("."):
+        if not part.isdigit():
+            break
+        nums.append(int(part))
+    return tuple(nums)
+
+
+def kernels() -> dict[str, str]:
+    """The guest kernels this machine can boot: ``{"6.1": "/boot/vmlinuz-6.1.0-56-amd64",
+    "6.12": "/boot/vmlinuz-6.12.57+deb12-amd64"}``, keyed by major.minor (the newest image of
+    each series). Debian installs an image with its modules, which the guest loads rdma_rxe
+    from (virtme-ng mounts the host's /lib/modules)."""
+    out: dict[str, str] = {}
+    for path in sorted(Path("/boot").glob("vmlinuz-*"), key=_release_key):
+        key = _release_key(path)
+        if len(key) >= 2 and Path("/lib/modules", path.name.removeprefix("vmlinuz-")).is_dir():
+            out[f"{key[0]}.{key[1]}"] = str(path)
+    return out
+
+
+def _kernel(choice: str | None = None) -> str | None:
+    """The image for ``choice``: a path, or a series ("6.1", "6.12"); None for the default."""
+    choice = choice or os.environ.get("SOFTRDMA_LAB_KERNEL") or DEFAULT_KERNEL
+    if "/" in choice:
+        return choice if Path(choice).exists() else None
+    return kernels().get(choice)
 
 
 def tool_path() -> str:
@@ -113,8 +146,8 @@ def _python() -> str:
     return os.path.realpath(sys.executable)
 
 
-def missing_prerequisites() -> list[str]:
-    """What this machine lacks to run the lab (empty when it can)."""
+def missing_prerequisites(kernel: str | None = None) -> list[str]:
+    """What this machine lacks to run the lab with guest kernel ``kernel`` (empty when it can)."""
     out = []
     if os.geteuid() != 0:
         out.append("root (network namespaces, tap devices)")
@@ -125,8 +158,11 @@ def missing_prerequisites() -> list[str]:
                      ("rdma", "iproute2 (rdma tool)"), ("tcpdump", "tcpdump")):
         if shutil.which(exe, path=path) is None:
             out.append(f"{exe} ({pkg})")
-    if _kernel() is None:
-        out.append("a kernel image in /boot (linux-image-amd64)")
+    if _kernel(kernel) is None:
+        want = kernel or os.environ.get("SOFTRDMA_LAB_KERNEL") or DEFAULT_KERNEL
+        pkg = {"6.1": "linux-image-amd64", "6.12": "linux-image-6.12-amd64"}.get(
+            want, "a Debian linux-image package")
+        out.append(f"a {want} kernel image in /boot with its modules ({pkg})")
     return out
 
 
@@ -182,11 +218,16 @@ class GuestJob:
 
 class Lab:
     def __init__(self, guests: int = 1, *, memory: str = "1G", workdir: str | None = None,
-                 boot_timeout: float = BOOT_TIMEOUT) -> None:
-        miss = missing_prerequisites()
+                 boot_timeout: float = BOOT_TIMEOUT, kernel: str | None = None) -> None:
+        """``kernel``: the guests' kernel, a series of :func:`kernels` ("6.1", "6.12") or an
+        image path; default :data:`DEFAULT_KERNEL` (or ``$SOFTRDMA_LAB_KERNEL``)."""
+        miss = missing_prerequisites(kernel)
         if miss:
             raise LabUnavailable("the rxe lab needs: " + ", ".join(miss))
         self.n = guests
+        self.kernel_image = _kernel(kernel) or ""
+        #: the guests' kernel release, e.g. "6.12.57+deb12-amd64"
+        self.kernel_release = Path(self.kernel_image).name.removeprefix("vmlinuz-")
         self.ns = f"srxlab{os.getpid()}"
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="softrdma-lab-"))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -233,7 +274,7 @@ class Lab:
                  f"ip addr add {HOST_IP}/24 dev br0; ip link set br0 up; for t in {taps}; do "
                  f"ip tuntap add dev $t mode tap; ip link set $t master br0; ip link set $t up; "
                  f"done'")
-        kernel = _kernel()
+        kernel = self.kernel_image
         for i in range(self.n):
             mac = f"52:54:00:00:00:{0x11 + i:02x}"
             cmd = ["ip", "netns", "exec", ns] + vng_command(
