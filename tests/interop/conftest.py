@@ -21,20 +21,33 @@ from ..conftest import IN_CI
 FAILED = Path(__file__).parent / "failed-pcaps"
 
 
-@pytest.fixture(scope="session")
-def lab():
-    miss = missing_prerequisites()
+def _boot(kernel: str | None):
+    miss = missing_prerequisites(kernel)
     if miss:
         msg = "rxe interop lab prerequisites missing: " + ", ".join(miss)
         if IN_CI:
             pytest.fail("CI=true and " + msg)
         pytest.skip(msg)
     try:
-        lb = Lab(guests=2)
+        return Lab(guests=2, kernel=kernel)
     except LabUnavailable as e:
         if IN_CI:
             pytest.fail(f"CI=true and the lab did not start: {e}")
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """Two guests on the default kernel (Debian 12's 6.1, or ``$SOFTRDMA_LAB_KERNEL``)."""
+    lb = _boot(None)
+    yield lb
+    lb.close()
+
+
+@pytest.fixture(scope="session")
+def lab612():
+    """Two guests on Linux 6.12 (rxe with ATOMIC WRITE and FLUSH)."""
+    lb = _boot("6.12")
     yield lb
     lb.close()
 
@@ -47,10 +60,7 @@ def pytest_runtest_makereport(item, call):
         item._interop_failed = rep.failed
 
 
-@pytest.fixture
-def scenario(lab, request, tmp_path):
-    """Capture the scenario's RoCE traffic; keep the pcap if the test fails; undo netem and
-    kill what the scenario left running on either side."""
+def _scenario(lab, request, tmp_path):
     pcap = tmp_path / f"{request.node.name}.pcap"
     cap = lab.capture(pcap)
     yield lab
@@ -62,6 +72,19 @@ def scenario(lab, request, tmp_path):
     if getattr(request.node, "_interop_failed", False) and pcap.exists():
         FAILED.mkdir(exist_ok=True)
         shutil.copy(pcap, FAILED / pcap.name)
+
+
+@pytest.fixture
+def scenario(lab, request, tmp_path):
+    """Capture the scenario's RoCE traffic; keep the pcap if the test fails; undo netem and
+    kill what the scenario left running on either side."""
+    yield from _scenario(lab, request, tmp_path)
+
+
+@pytest.fixture
+def scenario612(lab612, request, tmp_path):
+    """:func:`scenario` on the Linux 6.12 lab."""
+    yield from _scenario(lab612, request, tmp_path)
 
 
 # ---- loss that spares the last goodbye ---------------------------------------------
