@@ -493,7 +493,7 @@ def replay_side(capture: list[CapturedPacket], ip: str, *, device_name: str,
     register_device(dev)
     clock = _Clock()
 
-    def transmit(data: bytes, dst: bytes, sport: int) -> None:
+    def transmit(data: bytes, dst: bytes, sport: int, tos: int = 0) -> None:
         res.sent.append(data)
         res.sports.append(sport)
         res.sent_at.append(clock.frame)

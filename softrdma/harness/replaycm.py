@@ -89,7 +89,7 @@ class _Side:
         self.all: list[tuple[bytes, int]] = []  # everything sent, in order
 
     def start(self) -> None:
-        def transmit(data: bytes, dst: bytes, sport: int) -> None:
+        def transmit(data: bytes, dst: bytes, sport: int, tos: int = 0) -> None:
             self.sent.append((parse(bytes(data)), bytes(data), sport))
             self.all.append((bytes(data), sport))
         self.dev.transmit = transmit

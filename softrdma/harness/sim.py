@@ -149,10 +149,10 @@ class SimNetwork:
         self.devices[dev.ip_packed] = dev
         dev.now = self.now
         if self.trains:
-            dev.transmit = lambda data, dst, sport, _src=dev: self._queue(_src, data, dst, sport)
+            dev.transmit = lambda data, dst, sport, tos=0, _src=dev: self._queue(_src, data, dst, sport)
             dev.lock.on_release = lambda _src=dev: self._flush(_src)
         else:
-            dev.transmit = lambda data, dst, sport, _src=dev: self._send(_src, data, dst, sport)
+            dev.transmit = lambda data, dst, sport, tos=0, _src=dev: self._send(_src, data, dst, sport)
 
     def _queue(self, src: SoftDevice, data: bytes, dst_ip: bytes, sport: int) -> None:
         self._queued.setdefault(src, []).append((data, dst_ip, sport))

@@ -52,7 +52,7 @@ _FLUSH = int(WCS.IBV_WC_WR_FLUSH_ERR)
 class QpEngine:
     __slots__ = ("device", "owner", "qp_num", "qp_type", "pd", "send_cq", "recv_cq", "srq",
                  "state", "attr", "av", "sq", "rq", "comm_est_sent", "last_wqe_sent",
-                 "closed", "req", "comp", "resp", "src_port", "dst_ip", "retrans_at", "rnr_at")
+                 "closed", "req", "comp", "resp", "src_port", "dst_ip", "tos", "retrans_at", "rnr_at")
 
     def __init__(self, device: DeviceServices, qp_num: int, qp_type: int, pd: Any,
                  send_cq: CompletionSink, recv_cq: CompletionSink, srq: RecvSource | None,
@@ -78,6 +78,8 @@ class QpEngine:
         self.resp = Responder(self)
         self.src_port = udp_sport_for_qpn(qp_num)
         self.dst_ip: bytes | None = None
+        #: the primary path's traffic class: the IP TOS of what this QP sends (rxe's av)
+        self.tos = 0
         self.retrans_at: float | None = None
         self.rnr_at: float | None = None
 
@@ -93,6 +95,7 @@ class QpEngine:
     def set_av(self, av: Any) -> None:
         self.av = av
         self.dst_ip = av.dst_ip
+        self.tos = av.traffic_class & 0xFF
         if self.qp_type in (T.IBV_QPT_RC, T.IBV_QPT_UC):
             self.src_port = udp_sport_for_path(av.flow_label, self.qp_num,
                                                self.attr.dest_qp_num)
@@ -123,6 +126,7 @@ class QpEngine:
             self.resp.reset()
             self.src_port = udp_sport_for_qpn(self.qp_num)
             self.dst_ip = None
+            self.tos = 0
             self._cancel_timers()
         self.attr.qp_state = self.attr.cur_qp_state = new
         if new == S.IBV_QPS_ERR:

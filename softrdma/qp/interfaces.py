@@ -52,8 +52,9 @@ class DeviceServices(Protocol):
         """The time, in seconds (a virtual clock in simulation)."""
         ...
 
-    def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None) -> None:
-        """Fill the ICRC of ``pkt`` (BTH..ICRC) for ``qp``'s path and transmit it."""
+    def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None, tos: int = 0) -> None:
+        """Fill the ICRC of ``pkt`` (BTH..ICRC) for ``qp``'s path and transmit it with the
+        path's traffic class ``tos`` (the IP TOS)."""
         ...
 
     def timer_changed(self, qp: Any) -> None:

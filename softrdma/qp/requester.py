@@ -237,8 +237,11 @@ class Requester:
             self.opcode = opcode
             if info.last:
                 self.wqe_index += 1
-            dst = wqe.av.dst_ip if wqe.av is not None else qp.dst_ip
-            qp.device.send_packet(qp, pkt, dst)
+            av = wqe.av  # a UD WR's AH, else the QP's primary path
+            if av is not None:
+                qp.device.send_packet(qp, pkt, av.dst_ip, av.traffic_class & 0xFF)
+            else:
+                qp.device.send_packet(qp, pkt, qp.dst_ip, qp.tos)
             if rc:
                 qp.arm_retrans_if_idle()
             elif info.last:
@@ -266,6 +269,7 @@ class Requester:
         src = dev.keys.resolve(lkey, qp.pd, addr + offset, count * mtu, 0, remote=False)
         dest_qp = qp.attr.dest_qp_num
         dst = wqe.av.dst_ip if wqe.av is not None else qp.dst_ip
+        tos = wqe.av.traffic_class & 0xFF if wqe.av is not None else qp.tos
         psn = self.psn
         send = dev.send_packet
         build = REQUEST_BUILDERS[opcode]  # _make_packet's builder: the same bytes
@@ -279,7 +283,7 @@ class Requester:
             psn = (psn + 1) & BTH_PSN_MASK
             self.psn = psn
             wqe.offset += mtu
-            send(qp, pkt, dst)
+            send(qp, pkt, dst, tos)
         if rc:
             qp.arm_retrans_if_idle()
 

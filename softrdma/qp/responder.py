@@ -282,7 +282,7 @@ class Responder:
         qp = self.qp
         pkt = build(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, syndrome=syndrome,
                     msn=self.msn, orig=orig, payload=payload)
-        qp.device.send_packet(qp, pkt, qp.dst_ip)
+        qp.device.send_packet(qp, pkt, qp.dst_ip, qp.tos)
 
     def send_ack(self, syndrome: int, psn: int) -> None:
         if self.qp.device.trace is not None:

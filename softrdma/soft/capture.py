@@ -21,9 +21,10 @@ class PacketCapture:
         self.clock = clock or time.time
         self.count = 0
 
-    def record(self, roce: bytes, src: bytes, dst: bytes, sport: int, ip_id: int = 0) -> None:
+    def record(self, roce: bytes, src: bytes, dst: bytes, sport: int, ip_id: int = 0,
+               tos: int = 0) -> None:
         frame = encode_frame(roce, src=src, dst=dst, sport=sport, ip_id=ip_id, ttl=64,
-                             fill_icrc=False)
+                             tos=tos, fill_icrc=False)
         self.writer.write(frame, ts=self.clock())
         self.count += 1
 

@@ -106,7 +106,8 @@ class SoftDevice:
     """A software RoCE device bound (logically) to one IP address.
 
     ``transmit`` is called with ``(packet_bytes, dst_ip, src_port)`` for every packet the
-    engines send; drivers replace it. ``lock`` serialises verbs calls and the progress
+    engines send, and a fourth argument, the path's traffic class (IP TOS), when it is not
+    0; drivers replace it. ``lock`` serialises verbs calls and the progress
     engine, like rxe's per-object spinlocks but coarser.
     """
 
@@ -151,7 +152,7 @@ class SoftDevice:
         self.contexts: int = 0
         # objects in use per kind, against the limits (rxe's rxe_pool counts)
         self.in_use: dict[str, int] = dict.fromkeys(POOLS, 0)
-        self.transmit: Callable[[bytes, bytes, int], None] = self._loopback
+        self.transmit: Callable[..., None] = self._loopback
         self.async_listeners: list[Callable[[Any], None]] = []
         self.port_active = True
         # time, injected by whoever drives the device: a virtual clock sets ``_now``; a real
@@ -265,8 +266,11 @@ class SoftDevice:
         if not any(e.src_port == sport for e in self.qps.values()):
             self.udp.release_sport(sport)
 
-    def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None) -> None:
-        """Called by the engines: fill the ICRC for our addresses and transmit."""
+    def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None, tos: int = 0) -> None:
+        """Called by the engines: fill the ICRC for our addresses and transmit.
+
+        ``tos`` is the path's traffic class (the AH's, or the QP's primary path's), which
+        rxe puts in the IPv4 TOS / IPv6 traffic class of every packet; the ICRC masks it."""
         if dst_ip is None:
             self.counters.drop(Drop.NO_PATH)
             return
@@ -281,20 +285,22 @@ class SoftDevice:
         if self.trace is not None:  # what the QP sent (the faults' doings are traced apart)
             trace_packet(self, "tx", data, qpn=getattr(qp, "qp_num", None), peer=dst_ip)
         if self.fault_tx is not None:
-            self.faults.send(data, dst_ip, sport)
+            self.faults.send(data, dst_ip, sport, tos)
             return
-        self.counters.sent_pkts += 1
-        if self.capture is not None:
-            self.capture.record(data, self.ip_packed, dst_ip, sport)
-        self.transmit(data, dst_ip, sport)
+        self.wire_send(data, dst_ip, sport, tos)
 
-    def wire_send(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+    def wire_send(self, data: bytes, dst_ip: bytes, sport: int, tos: int = 0) -> None:
         """Put one finished packet on the wire (counted and captured): the tail of
-        :meth:`send_packet`, which the fault injector calls for each copy it lets out."""
+        :meth:`send_packet`, which the fault injector calls for each copy it lets out.
+        A transport is called with ``tos`` only when it is not 0 (``transmit(data, dst_ip,
+        sport[, tos])``), so the simplest transport takes three arguments."""
         self.counters.sent_pkts += 1
         if self.capture is not None:
-            self.capture.record(data, self.ip_packed, dst_ip, sport)
-        self.transmit(data, dst_ip, sport)
+            self.capture.record(data, self.ip_packed, dst_ip, sport, tos=tos)
+        if tos:
+            self.transmit(data, dst_ip, sport, tos)
+        else:
+            self.transmit(data, dst_ip, sport)
 
     def flush_tx(self) -> None:
         """Send what the transport has queued now, rather than when the device lock is let
@@ -354,7 +360,7 @@ class SoftDevice:
         """QP1: send one 256-byte MAD to ``dst_ip`` as rxe does (``self.gsi.send``)."""
         self.gsi.send(mad, dst_ip, dst_qpn, **kw)
 
-    def _loopback(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+    def _loopback(self, data: bytes, dst_ip: bytes, sport: int, tos: int = 0) -> None:
         """Default transport: deliver to ourselves (rxe's loopback), drop anything else."""
         if dst_ip == self.ip_packed:
             self._rxq.append((data, self.ip_packed, dst_ip, sport))

@@ -378,16 +378,16 @@ class Faults:
         return self._notes[direction]
 
     # -- applying them (called by the device) -----------------------------------------------
-    def send(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+    def send(self, data: bytes, dst_ip: bytes, sport: int, tos: int = 0) -> None:
         """The tx path: ``data`` (ICRC filled) leaves through ``device.wire_send`` now,
-        later, several times or never."""
+        later, several times or never (with the path's traffic class ``tos``)."""
         dev = self.device
         src = dev.ip_packed
 
         def fix(b: bytes) -> bytes:
             return with_icrc(b, src, dst_ip, sport)
 
-        self._deliver(self.tx.outcomes(data, fix), dev.wire_send, dst_ip, sport)
+        self._deliver(self.tx.outcomes(data, fix), dev.wire_send, dst_ip, sport, tos)
 
     def receive(self, data: bytes, src_ip: bytes, dst_ip: bytes, ip_id: int,
                 ip_header: bytes | None, sport: int, verify: bool,

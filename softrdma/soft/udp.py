@@ -66,6 +66,8 @@ UDP_GRO = 104  # receive trains whole, the segment size as an int cmsg
 _NO_GSO = (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
 _GSO_SIZE = struct.Struct("=H")
 _GRO_SIZE = struct.Struct("=i")
+_INT = struct.Struct("=i")  # IPV6_TCLASS takes an int
+_BYTE = struct.Struct("=B")  # IP_TOS as a control message: one byte (ip_cmsg_send accepts it)
 
 
 def _env_on(name: str) -> bool:
@@ -220,19 +222,25 @@ class UdpTransport:
         self.tx[sport] = s
         return s
 
-    def send(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+    def send(self, data: bytes, dst_ip: bytes, sport: int, tos: int = 0) -> None:
         """The device's ``transmit``: loopback at once, anything else queued for the flush
-        when the device lock is let go (or sent now, without trains)."""
+        when the device lock is let go (or sent now, without trains).
+
+        ``tos`` (the path's traffic class) goes into the IP header as rxe puts it there,
+        through an IP_TOS / IPV6_TCLASS control message of that ``sendmsg`` (the sockets
+        are shared by every path of a source port). Queued, it rides in the upper bits of
+        the port key, so a train never mixes two classes."""
         dev = self.device
         if dst_ip == dev.ip_packed:  # loopback: no socket, handled right after this call
             dev._rxq.append((data, dst_ip, dst_ip, sport))
             return
+        key = sport | (tos & 0xFF) << 16 if tos else sport
         if self.gso:
-            self._pending.append((data, dst_ip, sport))
+            self._pending.append((data, dst_ip, key))
             if dev.lock.depth == 0:  # sent by someone not holding the lock: no flush coming
                 self.flush()
             return
-        self._send_one(data, dst_ip, sport)
+        self._send_one(data, dst_ip, key)
 
     @property
     def pending(self) -> int:
@@ -250,11 +258,11 @@ class UdpTransport:
         if len(pending) > self.pending_peak:
             self.pending_peak = len(pending)
         self._pending = []
-        for dst_ip, sport, size, packets in coalesce(pending):
+        for dst_ip, key, size, packets in coalesce(pending):
             if len(packets) == 1:
-                self._send_one(packets[0], dst_ip, sport)
+                self._send_one(packets[0], dst_ip, key)
             else:
-                self._send_train(packets, dst_ip, sport, size)
+                self._send_train(packets, dst_ip, key, size)
 
     def _socket_for(self, sport: int) -> socket.socket | None:
         if sport == self._last_sport:  # a message's packets share a port: skip the pool
@@ -270,16 +278,25 @@ class UdpTransport:
             addr = self._addr[dst_ip] = (str(ipaddress.ip_address(dst_ip)), ROCE_V2_UDP_DPORT)
         return addr
 
-    def _send_train(self, packets: list, dst_ip: bytes, sport: int, size: int) -> None:
+    def _tos_cmsg(self, tos: int) -> tuple[int, int, bytes]:
+        if self.v6:
+            return (socket.IPPROTO_IPV6, socket.IPV6_TCLASS, _INT.pack(tos))
+        return (socket.IPPROTO_IP, socket.IP_TOS, _BYTE.pack(tos))
+
+    def _send_train(self, packets: list, dst_ip: bytes, key: int, size: int) -> None:
+        """``key``: the source port, with the TOS above bit 16 (:meth:`send`)."""
+        sport = key & 0xFFFF
         s = self._socket_for(sport)
         if s is None:  # no socket on the QP's port: the fallback rebuilds each packet
             for p in packets:
-                self._send_one(p, dst_ip, sport)
+                self._send_one(p, dst_ip, key)
             return
         c = self.device.counters
+        cmsgs = [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(size))]
+        if key >> 16:
+            cmsgs.append(self._tos_cmsg(key >> 16))
         try:
-            s.sendmsg(train_iov(packets, not self.v6),
-                      [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(size))], 0, self._address(dst_ip))
+            s.sendmsg(train_iov(packets, not self.v6), cmsgs, 0, self._address(dst_ip))
         except BlockingIOError:
             c.drop(Drop.TX_QUEUE_FULL, len(packets))
             return
@@ -292,12 +309,14 @@ class UdpTransport:
             self.gso = False
             c.gso_fallback += 1
             for p in packets:
-                self._send_one(p, dst_ip, sport)
+                self._send_one(p, dst_ip, key)
             return
         c.gso_trains += 1
         c.gso_packets += len(packets)
 
-    def _send_one(self, data: bytes, dst_ip: bytes, sport: int) -> None:
+    def _send_one(self, data: bytes, dst_ip: bytes, key: int) -> None:
+        """``key``: the source port, with the TOS above bit 16 (:meth:`send`)."""
+        sport = key & 0xFFFF
         s = self._socket_for(sport)
         if s is None:
             # rebuild the ICRC for the main socket's port, which the packet will carry
@@ -309,7 +328,10 @@ class UdpTransport:
             data = bytes(b)
             s = self.sock
         try:
-            s.sendto(data, self._address(dst_ip))
+            if key >> 16:
+                s.sendmsg([data], [self._tos_cmsg(key >> 16)], 0, self._address(dst_ip))
+            else:
+                s.sendto(data, self._address(dst_ip))
         except BlockingIOError:
             self.device.counters.drop(Drop.TX_QUEUE_FULL)
         except OSError:
