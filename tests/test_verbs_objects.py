@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from softrdma.errors import PyverbsRDMAError
-from softrdma.qp.memory import AccessError, KeyTable
+from softrdma.qp.memory import Access, AccessError, KeyTable
 from softrdma.verbs_api import (
     AH, CQ, GID, MR, MW, PD, QP, SGE, SRQ, AHAttr, CompChannel, Context, GlobalRoute, MWBind,
     MWBindInfo, QPCap, QPInitAttr, RecvWR, SendWR, SrqAttr, SrqInitAttr, add_device,
@@ -253,18 +253,22 @@ def test_mr_access_rules(ctx):
     raises(errno.EINVAL, MR, pd, access=LW, buffer=12345)  # no buffer protocol
 
 
-def test_mr_rereg_changes_keys(ctx):
+def test_mr_rereg_keeps_keys(ctx):
+    """ibv_rereg_mr keeps the lkey and rkey, as rxe's rxe_rereg_user_mr (6.2 on) and
+    hardware do, and the iova unless the translation changes: what changes is what the
+    keys allow (the new access, the new PD, the new buffer)."""
     pd, pd2 = PD(ctx), PD(ctx)
     mr = MR(pd, 64, LW)
-    old_lkey, old_rkey = mr.lkey, mr.rkey
+    old_lkey, old_rkey, old_iova = mr.lkey, mr.rkey, mr.buf
     keys = ctx.device.keys
+    with pytest.raises(AccessError):  # no REMOTE_READ yet
+        keys.resolve(old_rkey, pd, mr.buf, 8, Access.REMOTE_READ, remote=True)
     mr.rereg(4, access=LW | RR)  # IBV_REREG_MR_CHANGE_ACCESS
-    assert mr.lkey != old_lkey and mr.access == LW | RR
-    with pytest.raises(AccessError):
-        keys.resolve(old_lkey, pd, mr.buf, 8, 0, remote=False)
-    assert len(keys.resolve(mr.lkey, pd, mr.buf, 8, 0, remote=False)) == 8
+    assert (mr.lkey, mr.rkey, mr.buf) == (old_lkey, old_rkey, old_iova)
+    assert mr.access == LW | RR
+    assert len(keys.resolve(old_rkey, pd, mr.buf, 8, Access.REMOTE_READ, remote=True)) == 8
     mr.rereg(2, pd=pd2)  # CHANGE_PD
-    assert mr.pd is pd2
+    assert mr.pd is pd2 and (mr.lkey, mr.rkey, mr.buf) == (old_lkey, old_rkey, old_iova)
     with pytest.raises(AccessError):
         keys.resolve(mr.lkey, pd, mr.buf, 8, 0, remote=False)
     keys.resolve(mr.lkey, pd2, mr.buf, 8, 0, remote=False)
@@ -276,12 +280,13 @@ def test_mr_rereg_changes_keys(ctx):
     raises(errno.EBADF, mr.rereg, 2, pd=dead)
     ro = MR(pd2, access=RR, buffer=b"immutable")
     raises(errno.EFAULT, ro.rereg, 4, access=LW)
+    assert ro.access == RR  # a refused rereg changes nothing
     new = bytearray(32)
-    mr.rereg(1, addr=new)  # CHANGE_TRANSLATION: a new buffer
-    assert mr.length == 32
+    mr.rereg(1, addr=new)  # CHANGE_TRANSLATION: a new buffer, the same keys
+    assert mr.length == 32 and (mr.lkey, mr.rkey) == (old_lkey, old_rkey)
     mr.write(b"q", 1, 31)
     assert new[31:] == b"q"
-    assert old_rkey != mr.rkey
+    assert bytes(keys.resolve(mr.lkey, pd2, mr.buf + 31, 1, 0, remote=False)) == b"q"
 
 
 def test_mw_alloc(ctx):

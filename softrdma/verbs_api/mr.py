@@ -168,7 +168,8 @@ class MR(Sibling):
     def rereg(self, flags: int, pd: Any = None, addr: Any = None, length: int = 0,
               access: int = 0) -> None:
         """ibv_rereg_mr: change the PD (IBV_REREG_MR_CHANGE_PD=2), access (4) or the
-        buffer (``addr`` is a buffer object here, 1 = CHANGE_TRANSLATION). Keys change."""
+        buffer (``addr`` is a buffer object here, 1 = CHANGE_TRANSLATION). The lkey and rkey
+        stay (as rxe keeps them), and so does the iova unless the buffer changes."""
         self._check()
         new_pd = self.impl.rereg(flags, pd, addr, length, access)
         if new_pd is not self.pd:
@@ -274,9 +275,15 @@ class SoftMR:
                 self._buffer = buffer
             elif new_access & _WRITES and mv is not None and mv.readonly:
                 raise PyverbsRDMAError(f"{what}: buffer is read-only", errno.EFAULT)
-            self.device.keys.remove(self.entry)
+            # rxe (6.2 on: rxe_rereg_user_mr) and hardware keep the keys, and the iova
+            # unless the translation changes: a peer holding the rkey keeps its access
+            old = self.entry
+            keys = self.device.keys
+            keys.remove(old)
             self.pd = new_pd
-            self.entry = self.device.keys.register_mr(new_pd, mv, new_access)
+            self.entry = keys.register_mr(new_pd, mv, new_access,
+                                          iova=None if flags & 1 else old.iova)
+            keys.rekey(self.entry, old.lkey)
             self.entry.owner = self.owner
         return new_pd
 
