@@ -67,7 +67,8 @@ class Wire:
             def now(self) -> float:
                 return wire.now
 
-            def send_packet(self, qp: QpEngine, pkt: bytearray, dst_ip: bytes | None) -> None:
+            def send_packet(self, qp: QpEngine, pkt: bytearray, dst_ip: bytes | None,
+                            tos: int = 0) -> None:
                 i = wire.sent
                 wire.sent += 1
                 if i not in wire.lose:
@@ -123,7 +124,7 @@ def pair(wire: Wire):
         e = me.eng
         e.set_state(IBV_QPS_INIT)
         e.attr.dest_qp_num = other.eng.qp_num
-        e.set_av(SimpleNamespace(dst_ip=b"\x0a\x00\x00\x01", flow_label=0))
+        e.set_av(SimpleNamespace(dst_ip=b"\x0a\x00\x00\x01", flow_label=0, traffic_class=0))
         e.set_rq_psn(rq_psn)
         e.set_resp_resources(4)
         e.set_state(IBV_QPS_RTR)

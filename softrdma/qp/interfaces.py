@@ -16,7 +16,7 @@ from ..completion import WC
 from .memory import KeyTable
 from .wqe import RecvWqe
 
-__all__ = ["CompletionSink", "RecvSource", "DeviceServices", "AttrView"]
+__all__ = ["CompletionSink", "RecvSource", "DeviceServices", "AttrView", "PathView"]
 
 
 class CompletionSink(Protocol):
@@ -35,6 +35,15 @@ class RecvSource(Protocol):
     def take(self) -> RecvWqe | None:
         """The next posted receive, or None (the responder then answers RNR)."""
         ...
+
+
+class PathView(Protocol):
+    """A resolved address vector (``QpEngine.set_av``, a UD WQE's ``av``), as rxe's
+    ``rxe_av``: where packets go and the IP header fields rxe takes from it."""
+
+    dst_ip: bytes  # 4 or 16 bytes
+    flow_label: int  # the UDP source port of an RC/UC QP is derived from it
+    traffic_class: int  # the IPv4 TOS / IPv6 traffic class of every packet
 
 
 class DeviceServices(Protocol):
