@@ -261,6 +261,7 @@ def install(ffi: Any, lib: Any) -> None:
             ffi.errno = getattr(e, "error_code", None) or 22
             return _REREG_ERR_CMD
         forget(old)
+        mr.adopt_keys(old.lkey)  # rxe keeps the keys (rxe_rereg_user_mr)
         # the structure stays the one allocated by ibv_reg_mr (``ptr`` is the program's
         # pointer to it, which owns nothing: released and added again, the memory would
         # be freed under the program)

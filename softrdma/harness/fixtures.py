@@ -91,12 +91,13 @@ class _DeviceTap:
         self.tap, self.dev, self.clock = tap, dev, clock
         self.count = 0
 
-    def record(self, roce: bytes, src: bytes, dst: bytes, sport: int, ip_id: int = 0) -> None:
+    def record(self, roce: bytes, src: bytes, dst: bytes, sport: int, ip_id: int = 0,
+               tos: int = 0) -> None:
         if src != self.dev.ip_packed and src in self.tap.ips:
             return  # its tapped sender already recorded it
         self.tap.ips.add(self.dev.ip_packed)  # an auto-addressed device may have moved
         frame = encode_frame(roce, src=src, dst=dst, sport=sport, ip_id=ip_id, ttl=64,
-                             fill_icrc=False)
+                             tos=tos, fill_icrc=False)
         self.tap.frames.append((self.clock(), frame))
         self.count += 1
 

@@ -136,6 +136,10 @@ class HwMR:
         """The registered memory's real address in this process."""
         return self._ptr
 
+    def adopt_keys(self, lkey: int) -> None:
+        raise PyverbsRDMAError("Failed to re-register MR: a real device chooses its keys "
+                               "(ibv_rereg_mr keeps them)", errno.EOPNOTSUPP)
+
     def rereg(self, flags: int, pd: Any, addr: Any, length: int, access: int) -> Any:
         """``ibv_rereg_mr``: IBV_REREG_MR_CHANGE_PD (2), _ACCESS (4), _TRANSLATION (1, with
         ``addr`` a buffer object, registered at its real address). Returns the PD."""

@@ -177,6 +177,14 @@ class MR(Sibling):
             self.pd = new_pd
             self._use(new_pd)
 
+    def adopt_keys(self, lkey: int) -> None:
+        """Take over the keys ``lkey`` (= rkey) of an MR of this device deregistered a
+        moment ago: for an ``ibv_rereg_mr`` done as a new registration and the old one's
+        deregistration (softrdma.exec), which keeps the keys as rxe does. EINVAL if
+        another live MR or MW holds them."""
+        self._check()
+        self.impl.adopt_keys(lkey)
+
     def close(self) -> None:
         if not self.closed:
             self.impl.check_dereg()
@@ -251,6 +259,14 @@ class SoftMR:
     def mem(self) -> memoryview:
         assert self.entry.buf is not None
         return self.entry.buf
+
+    def adopt_keys(self, lkey: int) -> None:
+        with self.device.lock:
+            try:
+                self.device.keys.rekey(self.entry, lkey)
+            except ValueError:
+                raise PyverbsRDMAError(f"Failed to re-register MR: key 0x{lkey:x} is in use",
+                                       errno.EINVAL) from None
 
     def rereg(self, flags: int, pd: Any, addr: Any, length: int, access: int) -> Any:
         what = "Failed to re-register MR"

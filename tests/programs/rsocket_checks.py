@@ -231,7 +231,7 @@ def _lost_close_ack(addr: str, port: int, lost_retransmissions: int = 0) -> None
     sent_disconnects = []
     send_packet = dev.send_packet
 
-    def lossy(qp, pkt, dst_ip):
+    def lossy(qp, pkt, dst_ip, *tos):
         if (qp is passive.qp.engine and not dropped and pkt[0] == Opcode.RC_ACKNOWLEDGE
                 and int.from_bytes(pkt[9:12], "big") == disconnect_psn):
             dropped.append(bytes(pkt))
@@ -240,7 +240,7 @@ def _lost_close_ack(addr: str, port: int, lost_retransmissions: int = 0) -> None
             sent_disconnects.append(bytes(pkt))
             if 1 < len(sent_disconnects) <= 1 + lost_retransmissions:
                 return  # a retransmission lost on the way
-        send_packet(qp, pkt, dst_ip)
+        send_packet(qp, pkt, dst_ip, *tos)
 
     dev.send_packet = lossy
     try:
