@@ -120,7 +120,7 @@ class MWBind(_MWBind):
 
 
 class MREx(MR):
-    """pyverbs' ``MREx`` (``ibv_reg_mr_ex``, rdma-core 61 on). For a provider without a
+    """pyverbs' ``MREx`` (``ibv_reg_mr_ex``, rdma-core 60 on). For a provider without a
     ``reg_mr_ex`` op (rxe) libibverbs turns it into the legacy registration
     (``dummy_ops.c``), so host memory registers as with ``MR``; a dma-buf ``fd``, a DMA
     handle, a ``Buf`` or an IOVA of its own fail EOPNOTSUPP here (rxe has no dma-buf MRs

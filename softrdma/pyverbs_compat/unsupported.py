@@ -112,14 +112,28 @@ def _unsupported_function(name: str, key: str) -> Any:
     return f
 
 
+def _shared(name: str) -> Any:
+    """A name pyverbs modules import from its common modules (``PyverbsError``,
+    ``PyverbsRDMAErrno``, ``gid_str``...): softrdma's own object, or None."""
+    import importlib
+    for m in ("pyverbs_error", "base", "utils"):
+        obj = getattr(importlib.import_module(f"{__package__}.{m}"), name, None)
+        if obj is not None and not name.startswith("_"):
+            return obj
+    return None
+
+
 def fill_missing(mod: types.ModuleType, key: str) -> None:
-    """Give ``mod`` every class and function of pyverbs.<key> it lacks, as unsupported."""
+    """Give ``mod`` every class and function of pyverbs.<key> it lacks, as unsupported
+    (a name it re-exports from pyverbs' common modules is softrdma's own)."""
     for cname in M.CLASSES.get(key, {}):
         if not hasattr(mod, cname):
             setattr(mod, cname, _unsupported_class(cname, key))
     for fname in M.FUNCTIONS.get(key, []):
         if not hasattr(mod, fname):
-            setattr(mod, fname, _unsupported_function(fname, key))
+            shared = _shared(fname) if key not in ("pyverbs_error", "base", "utils") else None
+            setattr(mod, fname, shared if shared is not None else
+                    _unsupported_function(fname, key))
     for n, v in M.INTS.get(key, {}).items():
         if not hasattr(mod, n):
             setattr(mod, n, v)
