@@ -3,6 +3,7 @@
 
     python scripts/run_rdma_core_suite.py --rdma-core /path/to/rdma-core.git --tag v64.0 \
         [--keep DIR] [--log FILE] [--table]
+    python scripts/run_rdma_core_suite.py --rdma-core DIR --tag v44.0 v50.0 v64.0  # totals
 
 Takes the release's ``tests/`` out of the given rdma-core git directory (``git archive``,
 a bare mirror is enough), runs ``SOFTRDMA_NETDEV=1 softrdma run tests/run_tests.py --dev
@@ -62,20 +63,34 @@ def table(results: dict[str, str]) -> str:
     return "\n".join(out)
 
 
+def run_tag(repo: str, tag: str, keep: Path | None) -> str:
+    """Extract ``tag``'s tests/ (into ``keep``, or a temporary directory) and run them."""
+    with tempfile.TemporaryDirectory(prefix="softrdma-rc-") as td:
+        where = keep or Path(td) / "src"
+        where.mkdir(parents=True, exist_ok=True)
+        extract(repo, tag, where)
+        (Path(td) / "rdmacm").mkdir()
+        _rc, text = run_suite(where, Path(td) / "rdmacm")
+    return text
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rdma-core", required=True, help="rdma-core git directory")
-    ap.add_argument("--tag", default="v64.0")
+    ap.add_argument("--tag", nargs="+", default=["v64.0"],
+                    help="release tag(s); with several, one line of totals per release")
     ap.add_argument("--keep", type=Path, help="extract into this directory and keep it")
     ap.add_argument("--log", type=Path, help="write unittest's output here")
     ap.add_argument("--table", action="store_true", help="print the per-file markdown table")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="softrdma-rc-") as td:
-        where = a.keep or Path(td) / "src"
-        where.mkdir(parents=True, exist_ok=True)
-        extract(a.rdma_core, a.tag, where)
-        (Path(td) / "rdmacm").mkdir()
-        rc, text = run_suite(where, Path(td) / "rdmacm")
+    if len(a.tag) > 1:
+        for tag in a.tag:
+            res = parse_unittest_output(run_tag(a.rdma_core, tag, None))
+            tot = {k: sum(r[k] for r in per_file(res).values())
+                   for k in ("passed", "failed", "errored", "skipped")}
+            print(tag, len(res), " ".join(f"{k}={v}" for k, v in tot.items()), flush=True)
+        return 0
+    text = run_tag(a.rdma_core, a.tag[0], a.keep)
     if a.log:
         a.log.write_text(text)
     res = parse_unittest_output(text)
