@@ -6,7 +6,7 @@ address the Linux way::
     os.path.exists('/sys/class/infiniband/<dev>/device/net/')
     subprocess.check_output(['ls', '/sys/class/infiniband/<dev>/device/net/'])
     subprocess.check_output(['ip', '-j', 'addr', 'show', <netdev>])
-    subprocess.check_output(['rdma', 'link', 'show', '-j'])      # rdma-core 56 on
+    subprocess.check_output(['rdma', 'link', 'show', '-j'])      # rdma-core 46 on
     subprocess.check_output(['cat', '/sys/class/infiniband/<dev>/ports/1/pkeys/0'])
 
 A soft device has no sysfs entry, and the interface holding its address (``lo``) holds
@@ -90,7 +90,7 @@ def check_output(args: Any, *a: Any, **kw: Any) -> Any:
     argv = list(args) if isinstance(args, (list, tuple)) else None
     out = None
     if argv and argv[:3] == ["rdma", "link", "show"] and "-j" in argv[3:] and len(argv) == 4:
-        # rdma-core 56 on looks a port's netdev up so (tests/base.py get_net_name); the
+        # rdma-core 46 on looks a port's netdev up so (tests/base.py get_net_name); the
         # kernel's links (none without NETLINK_RDMA, as in a container) then the soft ones
         try:
             real = json.loads(_real_check_output(args, stderr=subprocess.DEVNULL) or b"[]")

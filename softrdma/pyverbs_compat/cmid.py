@@ -37,7 +37,7 @@ UDParam = _c.UDParam
 class AddrInfo(_c.AddrInfo):
     """pyverbs' ``AddrInfo``: a source address alone (no ``dst``, no ``RAI_PASSIVE``) is
     accepted, as pyverbs resolves it with ``RAI_PASSIVE`` first (rdmacm_utils' multicast
-    addresses are made so). Made with no address (rdma-core 55 on: ``AddrInfo()`` then
+    addresses are made so). Made with no address (rdma-core 62 on: ``AddrInfo()`` then
     ``get_addrinfo(...)``), it resolves nothing until ``get_addrinfo`` is called."""
 
     def __init__(self, src: Any = None, dst: Any = None, src_service: Any = None,

@@ -204,12 +204,12 @@ class Context(_d.Context):
             attr = super().query_port(port_num)
         except PyverbsRDMAError as e:
             raise PyverbsRDMAError(f"Failed to query port {port_num}", e.error_code) from None
-        # rdma-core 47 on: the kernel's speed in the wider field too (same value for rxe)
+        # rdma-core 49 on: the kernel's speed in the wider field too (same value for rxe)
         attr.active_speed_ex = getattr(attr, "active_speed_ex", 0) or attr.active_speed
         return attr
 
     def query_port_speed(self, port_num: int) -> int:
-        """ibv_query_port_speed (rdma-core 60 on): a provider op rxe lacks, so EOPNOTSUPP."""
+        """ibv_query_port_speed (rdma-core 63 on): a provider op rxe lacks, so EOPNOTSUPP."""
         raise PyverbsRDMAError(f"Failed to query port speed for port {port_num}",
                                errno.EOPNOTSUPP)
 
@@ -288,7 +288,7 @@ def width_to_str(width: int) -> str:
 
 
 def speed_to_str(speed: int, speed_ex: int = 0) -> str:
-    """The port speed's text; rdma-core 47 on pass ``active_speed_ex`` too (used when set)."""
+    """The port speed's text; rdma-core 49 on pass ``active_speed_ex`` too (used when set)."""
     return _fmt({0: "0.0 Gbps", 1: "2.5 Gbps", 2: "5.0 Gbps", 4: "5.0 Gbps", 8: "10.0 Gbps",
                  16: "14.0 Gbps", 32: "25.0 Gbps", 64: "50.0 Gbps", 128: "100.0 Gbps",
                  256: "200.0 Gbps"}, speed_ex or speed, "Invalid speed")

@@ -66,7 +66,7 @@ MADV_DONTNEED = 4  # <sys/mman.h>, pyverbs' default advice
 
 
 def madvise(addr: int, length: int, flags: int = MADV_DONTNEED) -> None:
-    """libc's madvise (rdma-core 51 on); a failure raises as pyverbs does."""
+    """libc's madvise (rdma-core 46 on); a failure raises as pyverbs does."""
     if _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), flags):
         e = ctypes.get_errno()
         raise PyverbsRDMAError(f"Failed to madvise memory. Errno: {e}, {os.strerror(e)}", e)
