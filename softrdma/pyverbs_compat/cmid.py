@@ -102,6 +102,20 @@ class CMID(_c.CMID):
         self._check()
         return ECE(vendor_id=0, options=0, comp_mask=0)
 
+    def resolve_addrinfo(self, node: Any = None, service: Any = None, port_space: int = 0,
+                         flags: int = 0) -> None:
+        """``rdma_resolve_addrinfo`` (rdma-core 62): librdmacm resolves, then posts
+        ``RDMA_CM_EVENT_ADDRINFO_RESOLVED`` through the kernel's ``WRITE_CM_EVENT`` ucma
+        command, which Linux gained in 2026: 6.1's and 6.12's ucma refuse the unknown
+        command (EINVAL), so on rxe the call fails; it fails so here."""
+        self._check()
+        raise PyverbsRDMAError("Failed to Resolve AddrInfo", errno.EINVAL)
+
+    def query_addrinfo(self) -> AddrInfo:
+        """``rdma_query_addrinfo``: nothing was resolved (above), ENOENT as librdmacm."""
+        self._check()
+        raise PyverbsRDMAError("Failed to Query AddrInfo", errno.ENOENT)
+
     def join_multicast(self, addr: AddrInfo | None = None,
                        mc_attr: JoinMCAttrEx | None = None, context: Any = None) -> None:
         if addr is None and mc_attr is None:
