@@ -54,7 +54,11 @@ class PyverbsFinder(importlib.abc.MetaPathFinder):
         target = PKG + ("." + key if key else "")
         try:
             if importlib.util.find_spec(target) is not None:
-                return importlib.import_module(target)
+                mod = importlib.import_module(target)
+                # names a later (or earlier) release added that softrdma's module lacks
+                # exist too, failing as on rxe (unsupported.py)
+                unsupported.fill_missing(mod, key)
+                return mod
         except ModuleNotFoundError:
             pass
         if unsupported.known(key):

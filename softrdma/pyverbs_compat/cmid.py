@@ -37,10 +37,20 @@ UDParam = _c.UDParam
 class AddrInfo(_c.AddrInfo):
     """pyverbs' ``AddrInfo``: a source address alone (no ``dst``, no ``RAI_PASSIVE``) is
     accepted, as pyverbs resolves it with ``RAI_PASSIVE`` first (rdmacm_utils' multicast
-    addresses are made so)."""
+    addresses are made so). Made with no address (rdma-core 62 on: ``AddrInfo()`` then
+    ``get_addrinfo(...)``), it resolves nothing until ``get_addrinfo`` is called."""
 
     def __init__(self, src: Any = None, dst: Any = None, src_service: Any = None,
                  dst_service: Any = None, port_space: int = 0, flags: int = 0) -> None:
+        self.src = self.dst = None
+        self.src_port = self.dst_port = 0
+        self.port_space, self.flags = port_space or RDMA_PS_TCP, flags
+        if src or dst or src_service or dst_service:  # as pyverbs: nothing given, no lookup
+            self.get_addrinfo(src, dst, src_service, dst_service, port_space, flags)
+
+    def get_addrinfo(self, src: Any = None, dst: Any = None, src_service: Any = None,
+                     dst_service: Any = None, port_space: int = 0, flags: int = 0) -> None:
+        """``rdma_getaddrinfo`` into this object (pyverbs' ``AddrInfo.get_addrinfo``)."""
         src_only = dst is None and src is not None and not flags & RAI_PASSIVE
         super().__init__(src, dst, src_service, dst_service, port_space,
                          flags | (RAI_PASSIVE if src_only else 0))
@@ -91,6 +101,20 @@ class CMID(_c.CMID):
         from .qp import ECE
         self._check()
         return ECE(vendor_id=0, options=0, comp_mask=0)
+
+    def resolve_addrinfo(self, node: Any = None, service: Any = None, port_space: int = 0,
+                         flags: int = 0) -> None:
+        """``rdma_resolve_addrinfo`` (rdma-core 62): librdmacm resolves, then posts
+        ``RDMA_CM_EVENT_ADDRINFO_RESOLVED`` through the kernel's ``WRITE_CM_EVENT`` ucma
+        command, which Linux gained in 2026: 6.1's and 6.12's ucma refuse the unknown
+        command (EINVAL), so on rxe the call fails; it fails so here."""
+        self._check()
+        raise PyverbsRDMAError("Failed to Resolve AddrInfo", errno.EINVAL)
+
+    def query_addrinfo(self) -> AddrInfo:
+        """``rdma_query_addrinfo``: nothing was resolved (above), ENOENT as librdmacm."""
+        self._check()
+        raise PyverbsRDMAError("Failed to Query AddrInfo", errno.ENOENT)
 
     def join_multicast(self, addr: AddrInfo | None = None,
                        mc_attr: JoinMCAttrEx | None = None, context: Any = None) -> None:

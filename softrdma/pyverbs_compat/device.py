@@ -201,9 +201,26 @@ class Context(_d.Context):
 
     def query_port(self, port_num: int = 1) -> PortAttr:
         try:
-            return super().query_port(port_num)
+            attr = super().query_port(port_num)
         except PyverbsRDMAError as e:
             raise PyverbsRDMAError(f"Failed to query port {port_num}", e.error_code) from None
+        # rdma-core 49 on: the kernel's speed in the wider field too (same value for rxe)
+        attr.active_speed_ex = getattr(attr, "active_speed_ex", 0) or attr.active_speed
+        return attr
+
+    def query_port_speed(self, port_num: int) -> int:
+        """ibv_query_port_speed (rdma-core 63 on): a provider op rxe lacks, so EOPNOTSUPP."""
+        raise PyverbsRDMAError(f"Failed to query port speed for port {port_num}",
+                               errno.EOPNOTSUPP)
+
+    def get_pkey_index(self, port_num: int, pkey: int) -> int:
+        """ibv_get_pkey_index: the first index whose P_Key is ``pkey`` (libibverbs' search
+        through query_pkey, as for rxe, whose provider has no op of its own)."""
+        n = self.query_port(port_num).pkey_tbl_len
+        for i in range(n):
+            if self.query_pkey(port_num, i) == pkey:
+                return i
+        raise PyverbsRDMAError(f"Failed to get pkey index of pkey = {pkey} of port {port_num}")
 
     def query_gid(self, port_num: int, index: int) -> GID:
         try:
@@ -270,10 +287,11 @@ def width_to_str(width: int) -> str:
     return _fmt({1: "1X", 2: "4X", 4: "8X", 16: "2X"}, width, "Invalid width")
 
 
-def speed_to_str(speed: int) -> str:
+def speed_to_str(speed: int, speed_ex: int = 0) -> str:
+    """The port speed's text; rdma-core 49 on pass ``active_speed_ex`` too (used when set)."""
     return _fmt({0: "0.0 Gbps", 1: "2.5 Gbps", 2: "5.0 Gbps", 4: "5.0 Gbps", 8: "10.0 Gbps",
-                 16: "14.0 Gbps", 32: "25.0 Gbps", 64: "50.0 Gbps", 128: "100.0 Gbps"}, speed,
-                "Invalid speed")
+                 16: "14.0 Gbps", 32: "25.0 Gbps", 64: "50.0 Gbps", 128: "100.0 Gbps",
+                 256: "200.0 Gbps"}, speed_ex or speed, "Invalid speed")
 
 
 def phys_state_to_str(phys: int) -> str:

@@ -1,5 +1,5 @@
-"""pyverbs.enums (rdma-core 44's libibverbs_enums): every enum class and constant, with the
-C values, as generated from real pyverbs (scripts/gen_pyverbs_manifest.py)."""
+"""pyverbs.enums (named libibverbs_enums from rdma-core 50 on): every enum class and constant of
+rdma-core 44..64 with its C value, from the manifest (scripts/gen_pyverbs_manifest.py)."""
 
 from .unsupported import make_enums as _make
 import sys as _sys

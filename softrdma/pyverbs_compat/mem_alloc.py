@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import os
 import struct
 
 from ..errors import PyverbsError, PyverbsRDMAError
@@ -59,6 +60,16 @@ def mmap(length: int, prot: int = PROT_READ_ | PROT_WRITE_,
         raise PyverbsRDMAError(f"Failed to mmap memory of length {length}",
                                ctypes.get_errno() or errno.ENOMEM)
     return p
+
+
+MADV_DONTNEED = 4  # <sys/mman.h>, pyverbs' default advice
+
+
+def madvise(addr: int, length: int, flags: int = MADV_DONTNEED) -> None:
+    """libc's madvise (rdma-core 46 on); a failure raises as pyverbs does."""
+    if _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), flags):
+        e = ctypes.get_errno()
+        raise PyverbsRDMAError(f"Failed to madvise memory. Errno: {e}, {os.strerror(e)}", e)
 
 
 def munmap(addr: int, length: int) -> None:

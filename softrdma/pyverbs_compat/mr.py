@@ -119,4 +119,24 @@ class MWBind(_MWBind):
         super().__init__(mw_bind_info, send_flags, wr_id)
 
 
+class MREx(MR):
+    """pyverbs' ``MREx`` (``ibv_reg_mr_ex``, rdma-core 60 on). For a provider without a
+    ``reg_mr_ex`` op (rxe) libibverbs turns it into the legacy registration
+    (``dummy_ops.c``), so host memory registers as with ``MR``; a dma-buf ``fd``, a DMA
+    handle, a ``Buf`` or an IOVA of its own fail EOPNOTSUPP here (rxe has no dma-buf MRs
+    nor DMA handles)."""
+
+    def __init__(self, pd: Any, length: int = 0, access: int = 0, address: Any = None,
+                 iova: Any = None, fd: Any = None, fd_offset: int = 0, dmah: Any = None,
+                 implicit: bool = False, buf: Any = None, **kwargs: Any) -> None:
+        what = "Failed to register MR using extended API"
+        if fd is not None or dmah is not None or buf is not None or \
+                (iova is not None and iova != address):
+            raise PyverbsRDMAError(what, errno.EOPNOTSUPP)
+        try:
+            super().__init__(pd, length, access, address=address, implicit=implicit)
+        except PyverbsRDMAError as e:
+            raise PyverbsRDMAError(f"{what}. Errno: {e.error_code}", e.error_code) from None
+
+
 unsupported.fill_missing(_sys.modules[__name__], "mr")  # DMMR, DmaBufMR: EOPNOTSUPP, as rxe

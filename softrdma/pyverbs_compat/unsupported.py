@@ -26,10 +26,39 @@ from . import _manifest as M
 _PROVIDER = {"mlx5": "MLX5", "efa": "EFA"}
 
 
+# one module under two names: rdma-core 50 added libibverbs_enums/librdmacm_enums beside
+# enums/cm_enums (the same declarations) and 60 dropped the old names; serve both names
+# with the names of either, the newer module's values last (so they win)
+SAME_MODULE = {"enums": ("enums", "libibverbs_enums"),
+               "libibverbs_enums": ("enums", "libibverbs_enums"),
+               "cm_enums": ("cm_enums", "librdmacm_enums"),
+               "librdmacm_enums": ("cm_enums", "librdmacm_enums")}
+
+
+def enum_members(key: str) -> dict[str, dict[str, int]]:
+    """pyverbs.<key>'s enum classes {class: {member: value}}, every release's names."""
+    classes: dict[str, dict[str, int]] = {}
+    for k in SAME_MODULE.get(key, (key,)):
+        for cname, (_base, members) in M.ENUMS.get(k, {}).items():
+            classes.setdefault(cname, {}).update(members)
+    return classes
+
+
+def enum_ints(key: str) -> dict[str, int]:
+    """pyverbs.<key>'s integer constants that are not enum members, every release's."""
+    ints: dict[str, int] = {}
+    for k in SAME_MODULE.get(key, (key,)):
+        ints.update(M.INTS.get(k, {}))
+    return ints
+
+
 def make_enums(mod: types.ModuleType, key: str) -> list[str]:
-    """Put the manifest's enum classes and constants of pyverbs.<key> into ``mod``."""
+    """Put the manifest's enum classes and constants of pyverbs.<key> into ``mod``.
+
+    Every name any release 44..64 has (``_manifest.RELEASES``); where a value changed
+    between releases, the newest (``_manifest.CHANGED``)."""
     names = []
-    for cname, (base, members) in M.ENUMS.get(key, {}).items():
+    for cname, members in enum_members(key).items():
         cls = enum.IntEnum(cname, members, module=mod.__name__) if members else \
             type(cname, (enum.IntEnum,), {"__module__": mod.__name__})
         setattr(mod, cname, cls)
@@ -41,9 +70,10 @@ def make_enums(mod: types.ModuleType, key: str) -> list[str]:
             if not hasattr(mod, alias):
                 setattr(mod, alias, cls(v))
                 names.append(alias)
-    for n, v in M.INTS.get(key, {}).items():
-        setattr(mod, n, v)
-        names.append(n)
+    for n, v in enum_ints(key).items():
+        if not hasattr(mod, n):
+            setattr(mod, n, v)
+            names.append(n)
     return names
 
 
@@ -82,14 +112,31 @@ def _unsupported_function(name: str, key: str) -> Any:
     return f
 
 
+def _shared(name: str) -> Any:
+    """A name pyverbs modules import from its common modules (``PyverbsError``,
+    ``PyverbsRDMAErrno``, ``gid_str``...): softrdma's own object, or None."""
+    import importlib
+    for m in ("pyverbs_error", "base", "utils"):
+        obj = getattr(importlib.import_module(f"{__package__}.{m}"), name, None)
+        if obj is not None and not name.startswith("_"):
+            return obj
+    return None
+
+
 def fill_missing(mod: types.ModuleType, key: str) -> None:
-    """Give ``mod`` every class and function of pyverbs.<key> it lacks, as unsupported."""
+    """Give ``mod`` every class and function of pyverbs.<key> it lacks, as unsupported
+    (a name it re-exports from pyverbs' common modules is softrdma's own)."""
     for cname in M.CLASSES.get(key, {}):
         if not hasattr(mod, cname):
             setattr(mod, cname, _unsupported_class(cname, key))
     for fname in M.FUNCTIONS.get(key, []):
         if not hasattr(mod, fname):
-            setattr(mod, fname, _unsupported_function(fname, key))
+            shared = _shared(fname) if key not in ("pyverbs_error", "base", "utils") else None
+            setattr(mod, fname, shared if shared is not None else
+                    _unsupported_function(fname, key))
+    for n, v in M.INTS.get(key, {}).items():
+        if not hasattr(mod, n):
+            setattr(mod, n, v)
 
 
 def stub_module(fullname: str, key: str) -> types.ModuleType:
