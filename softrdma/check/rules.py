@@ -112,6 +112,17 @@ RULES: dict[str, Rule] = _rules(
                          "in its PSN range", "IBTA 9.4.3; rxe_resp.c read_reply", "reads"),
     ("READ-RESP-LEN", "each READ response carries min(MTU, what is left of the RETH "
                       "length)", "IBTA 9.4.3; rxe_resp.c read_reply", "reads"),
+    # ATOMIC WRITE and FLUSH (check/a19.py)
+    ("ATOMIC-WRITE-FORM", "an ATOMIC WRITE names 8 bytes at an 8-byte aligned VA in its "
+                          "RETH and carries exactly those 8 bytes",
+     "IBTA annex A19.4.2; rxe_resp.c check_rkey, rxe_mr.c rxe_mr_do_atomic_write", "a19"),
+    ("FLUSH-FORM", "a FLUSH's FETH has its reserved bits 0, a placement type 1 (global), 2 "
+                   "(persistent) or both, a selectivity level 0 (range) or 1 (MR)",
+     "IBTA annex A19.3 (FETH); rxe_hdr.h feth_*", "a19"),
+    ("A19-RESPONSE", "an ATOMIC WRITE or FLUSH is answered at its PSN by an RDMA READ "
+                     "RESPONSE ONLY without data (a duplicate too, not executed again), not by "
+                     "a plain ACK or an ATOMIC ACKNOWLEDGE",
+     "IBTA annex A19 (oA19-14, oA19-15); rxe_resp.c send_read_response_ack", "a19"),
     # atomics (check/atomics.py)
     ("ATOMIC-ACK", "every atomic is answered by an ATOMIC ACKNOWLEDGE at its PSN, and only "
                    "atomics are", "IBTA 9.4.5, 9.3.6 (AtomicAckETH)", "atomics"),
