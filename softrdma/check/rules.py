@@ -38,6 +38,10 @@ RULES: dict[str, Rule] = _rules(
                "pad and ICRC fit", "IBTA 9.2, 9.3; rxe_recv.c rxe_rcv", "frame"),
     ("ICRC", "the ICRC matches the packet's invariant fields", "IBTA 7.8.1, annex A17; "
              "rxe_icrc.c", "frame"),
+    ("FLUSH-ICRC", "a FLUSH carries the ICRC IBTA defines, not the one Linux rxe computes "
+                   "(6.2 and later: the headers hashed a second time, because rxe_opcode.c "
+                   "gives RC_FLUSH no payload offset); softrdma sends rxe's, to be accepted",
+     "IBTA 7.8.1, annex A19; rxe_opcode.c, rxe_icrc.c", "frame"),
     ("UDP-DPORT", "RoCEv2 packets go to UDP port 4791", "IBTA annex A17 (RoCEv2 port)",
      "frame"),
     ("TVER", "BTH TVer is 0", "IBTA 9.2 (TVer); rxe_recv.c hdr_check", "frame"),
