@@ -40,7 +40,7 @@ from .exec_pair import EXEC, Ready, ok, run_pair
 PORTS = iter(range(19850, 19899))
 PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "a19_requester.py"
 CAPS_EX = (1 << 38) | (1 << 39) | (1 << 40)  # IB_UVERBS_DEVICE_FLUSH_* and _ATOMIC_WRITE
-WC_SUCCESS, WC_REM_INV_REQ_ERR, WC_REM_ACCESS_ERR = 0, 9, 10
+WC_SUCCESS, WC_REM_INV_REQ_ERR, WC_REM_ACCESS_ERR, WC_RETRY_EXC_ERR = 0, 9, 10, 12
 WC_FLUSH, WC_ATOMIC_WRITE = 8, 9
 EINVAL = 22
 
@@ -112,17 +112,11 @@ def _wait_listen(lab, port: int, job, timeout: float = 30) -> None:
         time.sleep(0.2)
 
 
-def test_softrdma_flush_to_rxe(scenario612):
-    """softrdma FLUSH requester -> rxe 6.12 responder whose MR allows global FLUSH only:
-    a global FLUSH of a range and of the whole MR (any length: rxe checks no range at
-    level MR) succeed, an ATOMIC WRITE between them lands, a persistent FLUSH is a remote
-    access error."""
-    lab = scenario612
+def _requester_against_rxe(lab, ops: str, mr_access: str = "0x100") -> tuple[str, str]:
+    """a19_requester.py (softrdma) against a19_peer on rxe: (requester's output, rxe's)."""
     exe, port = _peer(lab), next(PORTS)
-    job = lab.guest_start(0, f"timeout 60 {exe} -p {port} -a 0x100")
+    job = lab.guest_start(0, f"timeout 60 {exe} -p {port} -a {mr_access}")
     _wait_listen(lab, port, job)
-    ops = ("-o fl:1:0:0:64 -o fl:1:1:0:99999999 -o aw:24:0a0b0c0d0e0f1011 "
-           "-o fl:2:0:0:64")
     p = lab.host_start(f"python3 {PROGRAM} -p {port} {ops} {guest_ip(0)}",
                        env={"SOFTRDMA_IP": HOST_IP})
     try:
@@ -132,11 +126,36 @@ def test_softrdma_flush_to_rxe(scenario612):
         out, err = p.communicate()
     rxe = job.wait(timeout=70)
     assert p.returncode == 0 and rxe.rc == 0, f"{out}\n{err[-3000:]}\n{rxe}"
+    return out, rxe.stdout
+
+
+def test_softrdma_flush_to_rxe(scenario612):
+    """softrdma FLUSH requester -> rxe 6.12 responder whose MR allows global FLUSH only
+    (the FLUSH with rxe's ICRC, without which rxe drops it):
+    a global FLUSH of a range and of the whole MR (any length: rxe checks no range at
+    level MR) succeed, an ATOMIC WRITE between them lands, a persistent FLUSH is a remote
+    access error."""
+    out, rxe_out = _requester_against_rxe(scenario612, "-o fl:1:0:0:64 -o fl:1:1:0:99999999 "
+                                          "-o aw:24:0a0b0c0d0e0f1011 -o fl:2:0:0:64")
     wcs = _wcs(out)
     assert wcs[:3] == [(WC_SUCCESS, WC_FLUSH, 64), (WC_SUCCESS, WC_FLUSH, 99999999),
                        (WC_SUCCESS, WC_ATOMIC_WRITE, 8)], out
     assert [w[0] for w in wcs[3:]] == [WC_REM_ACCESS_ERR], out
-    assert _mem(rxe.stdout)[24:32] == bytes.fromhex("0a0b0c0d0e0f1011"), rxe.stdout
+    assert _mem(rxe_out)[24:32] == bytes.fromhex("0a0b0c0d0e0f1011"), rxe_out
+
+
+def test_rxe_answers_a_repeated_atomic_write_but_not_a_repeated_flush(scenario612):
+    """The first answer lost (softrdma's fault injector, -D), the request goes again with
+    retry_cnt 1 (and a timeout of 4.3 s, so a slow guest's answer is not taken for a
+    loss). rxe finds a repeated ATOMIC WRITE among its responder resources and
+    answers it (the value is stored once); a repeated FLUSH it does not find, because
+    rxe_prepare_res records no PSN range for a FLUSH, so it drops it and the requester
+    fails with IBV_WC_RETRY_EXC_ERR (12). softrdma answers both (tests/test_flush.py)."""
+    out, rxe_out = _requester_against_rxe(scenario612, "-D -r 1 -t 20 -o aw:8:1111111111111111")
+    assert _wcs(out) == [(WC_SUCCESS, WC_ATOMIC_WRITE, 8)], out
+    assert _mem(rxe_out)[8:16] == bytes.fromhex("1111111111111111"), rxe_out
+    out, _ = _requester_against_rxe(scenario612, "-D -r 1 -t 20 -o fl:1:0:0:64")
+    assert [w[0] for w in _wcs(out)] == [WC_RETRY_EXC_ERR], out
 
 
 def test_persistent_mr_refused_on_both(scenario612):

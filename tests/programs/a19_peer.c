@@ -200,11 +200,12 @@ int main(int argc, char **argv)
 	if (server) {
 		send_line(s, &me);
 		recv_peer(s, &rem);
-	} else {
+		connect_qp(qp, &me, &rem, gid_index, qp_access);
+	} else {  /* ready before the client learns where to send: no request is early */
 		recv_peer(s, &rem);
+		connect_qp(qp, &me, &rem, gid_index, qp_access);
 		send_line(s, &me);
 	}
-	connect_qp(qp, &me, &rem, gid_index, qp_access);
 	if (!server) {  /* the responder: wait until the client is done, show the memory */
 		char line[32];
 		recv_line(s, line, sizeof(line));

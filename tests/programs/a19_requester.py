@@ -1,13 +1,15 @@
 """The requester of tests/programs/a19_peer.c written with softrdma's verbs API, for what a
 C program on Debian 12 cannot post: FLUSH (rdma-core 44 has no ibv_wr_flush).
 
-    python a19_requester.py [-p PORT] [-g GID_INDEX] -o OP [-o OP ...] SERVER
+    python a19_requester.py [-p PORT] [-g GID_INDEX] [-r RETRY_CNT] [-t TIMEOUT] [-D] -o OP [-o OP ...] SERVER
 
 Each OP is ``fl:TYPE:LEVEL:OFFSET:LENGTH`` (a FLUSH of placement type TYPE, selectivity
 level LEVEL, at the server MR's address + OFFSET) or ``aw:OFFSET:HEX16`` (an ATOMIC
 WRITE). Prints ``wc <status> <opcode> <byte_len>`` per completion, stops at the first
 error, then tells the server it is done. The device is the default soft device
-(``SOFTRDMA_IP`` chooses its address).
+(``SOFTRDMA_IP`` chooses its address). ``-D`` drops the first answer the device receives
+(softrdma's fault injector), so the first request is sent again; ``-r`` sets retry_cnt,
+``-t`` the QP's timeout exponent (default 14: 67 ms).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from softrdma.verbs_api import (
     get_device_list,
 )
 from softrdma.verbs_api import enums as e
+from softrdma.verbs_api.device import get_soft_device
 
 PSN = 0x2A2A2A
 
@@ -41,6 +44,9 @@ def main() -> None:
     ap.add_argument("-p", "--port", type=int, default=18515)
     ap.add_argument("-g", "--gid-index", type=int, default=1)
     ap.add_argument("-o", "--op", action="append", default=[])
+    ap.add_argument("-r", "--retry-cnt", type=int, default=7)
+    ap.add_argument("-t", "--timeout", type=int, default=14)
+    ap.add_argument("-D", "--drop-first-answer", action="store_true")
     ap.add_argument("server")
     args = ap.parse_args()
     ctx = Context(name=get_device_list()[0].name.decode())
@@ -54,10 +60,14 @@ def main() -> None:
     rqpn, rpsn, rgid, rkey, raddr = exchange(sock, qp.qp_num, bytes(gid.raw))
     a = QPAttr(qp_access_flags=e.IBV_ACCESS_REMOTE_WRITE, path_mtu=e.IBV_MTU_1024,
                dest_qp_num=rqpn, rq_psn=rpsn, sq_psn=PSN, max_dest_rd_atomic=4,
-               max_rd_atomic=4, min_rnr_timer=12, timeout=14, retry_cnt=7, rnr_retry=7)
+               max_rd_atomic=4, min_rnr_timer=12, timeout=args.timeout,
+               retry_cnt=args.retry_cnt,
+               rnr_retry=7)
     a.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=GID(rgid), sgid_index=args.gid_index,
                                                     hop_limit=64))
     qp.to_rts(a)
+    if args.drop_first_answer:
+        get_soft_device().faults.rx.drop("RC_RDMA_READ_RESPONSE_ONLY")
     for k, op in enumerate(args.op):
         kind, *f = op.split(":")
         wr = SendWR(k, send_flags=e.IBV_SEND_SIGNALED)
