@@ -26,6 +26,8 @@ _WC_OF_WR = {int(k): int(v) for k, v in {
     W.IBV_WR_ATOMIC_FETCH_AND_ADD: ibv_wc_opcode.IBV_WC_FETCH_ADD,
     W.IBV_WR_BIND_MW: ibv_wc_opcode.IBV_WC_BIND_MW,
     W.IBV_WR_LOCAL_INV: ibv_wc_opcode.IBV_WC_LOCAL_INV,
+    W.IBV_WR_FLUSH: ibv_wc_opcode.IBV_WC_FLUSH,
+    W.IBV_WR_ATOMIC_WRITE: ibv_wc_opcode.IBV_WC_ATOMIC_WRITE,
 }.items()}
 WC_RECV = int(ibv_wc_opcode.IBV_WC_RECV)
 WC_RECV_RDMA_WITH_IMM = int(ibv_wc_opcode.IBV_WC_RECV_RDMA_WITH_IMM)

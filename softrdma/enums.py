@@ -237,10 +237,55 @@ class ibv_atomic_cap(enum.IntEnum):
     IBV_ATOMIC_GLOB = 2
 
 
+class ibv_placement_type(enum.IntFlag):
+    """FLUSH placement types (IBTA 1.5 A19, the FETH's PLT field): global visibility, or
+    persistence. Bits, as libibverbs defines them."""
+
+    IBV_FLUSH_GLOBAL = 1 << 0
+    IBV_FLUSH_PERSISTENT = 1 << 1
+
+
+class ibv_selectivity_level(enum.IntEnum):
+    """FLUSH selectivity level (the FETH's SEL field): the RETH's range, or the whole
+    memory region its rkey names."""
+
+    IBV_FLUSH_RANGE = 0
+    IBV_FLUSH_MR = 1
+
+
+class ibv_qp_create_send_ops_flags(enum.IntFlag):
+    """The operations an extended QP may post (``send_ops_flags`` of ibv_create_qp_ex)."""
+
+    IBV_QP_EX_WITH_RDMA_WRITE = 1 << 0
+    IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM = 1 << 1
+    IBV_QP_EX_WITH_SEND = 1 << 2
+    IBV_QP_EX_WITH_SEND_WITH_IMM = 1 << 3
+    IBV_QP_EX_WITH_RDMA_READ = 1 << 4
+    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP = 1 << 5
+    IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD = 1 << 6
+    IBV_QP_EX_WITH_LOCAL_INV = 1 << 7
+    IBV_QP_EX_WITH_BIND_MW = 1 << 8
+    IBV_QP_EX_WITH_SEND_WITH_INV = 1 << 9
+    IBV_QP_EX_WITH_TSO = 1 << 10
+    IBV_QP_EX_WITH_FLUSH = 1 << 11
+    IBV_QP_EX_WITH_ATOMIC_WRITE = 1 << 12
+
+
+class ibv_device_cap_flags_ex(enum.IntFlag):
+    """The bits of ``device_cap_flags_ex`` above the 32 of ``device_cap_flags``
+    (IB_UVERBS_DEVICE_* in ib_user_verbs.h) that rxe sets since Linux 6.2."""
+
+    IBV_DEVICE_FLUSH_GLOBAL = 1 << 38
+    IBV_DEVICE_FLUSH_PERSISTENT = 1 << 39
+    IBV_DEVICE_ATOMIC_WRITE = 1 << 40
+
+
 ALL_ENUMS = [ibv_node_type, ibv_transport_type, ibv_qp_type, ibv_qp_state, ibv_mig_state,
              ibv_mtu, ibv_port_state, ibv_link_layer, ibv_gid_type, ibv_qp_attr_mask,
              ibv_access_flags, ibv_wr_opcode, ibv_send_flags, ibv_wc_status, ibv_wc_opcode,
-             ibv_wc_flags, ibv_event_type, ibv_mw_type, ibv_srq_attr_mask, ibv_atomic_cap]
+             ibv_wc_flags, ibv_event_type, ibv_mw_type, ibv_srq_attr_mask, ibv_atomic_cap,
+             ibv_placement_type, ibv_selectivity_level, ibv_qp_create_send_ops_flags,
+             ibv_device_cap_flags_ex]
 
 __all__ = [e.__name__ for e in ALL_ENUMS] + ["mtu_to_bytes", "bytes_to_mtu", "wc_status_str",
                                              "qp_state_str", "event_type_str"]

@@ -592,6 +592,57 @@ def test_a_real_fatal_nak_is_clean(tmp_path):
     assert found(recs) == set()
 
 
+def _a19_capture(tmp_path):
+    """An ATOMIC WRITE then a global FLUSH between two soft devices on the simulated
+    network, captured at the requester (frames: ATOMIC WRITE, FLUSH, their answers)."""
+    from softrdma import enums as E
+    from softrdma.harness.sim import SimNetwork
+    from softrdma.harness.testing import connected_pair
+    from softrdma.soft.capture import PacketCapture
+    import contextlib
+
+    from softrdma.verbs_api import MR, SendWR
+    from softrdma.verbs_api.device import remove_device
+
+    net = SimNetwork(seed=5)
+    acc = dict(qp_access_flags=E.IBV_ACCESS_REMOTE_WRITE | E.IBV_ACCESS_FLUSH_GLOBAL)
+    a, b = connected_pair(net, "RC", b_attrs=acc)
+    path = tmp_path / "a19.pcap"
+    a.device.capture = PacketCapture(str(path), clock=lambda: net.now)
+    try:
+        mr = MR(b.pd, 4096, E.IBV_ACCESS_LOCAL_WRITE | E.IBV_ACCESS_REMOTE_WRITE
+                | E.IBV_ACCESS_FLUSH_GLOBAL)
+        w = SendWR(1)
+        w.set_wr_atomic_write(mr.rkey, mr.buf + 8, b"12345678")
+        a.qp.post_send(w)
+        w = SendWR(2)
+        w.set_wr_flush(mr.rkey, mr.buf, 64, E.IBV_FLUSH_GLOBAL, E.IBV_FLUSH_RANGE)
+        a.qp.post_send(w)
+        net.run_until(lambda: len(a.cq) >= 2)
+    finally:
+        a.device.capture.close()
+        for e in (a, b):
+            e.close()
+            with contextlib.suppress(Exception):
+                remove_device(e.device.name)
+    return m.load(path)
+
+
+@breaks("ATOMIC-WRITE-FORM", "FLUSH-FORM", "A19-RESPONSE", "FLUSH-ICRC")
+def test_atomic_write_and_flush(tmp_path):
+    """ATOMIC WRITE and FLUSH (annex A19): their form, their READ RESPONSE ONLY answers,
+    and rxe's ICRC of a FLUSH, which softrdma sends (tests/test_atomic_write.py and
+    tests/test_flush.py try each rule on live devices)."""
+    recs = _a19_capture(tmp_path)
+    assert [m.packet(r).opcode for r in recs] == [0x1D, 0x1C, 0x10, 0x10]
+    assert found(recs) == {(2, "FLUSH-ICRC")}
+    clean = m.edit(recs, 2, lambda b: None)  # the FLUSH with IBTA's ICRC
+    assert found(clean) == set()
+    assert found(m.edit(clean, 1, dma_len=16)) == {(1, "ATOMIC-WRITE-FORM")}
+    assert found(m.edit(clean, 2, feth=3 << 4 | 1)) == {(2, "FLUSH-FORM")}
+    assert found(m.edit(clean, 3, opcode=0x11)) == {(3, "A19-RESPONSE")}  # a plain ACK
+
+
 @breaks("RNR-WAIT")
 def test_rnr_wait():
     """An RNR NAK (timer 12: 640 us) for the last packet of the first WRITE: the requester

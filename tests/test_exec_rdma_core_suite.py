@@ -47,7 +47,7 @@ ADDR = "127.0.4.60"  # the test process's device; the rdma_cm tests' forked side
 
 # Tests that rxe does not pass either and that fail here, each for a cause that is not
 # softrdma exec's: the same as on softrdma's own pyverbs layer. Kept exact: one that passes
-# must leave. (ATOMIC WRITE is a skip under exec: ibv_create_qp_ex refuses the flag.)
+# must leave.
 KNOWN_NOT_PASSING = NOT_PASSING_ON_EITHER
 
 

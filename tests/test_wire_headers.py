@@ -199,7 +199,7 @@ def test_record_keys_derived_and_documented():
     assert keys == {"reth_va", "reth_rkey", "reth_len", "aeth_syndrome", "aeth_type",
                     "aeth_value", "aeth_msn", "atomic_va", "atomic_rkey", "atomic_swap_add",
                     "atomic_compare", "atomic_orig", "imm", "ieth_rkey", "deth_qkey",
-                    "deth_src_qp", "feth"}
+                    "deth_src_qp", "feth", "feth_plt", "feth_sel"}
     assert keys <= documented, keys - documented
 
 

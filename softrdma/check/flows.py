@@ -9,7 +9,7 @@ packets of all of them are fed as the capture gives them, one at a time.
 from __future__ import annotations
 
 from ..wire.opcodes import Transport
-from . import atomics, reads, responses, sequence
+from . import a19, atomics, reads, responses, sequence
 from .conversation import Flow
 from .decode import Packet
 from .recovery import FlowRecovery
@@ -44,12 +44,15 @@ class FlowWalk:
         if kind == sequence.NEW:
             responses.note_request(st, st.unwrap(p.psn))
         atomics.on_request(st, p, kind)
+        a19.on_request(st, p, kind, sink)
 
     def response(self, p: Packet, sink: Sink) -> None:
         st = self.st
         if responses.is_duplicate(st, p):
             return
-        valid = reads.on_response(st, p, sink) and atomics.on_response(st, p, sink)
+        valid = a19.on_response(st, p, sink)  # ATOMIC WRITE / FLUSH answers look like READs'
+        if valid is None:
+            valid = reads.on_response(st, p, sink) and atomics.on_response(st, p, sink)
         responses.on_response(st, p, valid, sink)
 
     def responder_request(self, frame: int) -> None:

@@ -276,6 +276,9 @@ def _replay(st: FlowState, p: Packet, upto: int) -> bool:
     a = upto
     if st.msn_upto is not None and a <= st.msn_upto:
         return True
+    op = st.a19.get(a)  # an ATOMIC WRITE or FLUSH, answered like a READ
+    if op is not None:
+        return op.resent
     if p.info.read:
         r = st.find_read(a)
         return r is not None and bool(r.restarts)

@@ -38,6 +38,10 @@ RULES: dict[str, Rule] = _rules(
                "pad and ICRC fit", "IBTA 9.2, 9.3; rxe_recv.c rxe_rcv", "frame"),
     ("ICRC", "the ICRC matches the packet's invariant fields", "IBTA 7.8.1, annex A17; "
              "rxe_icrc.c", "frame"),
+    ("FLUSH-ICRC", "a FLUSH carries the ICRC IBTA defines, not the one Linux rxe computes "
+                   "(6.2 and later: the headers hashed a second time, because rxe_opcode.c "
+                   "gives RC_FLUSH no payload offset); softrdma sends rxe's, to be accepted",
+     "IBTA 7.8.1, annex A19; rxe_opcode.c, rxe_icrc.c", "frame"),
     ("UDP-DPORT", "RoCEv2 packets go to UDP port 4791", "IBTA annex A17 (RoCEv2 port)",
      "frame"),
     ("TVER", "BTH TVer is 0", "IBTA 9.2 (TVer); rxe_recv.c hdr_check", "frame"),
@@ -112,6 +116,17 @@ RULES: dict[str, Rule] = _rules(
                          "in its PSN range", "IBTA 9.4.3; rxe_resp.c read_reply", "reads"),
     ("READ-RESP-LEN", "each READ response carries min(MTU, what is left of the RETH "
                       "length)", "IBTA 9.4.3; rxe_resp.c read_reply", "reads"),
+    # ATOMIC WRITE and FLUSH (check/a19.py)
+    ("ATOMIC-WRITE-FORM", "an ATOMIC WRITE names 8 bytes at an 8-byte aligned VA in its "
+                          "RETH and carries exactly those 8 bytes",
+     "IBTA annex A19.4.2; rxe_resp.c check_rkey, rxe_mr.c rxe_mr_do_atomic_write", "a19"),
+    ("FLUSH-FORM", "a FLUSH's FETH has its reserved bits 0, a placement type 1 (global), 2 "
+                   "(persistent) or both, a selectivity level 0 (range) or 1 (MR)",
+     "IBTA annex A19.3 (FETH); rxe_hdr.h feth_*", "a19"),
+    ("A19-RESPONSE", "an ATOMIC WRITE or FLUSH is answered at its PSN by an RDMA READ "
+                     "RESPONSE ONLY without data (a duplicate too, not executed again), not by "
+                     "a plain ACK or an ATOMIC ACKNOWLEDGE",
+     "IBTA annex A19 (oA19-14, oA19-15); rxe_resp.c send_read_response_ack", "a19"),
     # atomics (check/atomics.py)
     ("ATOMIC-ACK", "every atomic is answered by an ATOMIC ACKNOWLEDGE at its PSN, and only "
                    "atomics are", "IBTA 9.4.5, 9.3.6 (AtomicAckETH)", "atomics"),

@@ -142,6 +142,7 @@ class FlowState:
     reads: deque = field(default_factory=lambda: deque(maxlen=4096))
     last_read: Read | None = None
     atomics: OrderedDict = field(default_factory=OrderedDict)  # PSN -> Atomic
+    a19: OrderedDict = field(default_factory=OrderedDict)  # PSN -> ATOMIC WRITE / FLUSH
     retry_next: int | None = None  # PSN that continues the go-back burst in progress
     last_resend_ts: float | None = None  # when a resend was last captured
     last_resend_frame: int = 0  # ... and in which frame
@@ -239,4 +240,6 @@ class FlowState:
             self.gaps.popleft()
         while len(self.atomics) > WINDOW:
             self.atomics.popitem(last=False)
+        while len(self.a19) > WINDOW:
+            self.a19.popitem(last=False)
         self.open_answers = {q for q in self.open_answers if q >= floor}

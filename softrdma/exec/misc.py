@@ -469,7 +469,8 @@ def install(ffi: Any, lib: Any) -> None:
         rc = lib.ibv_query_device(ctx, ffi.addressof(tmp, "orig_attr"))
         if rc:
             return rc
-        tmp.device_cap_flags_ex = int(c.query_device().device_cap_flags)
+        dev_attr = c.query_device()
+        tmp.device_cap_flags_ex = int(dev_attr.device_cap_flags_ex or dev_attr.device_cap_flags)
         tmp.phys_port_cnt_ex = int(tmp.orig_attr.phys_port_cnt)
         n = min(size, attr_ex_size)
         ffi.memmove(attr, tmp, n)

@@ -18,17 +18,20 @@ ports) is computed by softrdma and compared.
 from __future__ import annotations
 
 import ipaddress
+import mmap
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..enums import (
-    IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
-    IBV_ACCESS_REMOTE_WRITE, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_SEND_INLINE,
+    IBV_ACCESS_FLUSH_GLOBAL, IBV_ACCESS_FLUSH_PERSISTENT, IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE,
+    IBV_FLUSH_PERSISTENT, IBV_WR_FLUSH, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_SEND_INLINE,
     IBV_SEND_SIGNALED, IBV_SEND_SOLICITED, IBV_WR_ATOMIC_CMP_AND_SWP,
     IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WC_RECV,
     IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, bytes_to_mtu,
 )
+from ..wire.headers import feth_plt
 from ..wire.opcodes import Opcode as O, Transport
 from ..wire.packet import RocePacket, parse
 from ..qp.params import udp_sport_for_path
@@ -52,7 +55,11 @@ __all__ = ["CapturedPacket", "ExtraPacket", "FrameVerdict", "ReplayError", "Repl
            "captured_packet", "iter_capture", "judge", "load_capture", "replay_side"]
 
 _ALL = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
-    IBV_ACCESS_REMOTE_ATOMIC
+    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_FLUSH_GLOBAL
+# the QP allows whatever a captured peer asked (a persistent FLUSH, too: the target MRs
+# that one reaches are registered over an mmap, as softrdma requires; docs/verbs.md)
+_QP_ACCESS = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | \
+    IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT
 _U64 = struct.Struct("<Q")
 ETH_MTU = 1500  # the netdev MTU of the captures' hosts (and of rxe's usual Ethernet)
 
@@ -130,8 +137,11 @@ def _target_memory(pd: Any, dev: SoftDevice, roles: _Roles) -> dict[int, Any]:
     """Phase 2: the memory the peer targets, as MRs with the captured rkeys and addresses
     (one per rkey, covering every range the peer's requests touch)."""
     remote: dict[int, tuple[int, int]] = {}
+    persistent: set[int] = set()  # rkeys a persistent FLUSH names
     for c in roles.reqs_in:
         p = c.pkt
+        if p.info.flush and feth_plt(p.feth or 0) & IBV_FLUSH_PERSISTENT:
+            persistent.add(p.rkey)
         if p.rkey is not None and p.va is not None and (p.dma_len or p.info.atomic):
             n = 8 if p.info.atomic else p.dma_len
             lo, hi = remote.get(p.rkey, (p.va, p.va + n))
@@ -140,7 +150,11 @@ def _target_memory(pd: Any, dev: SoftDevice, roles: _Roles) -> dict[int, Any]:
                 remote[p.rkey] = (lo, hi)
     target_mrs = {}
     for rkey, (lo, hi) in remote.items():
-        mr = MR(pd, hi - lo, _ALL, address=lo)
+        if rkey in persistent:
+            mr = MR(pd, hi - lo, _ALL | IBV_ACCESS_FLUSH_PERSISTENT, address=lo,
+                    buffer=mmap.mmap(-1, hi - lo))
+        else:
+            mr = MR(pd, hi - lo, _ALL, address=lo)
         entry = dev.keys.get(mr.rkey)  # the device's key table, not the MR's insides
         assert entry is not None
         if rkey != mr.rkey and dev.keys.get(rkey) is not None:
@@ -224,7 +238,7 @@ def _connect(qp: Any, dev: SoftDevice, roles: _Roles, *, rq_psn: int, sq_psn: in
     """Phase 3: bring the QP to RTS with the captured PSNs, QPNs and path; returns the
     peer's GID."""
     a = QPAttr(port_num=1)
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
+    a.qp_access_flags = _QP_ACCESS
     a.path_mtu = bytes_to_mtu(roles.path_mtu)
     a.max_dest_rd_atomic, a.max_rd_atomic = max_dest_rd_atomic, max_rd_atomic
     # a retransmit timer that is armed (timeout 14, 67 ms) but fires only when the replay
@@ -324,6 +338,9 @@ def _work_requests(pd: Any, roles: _Roles, msgs: list[Message], peer_gid: bytes,
         if "remote_addr" in f:
             wr.remote_addr, wr.rkey = f["remote_addr"], f["rkey"]
             wr.compare_add, wr.swap = f.get("compare_add", 0), f.get("swap", 0)
+        if opc == IBV_WR_FLUSH:  # no data: what to flush is in the WR
+            wr.set_wr_flush(f["rkey"], f["remote_addr"], f["len"], f["flush_type"],
+                            f["flush_level"])
         if ud:
             if ah is None:
                 ah = AH(pd, attr=AHAttr(is_global=1, gr=GlobalRoute(dgid=peer_gid, sgid_index=1,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from difflib import SequenceMatcher
 from typing import Any
 
-from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from ..wire.icrc import RC_FLUSH_OPCODE, icrc_ipv4, icrc_ipv6, rxe_flush_icrc
 from ..wire.opcodes import Opcode
 from ..wire.packet import RocePacket, parse
 from .replayloss import Evidence
@@ -237,6 +237,8 @@ def _pair(kind: str, c: CapturedPacket, ob: bytes, sport: int) -> FrameVerdict:
             icrc = icrc_ipv4(ob, c.src, c.dst, sport, ip_id=c.ip_id)
         else:
             icrc = icrc_ipv6(ob, c.src, c.dst, sport)
+        if ob[0] == RC_FLUSH_OPCODE:  # softrdma sends rxe's ICRC of a FLUSH
+            icrc = rxe_flush_icrc(icrc, ob)
         if icrc == c.pkt.icrc:
             return FrameVerdict(c.index, kind, "identical", c, (ob, sport))
         why = f"ICRC with the captured IP ID 0x{icrc:08x} != 0x{c.pkt.icrc:08x}"

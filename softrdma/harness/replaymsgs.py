@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..enums import (
-    IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ,
-    IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
-    IBV_WR_SEND_WITH_INV,
+    IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_ATOMIC_WRITE, IBV_WR_FLUSH,
+    IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND,
+    IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV,
 )
 from ..qp.psn import psn_add, psn_diff
+from ..wire.headers import feth_plt, feth_sel
 from ..wire.packet import RocePacket
 from .replayresult import CapturedPacket
 
@@ -25,11 +26,12 @@ __all__ = ["Message", "fill_holes", "messages", "wr_of_message"]
 _KIND = {0x00: "send", 0x01: "send", 0x02: "send", 0x03: "send_imm", 0x04: "send",
          0x05: "send_imm", 0x06: "write", 0x07: "write", 0x08: "write", 0x09: "write_imm",
          0x0A: "write", 0x0B: "write_imm", 0x0C: "read", 0x13: "cas", 0x14: "faa",
-         0x16: "send_inv", 0x17: "send_inv"}
+         0x16: "send_inv", 0x17: "send_inv", 0x1C: "flush", 0x1D: "atomic_write"}
 _OPC = {"send": IBV_WR_SEND, "send_imm": IBV_WR_SEND_WITH_IMM, "send_inv": IBV_WR_SEND_WITH_INV,
         "write": IBV_WR_RDMA_WRITE, "write_imm": IBV_WR_RDMA_WRITE_WITH_IMM,
         "read": IBV_WR_RDMA_READ, "cas": IBV_WR_ATOMIC_CMP_AND_SWP,
-        "faa": IBV_WR_ATOMIC_FETCH_AND_ADD}
+        "faa": IBV_WR_ATOMIC_FETCH_AND_ADD, "flush": IBV_WR_FLUSH,
+        "atomic_write": IBV_WR_ATOMIC_WRITE}
 
 
 @dataclass
@@ -82,6 +84,18 @@ def wr_of_message(msg: Message, mtu: int, ud: bool) -> tuple[int, dict[str, Any]
             f["len"] = msg.read_len if msg.read_len is not None else len(data)
         if kind != "read" and first is not None and first.dma_len is not None:
             data = data[:first.dma_len].ljust(first.dma_len, b"\0")
+    if kind in ("atomic_write", "flush"):
+        # ONLY packets: the RETH names the target; an ATOMIC WRITE's 8 bytes are its
+        # payload, a FLUSH has none and its FETH says what to flush
+        f["remote_addr"], f["rkey"] = (ref.va or 0, ref.rkey or 0) if ref else (0, 0)
+        f["len"] = (ref.dma_len or 0) if ref else 0
+        if kind == "atomic_write":
+            data = data[:8].ljust(8, b"\0")
+        else:
+            data = b""
+            feth = (ref.feth or 0) if ref else 0
+            f["flush_type"], f["flush_level"] = feth_plt(feth), feth_sel(feth)
+        return _OPC[kind], f, data
     if kind in ("cas", "faa"):
         ref = ref if ref is not None and ref.info.atomic else None
         f["remote_addr"], f["rkey"] = (ref.va or 0, ref.rkey or 0) if ref else (0, 0)

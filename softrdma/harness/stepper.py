@@ -29,6 +29,7 @@ from ..enums import (
     IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ,
     IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 )
+from ..verbs_api import SendWR
 from ..wire.packet import parse
 from .sim import SimEvent, SimNetwork
 from .testing import Endpoint, connected_pair
@@ -199,6 +200,25 @@ class Stepper:
         src, _ = self._ends(sender)
         src.post_send(IBV_WR_ATOMIC_CMP_AND_SWP, src.buf_sge(0, 8), wr_id=5,
                       remote_offset=0, compare_add=compare, swap=swap)
+        self._flush()
+
+    def atomic_write(self, value: bytes, *, offset: int = 0, sender: str = "a") -> None:
+        """An ATOMIC WRITE of the 8 bytes ``value`` at ``offset`` of the other side's MR."""
+        src, dst = self._ends(sender)
+        wr = SendWR(6)
+        wr.set_wr_atomic_write(dst.mr.rkey, dst.mr.buf + offset, value)
+        src.qp.post_send(wr)
+        self._flush()
+
+    def flush(self, length: int, ptype: int, level: int, *, offset: int = 0, mr: Any = None,
+              sender: str = "a") -> None:
+        """A FLUSH of placement type ``ptype`` and selectivity level ``level`` over
+        ``length`` bytes at ``offset`` of ``mr`` (default: the other side's MR)."""
+        src, dst = self._ends(sender)
+        mr = dst.mr if mr is None else mr
+        wr = SendWR(7)
+        wr.set_wr_flush(mr.rkey, mr.buf + offset, length, ptype, level)
+        src.qp.post_send(wr)
         self._flush()
 
     def _ends(self, sender: str) -> tuple[Endpoint, Endpoint]:

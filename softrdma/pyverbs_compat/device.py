@@ -196,7 +196,8 @@ class Context(_d.Context):
         except PyverbsRDMAError as e:
             raise PyverbsRDMAError(f"Failed to query EX device {self.name}",
                                    e.error_code) from None
-        return DeviceAttrEx(orig_attr=attr, device_cap_flags_ex=attr.device_cap_flags,
+        return DeviceAttrEx(orig_attr=attr, device_cap_flags_ex=attr.device_cap_flags_ex
+                            or attr.device_cap_flags,
                             phys_port_cnt_ex=attr.phys_port_cnt)
 
     def query_port(self, port_num: int = 1) -> PortAttr:

@@ -3,7 +3,7 @@
 ``QPEx`` is the extended QP (``ibv_qp_ex``): ``wr_start()``, then per WR ``wr_id``,
 ``wr_flags``, an opcode call (``wr_send``, ``wr_send_imm``, ``wr_rdma_write``,
 ``wr_rdma_write_imm``, ``wr_rdma_read``, ``wr_atomic_cmp_swp``, ``wr_atomic_fetch_add``,
-``wr_bind_mw``, ``wr_local_inv``, ``wr_send_inv``), its address (``wr_set_ud_addr``) and
+``wr_atomic_write``, ``wr_flush``, ``wr_bind_mw``, ``wr_local_inv``, ``wr_send_inv``), its address (``wr_set_ud_addr``) and
 data (``wr_set_sge``, ``wr_set_sge_list``, ``wr_set_inline_data``), then ``wr_complete()``
 posts them all (or ``wr_abort()`` drops them). The send ops a QP type accepts are librxe's.
 """
@@ -35,7 +35,7 @@ W_CMP_SWP, W_FETCH_ADD, W_LOCAL_INV, W_BIND_MW, W_SEND_INV, W_TSO = 32, 64, 128,
 W_FLUSH, W_ATOMIC_WRITE = 2048, 4096
 _RXE_SEND_OPS = {
     T.IBV_QPT_RC: W_RDMA_WRITE | W_RDMA_WRITE_IMM | W_SEND | W_SEND_IMM | W_RDMA_READ |
-    W_CMP_SWP | W_FETCH_ADD | W_LOCAL_INV | W_BIND_MW | W_SEND_INV | W_ATOMIC_WRITE,
+    W_CMP_SWP | W_FETCH_ADD | W_LOCAL_INV | W_BIND_MW | W_SEND_INV | W_FLUSH | W_ATOMIC_WRITE,
     T.IBV_QPT_UC: W_RDMA_WRITE | W_RDMA_WRITE_IMM | W_SEND | W_SEND_IMM | W_BIND_MW |
     W_SEND_INV,
     T.IBV_QPT_UD: W_SEND | W_SEND_IMM,
@@ -326,10 +326,14 @@ class QPEx(QP):
                                                                             add)
 
     def wr_atomic_write(self, rkey: int, remote_addr: int, atomic_wr: bytes) -> None:
-        # IBV_WR_ATOMIC_WRITE (rdma-core 44; Linux 6.2): softrdma has no ATOMIC WRITE, the
-        # 6.1 rxe of the lab has none either: the WR fails at wr_complete
-        wr = self._new(15, W_ATOMIC_WRITE)  # IBV_WR_ATOMIC_WRITE
-        wr.set_wr_rdma(rkey, remote_addr)
+        # ibv_wr_atomic_write: pyverbs hands the bytes' buffer to C, which copies 8 of them
+        self._new(O.IBV_WR_ATOMIC_WRITE, W_ATOMIC_WRITE).set_wr_atomic_write(
+            rkey, remote_addr, atomic_wr)
+
+    def wr_flush(self, rkey: int, remote_addr: int, length: int, ptype: int,
+                 level: int) -> None:
+        self._new(O.IBV_WR_FLUSH, W_FLUSH).set_wr_flush(rkey, remote_addr, length, ptype,
+                                                       level)
 
     def wr_local_inv(self, invalidate_rkey: int) -> None:
         self._new(O.IBV_WR_LOCAL_INV, W_LOCAL_INV).imm_data = invalidate_rkey

@@ -37,6 +37,7 @@ __all__ = ["Completer"]
 _AETH_TYPE, _AETH_VALUE = int(AETH_TYPE_MASK), int(AETH_VALUE_MASK)
 _ACK, _RNR_NAK, _NAK = int(AethType.ACK), int(AethType.RNR_NAK), int(AethType.NAK)
 _READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
+_ANSWERED_BY_EMPTY_READ_RESPONSE = {W.IBV_WR_ATOMIC_WRITE, W.IBV_WR_FLUSH}
 _NAK_STATUS = {NakCode.INVALID_REQUEST: WCS.IBV_WC_REM_INV_REQ_ERR,
                NakCode.REMOTE_ACCESS_ERROR: WCS.IBV_WC_REM_ACCESS_ERR,
                NakCode.REMOTE_OPERATIONAL_ERROR: WCS.IBV_WC_REM_OP_ERR}
@@ -176,6 +177,15 @@ class Completer:
                   O.RC_RDMA_READ_RESPONSE_ONLY, O.RC_RDMA_READ_RESPONSE_MIDDLE):
             if op != O.RC_RDMA_READ_RESPONSE_MIDDLE and pkt.syndrome & _AETH_TYPE != _ACK:
                 return
+            if wqe.opcode in _ANSWERED_BY_EMPTY_READ_RESPONSE and op in (
+                    O.RC_RDMA_READ_RESPONSE_ONLY, O.RC_RDMA_READ_RESPONSE_MIDDLE):
+                # ATOMIC WRITE and FLUSH are answered with a READ RESPONSE ONLY without
+                # data (rxe check_ack: COMPST_WRITE_SEND for the one, COMPST_READ of no
+                # bytes for the other): the WQE completes
+                if op == O.RC_RDMA_READ_RESPONSE_ONLY or wqe.opcode == W.IBV_WR_FLUSH:
+                    self.reset_retry_counters()
+                    self._comp_ack(wqe, pkt)
+                    return
             if wqe.opcode != W.IBV_WR_RDMA_READ:
                 self._fail(wqe, WCS.IBV_WC_FATAL_ERR)
                 return

@@ -38,6 +38,8 @@ class Access:
     REMOTE_READ = 4
     REMOTE_ATOMIC = 8
     MW_BIND = 16
+    FLUSH_GLOBAL = 256
+    FLUSH_PERSISTENT = 512
     NONE = 0
 
 
@@ -80,6 +82,9 @@ class MemEntry:
     qp: Any = None  # type 2 MW: the QP it was bound through
     refs: int = 0  # MWs bound to this MR
     owner: Any = field(default=None, repr=False)  # the verbs object (MR / MW)
+    # MR with IBV_ACCESS_FLUSH_PERSISTENT: ``persist(offset, length)`` makes that part of
+    # the buffer as durable as its backing allows (a persistent FLUSH; docs/verbs.md)
+    persist: Any = field(default=None, repr=False)
 
     @property
     def lkey(self) -> int:

@@ -23,9 +23,9 @@ from ..enums import (
     ibv_event_type, ibv_qp_state as S, ibv_qp_type as T, ibv_send_flags as F,
     ibv_wc_status as WCS, ibv_wr_opcode as W,
 )
-from ..wire.headers import BTH_PSN_MASK
 from ..wire.opcodes import OPCODE_LIST, Opcode as O, Transport
-from ..wire.packet import REQUEST_BUILDERS
+from ..wire.headers import BTH_PSN_MASK, feth_value
+from ..wire.packet import REQUEST_BUILDERS, build
 from .dma import gather
 from .memory import AccessError
 from .mw import bind_mw, invalidate_rkey
@@ -107,6 +107,10 @@ class Requester:
             return O.RC_COMPARE_SWAP if qpt == _RC_QP else -1
         if op == W.IBV_WR_ATOMIC_FETCH_AND_ADD:
             return O.RC_FETCH_ADD if qpt == _RC_QP else -1
+        if op == W.IBV_WR_ATOMIC_WRITE:  # IBTA 1.5 A19: RC only, like every atomic
+            return O.RC_ATOMIC_WRITE if qpt == _RC_QP else -1
+        if op == W.IBV_WR_FLUSH:
+            return O.RC_FLUSH if qpt == _RC_QP else -1
         seq = _SEQ.get(op)
         if seq is None:
             return -1
@@ -191,7 +195,9 @@ class Requester:
                 self._error(wqe, WCS.IBV_WC_LOC_QP_OP_ERR)
                 return
             info = OPCODE_LIST[opcode]
-            if info.read or info.atomic:
+            if info.read or info.atomic or info.atomic_write:
+                # rxe counts an ATOMIC WRITE against max_rd_atomic (the responder keeps a
+                # resource to replay it); a FLUSH takes no credit
                 if not self._check_init_depth(wqe):
                     return
             if info.middle and resid > mtu and wqe.inline is None and len(wqe.sges) == 1:
@@ -202,7 +208,8 @@ class Requester:
                     self._error(wqe, WCS.IBV_WC_LOC_PROT_ERR)
                     return
                 continue
-            payload = resid if (info.send or info.write) else 0
+            # a FLUSH carries none (oA19-2): its length travels in the RETH only
+            payload = resid if (info.send or info.write or info.atomic_write) else 0
             if payload > mtu:
                 if qp.qp_type == _UD_QP:
                     # C10-93.1.1: a UD message over the MTU is not sent, and not an error.
@@ -225,7 +232,11 @@ class Requester:
             else:
                 wqe.state = _PROCESSING
             if info.first:
-                npkts = max(1, -(-(wqe.length - (wqe.read_bytes if info.read else wqe.offset)) // mtu))
+                if info.flush or info.atomic_write:
+                    npkts = 1  # one packet and one PSN, whatever the length a FLUSH names
+                else:
+                    npkts = max(1, -(-(wqe.length - (wqe.read_bytes if info.read
+                                                     else wqe.offset)) // mtu))
                 wqe.first_psn = self.psn
                 wqe.last_psn = psn_add(self.psn, npkts - 1)
                 wqe.npkts = npkts
@@ -312,6 +323,10 @@ class Requester:
             dest_qp = wqe.remote_qpn
         else:
             dest_qp = qp.attr.dest_qp_num
+        if info.flush:  # the one request with a FETH: rare, so the keyword builder
+            return build(opcode, psn=self.psn, dest_qp=dest_qp, ackreq=ackreq, va=va,
+                         rkey=wqe.rkey, dma_len=dma_len,
+                         feth=feth_value(wqe.flush_type, wqe.flush_level))
         # wire.packet.build_request(opcode, ...) without its dispatch: build(opcode, psn=..,
         # dest_qp=.., ...) with these fields, passed positionally
         return REQUEST_BUILDERS[opcode](opcode, self.psn, dest_qp, ackreq, solicited, va,

@@ -10,6 +10,18 @@ in the receive WQE's buffers, writes in the MR the rkey names, reads are answere
 READ RESPONSE packets, atomics with an ATOMIC ACKNOWLEDGE carrying the original value.
 ACKs go out for packets that asked for one (AckReq), with the MSN.
 
+ATOMIC WRITE and FLUSH (IBTA 1.5 annex A19, rxe since Linux 6.2) are answered as rxe answers
+them, with a zero-length RDMA READ RESPONSE ONLY (rxe's ``send_read_response_ack``). An
+ATOMIC WRITE places its 8 bytes at an 8-byte aligned address in one store, after everything
+before it (the responder executes in PSN order, so every earlier WRITE is placed), and
+keeps a responder resource so that a duplicate is answered, not executed again. A FLUSH
+checks the QP's and the MR's FLUSH access bits for its placement type, then makes the range
+(selectivity level 0) or the whole MR (level 1) global or persistent; in a soft device
+whose memory is the process's own, placement is already global when the FLUSH runs (every
+earlier WRITE has been copied into the MR), and persistence is what the MR's buffer can
+give: an MR over an ``mmap.mmap`` (the only kind that may carry IBV_ACCESS_FLUSH_PERSISTENT,
+as rxe accepts it only for pmem pages) is ``msync``ed over the range (docs/verbs.md).
+
 Duplicates are never executed twice: a duplicate send or write is ACKed again, a duplicate
 read is replayed from the requested PSN, a duplicate atomic is answered with the value
 saved when it first executed.
@@ -48,12 +60,13 @@ from typing import TYPE_CHECKING, Any
 from .memory import Access, AccessError
 from .mw import invalidate_rkey
 from ..enums import (
-    ibv_access_flags as A, ibv_qp_state as S, ibv_qp_type as T, ibv_wc_flags as WCF,
-    ibv_wc_status as WCS,
+    ibv_access_flags as A, ibv_placement_type as PLT, ibv_qp_state as S, ibv_qp_type as T,
+    ibv_selectivity_level as SEL, ibv_wc_flags as WCF, ibv_wc_status as WCS,
 )
 from ..completion import WC, WC_RECV, WC_RECV_RDMA_WITH_IMM
 from ..wire.headers import (
-    AETH_ACK_UNLIMITED, AETH_TYPE_MASK, AethType, NakCode, aeth_value, make_syndrome,
+    AETH_ACK_UNLIMITED, AETH_TYPE_MASK, AethType, NakCode, aeth_value, feth_plt, feth_sel,
+    make_syndrome,
 )
 from ..wire.opcodes import BTH_SIZE, OPCODE_LIST, Opcode as O, Transport
 from ..wire.packet import build, parse
@@ -86,6 +99,9 @@ HELD_REQUESTS_MAX = RXE_MAX_UNACKED_PSNS
 # plain ints for per-packet flag tests (IntFlag arithmetic is a Python call per use)
 _R_READ, _R_WRITE, _R_ATOMIC = (int(A.IBV_ACCESS_REMOTE_READ), int(A.IBV_ACCESS_REMOTE_WRITE),
                                 int(A.IBV_ACCESS_REMOTE_ATOMIC))
+_R_FLUSH_GLOBAL, _R_FLUSH_PERSISTENT = (int(A.IBV_ACCESS_FLUSH_GLOBAL),
+                                        int(A.IBV_ACCESS_FLUSH_PERSISTENT))
+_PLT_GLOBAL, _PLT_PERSISTENT = int(PLT.IBV_FLUSH_GLOBAL), int(PLT.IBV_FLUSH_PERSISTENT)
 _WC_GRH, _WC_IMM, _WC_INV = int(WCF.IBV_WC_GRH), int(WCF.IBV_WC_WITH_IMM), int(WCF.IBV_WC_WITH_INV)
 _SEND_CONT = {O.RC_SEND_FIRST, O.RC_SEND_MIDDLE}
 _WRITE_CONT = {O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE}
@@ -97,18 +113,20 @@ _UC_BITS = int(Transport.UC)  # a UC opcode is its RC counterpart with the UC tr
 _RC_QP, _UC_QP, _UD_QP, _ERR = T.IBV_QPT_RC, T.IBV_QPT_UC, T.IBV_QPT_UD, S.IBV_QPS_ERR
 _RC_OR_UC = (_RC_QP, _UC_QP)
 _SUCCESS = WCS.IBV_WC_SUCCESS
+_SEL_MR = int(SEL.IBV_FLUSH_MR)
 
 
 class RespResource:
     """A responder resource (rxe ``resp_res``): what is needed to replay a read or an
     atomic without executing it again."""
 
-    __slots__ = ("in_use", "is_read", "first_psn", "last_psn", "cur_psn", "va_org", "va",
-                 "resid", "length", "rkey", "orig", "replay", "new")
+    __slots__ = ("in_use", "is_read", "opcode", "first_psn", "last_psn", "cur_psn", "va_org",
+                 "va", "resid", "length", "rkey", "orig", "replay", "new")
 
     def __init__(self) -> None:
         self.in_use = False
         self.is_read = False
+        self.opcode = -1  # the request it answers (READ, an atomic, ATOMIC WRITE or FLUSH)
         self.first_psn = self.last_psn = self.cur_psn = 0
         self.va_org = self.va = self.resid = self.length = self.rkey = 0
         self.orig = 0
@@ -178,11 +196,24 @@ def _op_seq_error(prev: int, op: int, rc: bool) -> RespErr | None:
     return RespErr.MISSING_OPCODE_LAST_C if rc else RespErr.MISSING_OPCODE_LAST_D1E
 
 
-def _op_allowed(info: Any, access: int) -> bool:
-    """rxe's check_op_valid: the QP's access flags allow the operation, and it is one the
-    responder implements (no FLUSH or ATOMIC WRITE)."""
-    return not ((info.read and not access & _R_READ) or (info.write and not access & _R_WRITE)
-                or (info.atomic and not access & _R_ATOMIC) or info.flush or info.atomic_write)
+def _op_allowed(info: Any, access: int, feth: int = 0) -> bool:
+    """rxe's check_qp_attr_access: the QP's access flags allow the operation. An ATOMIC
+    WRITE needs REMOTE_WRITE; a FLUSH the FLUSH_GLOBAL / FLUSH_PERSISTENT bit of each
+    placement type its FETH (``feth``) asks for."""
+    if (info.read and not access & _R_READ) or \
+            ((info.write or info.atomic_write) and not access & _R_WRITE) or \
+            (info.atomic and not access & _R_ATOMIC):
+        return False
+    if info.flush:
+        return not _flush_access(feth) & ~access
+    return True
+
+
+def _flush_access(feth: int) -> int:
+    """The access bits a FLUSH needs, of the QP and of the MR: one per placement type."""
+    plt = feth_plt(feth)
+    return (_R_FLUSH_GLOBAL if plt & _PLT_GLOBAL else 0) | \
+        (_R_FLUSH_PERSISTENT if plt & _PLT_PERSISTENT else 0)
 
 
 def _write_fits(resid: int, n: int, pad: int, mtu: int) -> bool:
@@ -474,7 +505,8 @@ class Responder:
 
     def _check_op_valid(self, pkt: Any, rc: bool) -> bool:
         qp = self.qp
-        if qp.qp_type == _UD_QP or _op_allowed(pkt.info, int(qp.attr.qp_access_flags)):
+        if qp.qp_type == _UD_QP or _op_allowed(pkt.info, int(qp.attr.qp_access_flags),
+                                               pkt.feth or 0):
             return True
         if rc:
             raise _Err(RespErr.UNSUPPORTED_OPCODE)
@@ -485,7 +517,7 @@ class Responder:
     def _check_resource(self, pkt: Any) -> bool:
         info = pkt.info
         qp = self.qp
-        if info.read or info.atomic:
+        if info.read or info.atomic or info.atomic_write:
             if qp.attr.max_dest_rd_atomic > 0 and self.resources:
                 return True
             raise _Err(RespErr.TOO_MANY_RDMA_ATM_REQ)
@@ -514,9 +546,9 @@ class Responder:
             bad = n == 0 or n > mtu
         else:
             bad = False
-        if bad and (info.send or info.write):
+        if bad and (info.send or info.write or info.atomic_write):
             raise _Err(RespErr.LENGTH)
-        if (info.write or info.read) and pkt.dma_len is not None and pkt.dma_len > (1 << 31):
+        if pkt.dma_len is not None and pkt.dma_len > (1 << 31):  # any RETH (C9-94)
             raise _Err(RespErr.LENGTH)
 
     def _check_rkey(self, pkt: Any) -> None:
@@ -536,6 +568,28 @@ class Responder:
             if info.write and not _write_fits(self.resid, pkt.payload_len, pkt.pad,
                                               self.qp.mtu()):
                 raise _Err(RespErr.LENGTH)
+        elif info.atomic_write:
+            # the RETH names the 8 bytes; the write length rule holds as for a WRITE
+            self.va, self.rkey = pkt.va, pkt.rkey
+            self.resid = self.length = pkt.dma_len
+            try:
+                self.qp.device.keys.resolve(self.rkey, self.qp.pd, self.va, self.resid,
+                                            Access.REMOTE_WRITE, remote=True, qp=self.qp)
+            except AccessError:
+                raise _Err(RespErr.RKEY_VIOLATION) from None
+            if not _write_fits(self.resid, pkt.payload_len, pkt.pad, self.qp.mtu()):
+                raise _Err(RespErr.LENGTH)
+        elif info.flush:
+            self.va, self.rkey = pkt.va, pkt.rkey
+            self.resid = self.length = pkt.dma_len
+            # level MR flushes the whole region: no range to check (rxe: "FLUSH MR may not
+            # set va or resid"); a range must lie inside it
+            n = 0 if feth_sel(pkt.feth) == _SEL_MR else self.resid
+            try:
+                self.qp.device.keys.resolve(self.rkey, self.qp.pd, self.va, n,
+                                            _flush_access(pkt.feth), remote=True, qp=self.qp)
+            except AccessError:
+                raise _Err(RespErr.RKEY_VIOLATION) from None
         elif info.atomic:
             self.va, self.rkey, self.resid = pkt.va, pkt.rkey, 8
             try:
@@ -578,6 +632,12 @@ class Responder:
             return
         elif info.atomic:
             self._atomic_reply(pkt)
+            return
+        elif info.atomic_write:
+            self._atomic_write_reply(pkt)
+            return
+        elif info.flush:
+            self._process_flush(pkt)
             return
         if info.with_inv:
             if not invalidate_rkey(self.qp.device.keys, qp.pd, pkt.ieth_rkey):
@@ -650,6 +710,9 @@ class Responder:
         res.__init__()
         res.in_use = True
         res.is_read = read
+        res.opcode = pkt.opcode
+        # every kind records its PSN: rxe 6.12's rxe_prepare_res leaves a FLUSH's PSN range
+        # unset, so its duplicate lookup misses and the duplicate is dropped (docs/verbs.md)
         res.first_psn = res.cur_psn = pkt.psn
         if read:
             mtu = self.qp.mtu()
@@ -726,6 +789,50 @@ class Responder:
         self._executed(pkt.psn, pkt.opcode)
         self._send(O.RC_ATOMIC_ACKNOWLEDGE, pkt.psn, orig=res.orig)
 
+    def _send_read_response_ack(self, psn: int) -> None:
+        """rxe's send_read_response_ack: how ATOMIC WRITE and FLUSH are answered, a READ
+        RESPONSE ONLY with no payload whose AETH carries the ACK and the MSN."""
+        if self.qp.device.trace is not None:
+            self.qp.trace("ack", f"READ RESPONSE ONLY (no data) PSN {psn} MSN {self.msn}",
+                          psn=psn, msn=self.msn, syndrome=AETH_ACK_UNLIMITED)
+        self._send(O.RC_RDMA_READ_RESPONSE_ONLY, psn)
+
+    def _atomic_write_reply(self, pkt: Any) -> None:
+        """atomic_write_reply: store the 8 payload bytes at the aligned address in one step
+        (IBTA A19.4.2; rxe's rxe_mr_do_atomic_write), keeping a resource for replay."""
+        qp = self.qp
+        try:  # oA19-28: the 8 bytes must still be inside a valid MR
+            mem = qp.device.keys.resolve(self.rkey, qp.pd, self.va, 8, Access.REMOTE_WRITE,
+                                         remote=True, qp=qp)
+        except AccessError:
+            raise _Err(RespErr.RKEY_VIOLATION) from None
+        if self.va & 7:
+            raise _Err(RespErr.MISALIGNED_ATOMIC)
+        self._prepare_res(pkt, read=False)
+        mem[:] = pkt.payload[:8]  # one slice assignment under the device lock: atomic
+        self.resid = 0
+        self.msn += 1
+        self._executed(pkt.psn, pkt.opcode)
+        self._send_read_response_ack(pkt.psn)
+
+    def _process_flush(self, pkt: Any) -> None:
+        """process_flush: every earlier request has been executed (PSN order), so the data
+        is placed; make it persistent if asked (oA19-14: answered once executed)."""
+        qp = self.qp
+        self._prepare_res(pkt, read=False)
+        if feth_plt(pkt.feth) & _PLT_PERSISTENT:
+            entry = qp.device.keys.get(self.rkey)
+            mr = entry.mr if entry is not None and entry.mr is not None else entry
+            if mr is None or mr.persist is None:
+                raise _Err(RespErr.RKEY_VIOLATION)
+            if feth_sel(pkt.feth) == _SEL_MR:
+                mr.persist(0, mr.length)
+            else:
+                mr.persist(self.va - mr.iova, self.resid)
+        self.msn += 1
+        self._executed(pkt.psn, pkt.opcode)
+        self._send_read_response_ack(pkt.psn)
+
     def _find_resource(self, psn: int) -> RespResource | None:
         for r in self.resources:
             if not r.in_use:
@@ -769,6 +876,9 @@ class Responder:
         if info.atomic and not res.is_read:
             res.replay = True
             self._send(O.RC_ATOMIC_ACKNOWLEDGE, pkt.psn, orig=res.orig)
+        elif (info.atomic_write or info.flush) and res.opcode == pkt.opcode:
+            res.replay = True  # oA19-15: answered again, not executed again
+            self._send_read_response_ack(pkt.psn)
 
     # -- errors (rxe's error classes) -------------------------------------------------------
     def _error(self, pkt: Any, kind: RespErr, rc: bool, psn: int | None = None) -> None:

@@ -25,7 +25,8 @@ class SendWqe:
     __slots__ = ("wr_id", "opcode", "send_flags", "signaled", "sges", "inline", "length",
                  "imm", "remote_addr", "rkey", "compare_add", "swap", "av", "remote_qpn",
                  "remote_qkey", "mw", "bind_info", "bind_rkey", "state", "first_psn",
-                 "last_psn", "offset", "status", "npkts", "read_bytes", "has_rd_atomic")
+                 "last_psn", "offset", "status", "npkts", "read_bytes", "has_rd_atomic",
+                 "flush_type", "flush_level")
 
     def __init__(self, wr_id: int, opcode: int, send_flags: int, signaled: bool,
                  sges: list[tuple[int, int, int]], inline: bytes | None, length: int) -> None:
@@ -55,6 +56,11 @@ class SendWqe:
         self.status = 0
         self.read_bytes = 0  # read/atomic: response bytes placed
         self.has_rd_atomic = False  # holds one of the max_rd_atomic initiator credits
+        # FLUSH: the FETH's placement type (ibv_placement_type bits) and selectivity level
+        # (ibv_selectivity_level); ``length`` is the RETH's DMA length, ``inline`` None.
+        # ATOMIC WRITE keeps its 8 bytes in ``inline`` (librxe's wqe->dma.atomic_wr).
+        self.flush_type = 0
+        self.flush_level = 0
 
     def __repr__(self) -> str:
         return (f"<SendWqe wr_id={self.wr_id} op={self.opcode} len={self.length} "

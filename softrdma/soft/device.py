@@ -38,7 +38,7 @@ from ..counters import Counters, Drop
 from ..enums import bytes_to_mtu, ibv_event_type, ibv_mtu
 from ..qp.engine import QpEngine
 from ..qp.memory import KeyTable
-from ..wire.icrc import icrc_ipv4, icrc_ipv6
+from ..wire.icrc import RC_FLUSH_OPCODE, icrc_ipv4, icrc_ipv6, rxe_flush_icrc
 from ..wire.opcodes import BTH_SIZE
 from .capture import PacketCapture
 from .faults import Direction, Faults, with_icrc
@@ -280,6 +280,8 @@ class SoftDevice:
             c = icrc_ipv4(pkt, self.ip_packed, dst_ip, sport)
         else:
             c = icrc_ipv6(pkt, self.ip_packed, dst_ip, sport)
+        if pkt[0] == RC_FLUSH_OPCODE:  # rxe's ICRC of a FLUSH, which rxe requires
+            c = rxe_flush_icrc(c, pkt)
         pkt[n - 4:] = c.to_bytes(4, "little")
         data = bytes(pkt)
         if self.trace is not None:  # what the QP sent (the faults' doings are traced apart)

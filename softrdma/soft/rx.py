@@ -19,7 +19,9 @@ from ..wire.headers import (
     BTH_ACK_OFFSET, BTH_FLAGS_OFFSET, BTH_OPCODE_OFFSET, BTH_PAD_MASK, BTH_PKEY_OFFSET,
     BTH_PSN_MASK, BTH_QPN_OFFSET, BTH_TVER_MASK, ROCE_V2_UDP_DPORT,
 )
-from ..wire.icrc import icrc_ok_ipv4, icrc_ok_ipv6
+from ..wire.icrc import (
+    RC_FLUSH_OPCODE, icrc_ipv4, icrc_ipv6, icrc_ok_ipv4, icrc_ok_ipv6, rxe_flush_icrc_ok,
+)
 from ..wire.opcodes import BTH_SIZE, ICRC_SIZE, OPCODE_LIST, Transport
 from ..wire.packet import DecodeError, parse
 from ..counters import Drop
@@ -132,6 +134,16 @@ def _icrc_good(p: Any, src: bytes, dst: bytes, sport: int, ip_id: int) -> bool:
     return icrc_ok_ipv6(p, src, dst, sport)
 
 
+def _rxe_flush_icrc(p: Any, src: bytes, dst: bytes, sport: int, ip_id: int) -> bool:
+    """A FLUSH whose ICRC is rxe's (wire/icrc.py rxe_flush_icrc): accepted, as the FLUSH of
+    a Linux rxe requester carries it."""
+    if len(src) == 4:
+        ibta = icrc_ipv4(p, src, dst, sport, ROCE_V2_UDP_DPORT, ip_id)
+    else:
+        ibta = icrc_ipv6(p, src, dst, sport)
+    return rxe_flush_icrc_ok(p, ibta)
+
+
 def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int,
                    ip_header: bytes | None, sport: int, verify: bool) -> None:
     """One packet: counted, parsed, its ICRC checked, then judged by :func:`drop_reason`:
@@ -151,7 +163,9 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
             good = icrc_ok_ipv4(data, src_ip, dst_ip, sport, ROCE_V2_UDP_DPORT, ip_id)
         else:
             good = icrc_ok_ipv6(data, src_ip, dst_ip, sport)
-        if not good:
+        if not good and not (data[0] == RC_FLUSH_OPCODE and _rxe_flush_icrc(data, src_ip,
+                                                                             dst_ip, sport,
+                                                                             ip_id)):
             c.icrc_err += 1
             c.drop(Drop.BAD_ICRC)
             return

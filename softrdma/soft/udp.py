@@ -45,7 +45,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..wire.headers import ROCE_V2_UDP_DPORT
-from ..wire.icrc import icrc_ipv4, icrc_ipv6, icrc_ok_ipv4
+from ..wire.icrc import RC_FLUSH_OPCODE, icrc_ipv4, icrc_ipv6, icrc_ok_ipv4
 from ..wire.trains import coalesce, split, split_unsized, train_iov
 from ..counters import Drop
 
@@ -415,7 +415,8 @@ class UdpTransport:
             ip_id = struct.unpack_from("!H", pkt, 4)[0]
             roce = pkt[ihl + 8:ihl + ulen]
             parts = [roce]
-            if len(roce) >= 32 and not icrc_ok_ipv4(roce, pkt[12:16], own, sport, ip_id=ip_id):
+            if len(roce) >= 32 and roce[0] != RC_FLUSH_OPCODE and \
+                    not icrc_ok_ipv4(roce, pkt[12:16], own, sport, ip_id=ip_id):
                 # not one good packet: maybe a train that crossed loopback whole, which a
                 # raw socket sees uncut and without its segment size
                 parts = split_unsized(roce)

@@ -51,13 +51,13 @@ from .qp import QP
 from .soft_qp import SoftQP
 from .srq import SRQ, SoftSRQ
 from .enums import (
-    ibv_atomic_cap, ibv_gid_type, ibv_link_layer, ibv_node_type, ibv_port_state,
-    ibv_transport_type,
+    ibv_atomic_cap, ibv_device_cap_flags_ex, ibv_gid_type, ibv_link_layer, ibv_node_type,
+    ibv_port_state, ibv_transport_type,
 )
 
 __all__ = ["Device", "Context", "DeviceAttr", "PortAttr", "AsyncEvent", "get_device_list",
            "add_device", "remove_device", "get_soft_device", "soft_devices", "set_backend",
-           "get_backend", "SoftContext"]
+           "get_backend", "SoftContext", "RXE_DEVICE_CAP_FLAGS_EX"]
 
 BACKENDS = ("auto", "soft", "ibverbs")
 _backend: str | None = None  # set_backend's choice; None: SOFTRDMA_BACKEND, else auto
@@ -300,6 +300,8 @@ class DeviceAttr:
     max_pkeys: int
     local_ca_ack_delay: int
     phys_port_cnt: int
+    #: the 64-bit flags of ibv_query_device_ex (0: not known, read ``device_cap_flags``)
+    device_cap_flags_ex: int = 0
 
 
 @dataclass
@@ -336,6 +338,13 @@ from ..completion import AsyncEvent  # noqa: E402  (re-exported)
 # memory windows (type 1 and 2B).
 _RXE_CAP_FLAGS = (1 << 1) | (1 << 2) | (1 << 5) | (1 << 6) | (1 << 10) | (1 << 12) | (1 << 13) \
     | (1 << 17) | (1 << 21) | (1 << 24)
+#: ``device_cap_flags_ex`` (64 bits, ibv_query_device_ex) as 6.12's rxe reports it: the 32
+#: bits above plus IB_DEVICE_FLUSH_GLOBAL, IB_DEVICE_FLUSH_PERSISTENT (bits 38, 39) and
+#: IB_DEVICE_ATOMIC_WRITE (bit 40) of RXE_DEVICE_CAP_FLAGS (rxe_param.h, since 6.2).
+RXE_DEVICE_CAP_FLAGS_EX = _RXE_CAP_FLAGS | int(
+    ibv_device_cap_flags_ex.IBV_DEVICE_FLUSH_GLOBAL
+    | ibv_device_cap_flags_ex.IBV_DEVICE_FLUSH_PERSISTENT
+    | ibv_device_cap_flags_ex.IBV_DEVICE_ATOMIC_WRITE)
 _RXE_PORT_CAP_FLAGS = 1 << 26  # IB_PORT_CM_SUP; the RoCEv2 capability is a core flag
 
 
@@ -537,7 +546,8 @@ class SoftContext:
             max_mcast_grp=8192, max_mcast_qp_attach=56, max_total_mcast_qp_attach=0x70000,
             max_ah=lim.max_ah, max_fmr=0, max_map_per_fmr=0, max_srq=lim.max_srq,
             max_srq_wr=lim.max_srq_wr, max_srq_sge=lim.max_srq_sge, max_pkeys=lim.max_pkeys,
-            local_ca_ack_delay=lim.local_ca_ack_delay, phys_port_cnt=1)
+            local_ca_ack_delay=lim.local_ca_ack_delay, phys_port_cnt=1,
+            device_cap_flags_ex=RXE_DEVICE_CAP_FLAGS_EX)
 
     def _check_port(self, port: int) -> None:
         if port != 1:

@@ -21,8 +21,9 @@ table), ``HwMR``/``HwMW`` in :mod:`softrdma.ibverbs.memory`.
 from __future__ import annotations
 
 import errno
+import mmap
 import os
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import PyverbsRDMAError
 from ._check import U32, U64, as_bits, as_flag, as_int, require
@@ -68,6 +69,31 @@ def check_mr_access(access: Any, what: str, field: str = "access") -> int:
         raise PyverbsRDMAError(f"{what}: IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC "
                                f"require IBV_ACCESS_LOCAL_WRITE", errno.EINVAL)
     return access
+
+
+def persister(buffer: Any, access: int, what: str) -> Callable[[int, int], None] | None:
+    """What a persistent FLUSH does to an MR registered with ``access`` over ``buffer``:
+    None without IBV_ACCESS_FLUSH_PERSISTENT; else ``persist(offset, length)``.
+
+    rxe registers IBV_ACCESS_FLUSH_PERSISTENT only over persistent-memory (pmem) pages and
+    refuses any other memory with EINVAL. A process's memory is never pmem; what can be
+    made durable is a mapping, by ``msync``: so softrdma accepts the flag only for an MR
+    over an ``mmap.mmap`` and answers a persistent FLUSH with ``mmap.flush`` (msync) of the
+    pages it covers. A file's mapping is then as durable as the file system makes an
+    msync'ed file; an anonymous mapping is memory and nothing more (docs/verbs.md)."""
+    if not access & A.IBV_ACCESS_FLUSH_PERSISTENT:
+        return None
+    if not isinstance(buffer, mmap.mmap):
+        raise PyverbsRDMAError(f"{what}: IBV_ACCESS_FLUSH_PERSISTENT needs memory that can "
+                               f"be made persistent (rxe: pmem pages only); softrdma: an "
+                               f"MR over an mmap.mmap, which a FLUSH msyncs", errno.EINVAL)
+
+    def persist(offset: int, length: int) -> None:
+        start = offset - offset % mmap.PAGESIZE  # msync works on whole pages
+        end = min(len(buffer), offset + max(length, 0))
+        if end > start:
+            buffer.flush(start, end - start)
+    return persist
 
 
 def _as_bytes_view(buffer: Any, access: int, what: str) -> memoryview:
@@ -242,8 +268,10 @@ class SoftMR:
         self.pd = pd
         self._buffer = buffer  # keep the object alive as long as the MR
         # (the "mr" pool bounds MRs far below the 2^24 key indices)
+        persist = persister(buffer, access, "Failed to register a MR")
         self.entry: MemEntry = self.device.keys.register_mr(pd, mv, access, iova=address)
         self.entry.owner = owner
+        self.entry.persist = persist
 
     @property
     def _entry(self) -> MemEntry:  # the name harness/replay.py reads
@@ -284,13 +312,14 @@ class SoftMR:
                 raise PyverbsRDMAError(f"{what}: the PD belongs to another context", errno.EINVAL)
             new_access = access if flags & 4 else self.entry.access
             new_access = check_mr_access(new_access, what)
-            mv = self.entry.buf
+            mv, buffer = self.entry.buf, self._buffer
             if flags & 1:
                 buffer = addr if addr is not None else bytearray(length)
                 mv = _as_bytes_view(buffer, new_access, what)
-                self._buffer = buffer
             elif new_access & _WRITES and mv is not None and mv.readonly:
                 raise PyverbsRDMAError(f"{what}: buffer is read-only", errno.EFAULT)
+            persist = persister(buffer, new_access, what)  # a refusal changes nothing
+            self._buffer = buffer
             # rxe (6.2 on: rxe_rereg_user_mr) and hardware keep the keys, and the iova
             # unless the translation changes: a peer holding the rkey keeps its access
             old = self.entry
@@ -301,6 +330,7 @@ class SoftMR:
                                           iova=None if flags & 1 else old.iova)
             keys.rekey(self.entry, old.lkey)
             self.entry.owner = self.owner
+            self.entry.persist = persist
         return new_pd
 
     def check_dereg(self) -> None:

@@ -37,12 +37,13 @@ from .wr import MWBindInfo, RecvWR, SendWR
 
 __all__ = ["SoftQP"]
 
-# Work request opcodes each QP type accepts (rxe_wr_opcode_info of the 6.1 kernel).
+# Work request opcodes each QP type accepts (rxe_wr_opcode_info of the 6.12 kernel: FLUSH
+# and ATOMIC WRITE, since 6.2, on RC only).
 _ALLOWED_OPS = {
     T.IBV_QPT_RC: {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
                    W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP,
                    W.IBV_WR_ATOMIC_FETCH_AND_ADD, W.IBV_WR_LOCAL_INV, W.IBV_WR_BIND_MW,
-                   W.IBV_WR_SEND_WITH_INV},
+                   W.IBV_WR_SEND_WITH_INV, W.IBV_WR_FLUSH, W.IBV_WR_ATOMIC_WRITE},
     T.IBV_QPT_UC: {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
                    W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_LOCAL_INV, W.IBV_WR_BIND_MW,
                    W.IBV_WR_SEND_WITH_INV},
@@ -411,6 +412,17 @@ class SoftQP:
             if total != 8 or remote_addr & 7:
                 raise PyverbsRDMAError(f"{what}: an atomic needs one 8-byte local buffer and "
                                        f"an 8-byte aligned remote_addr", errno.EINVAL)
+        if opcode == W.IBV_WR_ATOMIC_WRITE:
+            # the 8 bytes travel in the WQE (librxe's wqe->dma.atomic_wr), from atomic_wr
+            # or from one 8-byte local buffer; the responder checks the alignment
+            inline, sges, total = self._atomic_write_data(w, sges, total, what, f)
+        elif opcode == W.IBV_WR_FLUSH:
+            # no data: the length is the RETH's (librxe: wqe->dma.length)
+            sges, inline = [], None
+            total = as_int(getattr(w, "flush_length", 0), what, f"{f}.flush_length", U32,
+                           desc="not a 32-bit length")
+            flush_type = as_int(getattr(w, "flush_type", 0), what, f"{f}.flush_type", U8)
+            flush_level = as_int(getattr(w, "flush_level", 0), what, f"{f}.flush_level", U8)
         if opcode == W.IBV_WR_BIND_MW:
             bind_rkey = self._check_bind(w, what, f)
         if self.qp_type == T.IBV_QPT_UD:
@@ -430,6 +442,8 @@ class SoftQP:
         wqe.rkey = rkey
         wqe.compare_add = compare_add
         wqe.swap = swap
+        if opcode == W.IBV_WR_FLUSH:
+            wqe.flush_type, wqe.flush_level = flush_type, flush_level
         if self.qp_type == T.IBV_QPT_UD:
             wqe.av = w.ah.impl.av
             wqe.remote_qpn = remote_qpn
@@ -444,6 +458,27 @@ class SoftQP:
                                         int(info.mw_access_flags))
             wqe.bind_rkey = bind_rkey
         return wqe
+
+    def _atomic_write_data(self, w: Any, sges: list[tuple[int, int, int]], total: int,
+                           what: str, f: str) -> tuple[bytes, list, int]:
+        """An ATOMIC WRITE's 8 bytes: ``w.atomic_wr`` (set_wr_atomic_write), else the one
+        8-byte local buffer its SGEs name."""
+        data = getattr(w, "atomic_wr", None)
+        if data is None:
+            if total != 8:
+                raise PyverbsRDMAError(f"{what}: {f}: an ATOMIC WRITE needs 8 bytes "
+                                       f"(set_wr_atomic_write, or SGEs of 8 bytes)",
+                                       errno.EINVAL)
+            data = self._gather_inline(sges, what)
+        try:
+            data = bytes(data)
+        except TypeError:
+            raise PyverbsRDMAError(f"{what}: {f}.atomic_wr must be bytes, not "
+                                   f"{type(data).__name__}", errno.EINVAL) from None
+        if len(data) < 8:
+            raise PyverbsRDMAError(f"{what}: {f}.atomic_wr has {len(data)} bytes, not 8",
+                                   errno.EINVAL)
+        return data[:8], [], 8
 
     @staticmethod
     def _check_bind(w: SendWR, what: str, f: str) -> int:

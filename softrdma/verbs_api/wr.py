@@ -100,6 +100,13 @@ class SendWR:
         # the data of an IBV_SEND_INLINE WR given as bytes instead of SGEs (what
         # ibv_wr_set_inline_data copies; the soft device only): None reads the SGEs
         self.inline_data: bytes | None = None
+        # ATOMIC WRITE: the 8 bytes to place (librxe copies them into the WQE); None reads
+        # them from the SGEs (one 8-byte local buffer)
+        self.atomic_wr: bytes | None = None
+        # FLUSH: placement type (ibv_placement_type bits), selectivity level and length
+        self.flush_type = 0
+        self.flush_level = 0
+        self.flush_length = 0
         # bind_mw
         self.mw: Any = None
         self.bind_rkey = 0
@@ -122,6 +129,27 @@ class SendWR:
         self.remote_addr = addr
         self.compare_add = compare_add
         self.swap = swap
+
+    def set_wr_atomic_write(self, rkey: int, addr: int, atomic_wr: bytes) -> None:
+        """IBV_WR_ATOMIC_WRITE (IBTA 1.5 A19): place the 8 bytes ``atomic_wr`` at ``addr``
+        (8-byte aligned) in one indivisible store, after every earlier operation of the
+        QP, as ``ibv_wr_atomic_write`` does."""
+        self.opcode = ibv_wr_opcode.IBV_WR_ATOMIC_WRITE
+        self.rkey = rkey
+        self.remote_addr = addr
+        self.atomic_wr = bytes(atomic_wr)
+
+    def set_wr_flush(self, rkey: int, addr: int, length: int, ptype: int, level: int) -> None:
+        """IBV_WR_FLUSH (IBTA 1.5 A19): make what earlier operations placed in
+        ``[addr, addr + length)`` (``level`` IBV_FLUSH_RANGE) or in the whole MR of ``rkey``
+        (IBV_FLUSH_MR) globally visible (``ptype`` IBV_FLUSH_GLOBAL) or persistent
+        (IBV_FLUSH_PERSISTENT), as ``ibv_wr_flush`` does."""
+        self.opcode = ibv_wr_opcode.IBV_WR_FLUSH
+        self.rkey = rkey
+        self.remote_addr = addr
+        self.flush_length = length
+        self.flush_type = ptype
+        self.flush_level = level
 
     def set_wr_ud(self, ah: Any, rqpn: int, rqkey: int) -> None:
         self.ah = ah

@@ -58,6 +58,8 @@ __all__ = [
     "BTH_QPN_OFFSET", "BTH_ACK_OFFSET", "BTH_PSN_OFFSET",
     "AETH_TYPE_MASK", "AETH_VALUE_MASK", "AETH_MSN_MASK", "AETH_ACK_UNLIMITED",
     "AethType", "NakCode", "aeth_type", "aeth_value", "aeth_syndrome_name", "make_syndrome",
+    "FETH_PLT_MASK", "FETH_SEL_MASK", "FETH_SEL_SHIFT", "FETH_RESV_MASK", "feth_value",
+    "feth_plt", "feth_sel", "feth_name",
     # the descriptions
     "Hdr", "Field", "Header", "BTH", "RETH", "AETH", "ATMETH", "ATMACK", "IETH", "DETH",
     "IMMDT", "FETH", "CNP", "HEADERS", "EXT_ATTRS", "Packer", "compile_packer", "word_sources",
@@ -143,6 +145,44 @@ def aeth_syndrome_name(syndrome: int) -> str:
         except ValueError:
             return f"NAK code={value}"
     return f"RESERVED 0x{syndrome:02x}"
+
+
+# FETH (IBTA 1.5 A19.3, rxe_hdr.h): 26 reserved bits, the selectivity level (2 bits: 0 the
+# RETH's range, 1 the whole memory region) and the placement type (4 bits: 1 global
+# visibility, 2 persistence).
+FETH_PLT_MASK = 0x0000000F
+FETH_SEL_MASK = 0x00000030
+FETH_SEL_SHIFT = 4
+FETH_RESV_MASK = 0xFFFFFFC0
+
+
+def feth_value(plt: int, sel: int) -> int:
+    """The FETH word for placement type ``plt`` and selectivity level ``sel`` (feth_init)."""
+    return ((sel << FETH_SEL_SHIFT) & FETH_SEL_MASK) | (plt & FETH_PLT_MASK)
+
+
+def feth_plt(feth: int) -> int:
+    """The placement type bits of a FETH word (1 global, 2 persistent)."""
+    return feth & FETH_PLT_MASK
+
+
+def feth_sel(feth: int) -> int:
+    """The selectivity level of a FETH word (0 range, 1 memory region)."""
+    return (feth & FETH_SEL_MASK) >> FETH_SEL_SHIFT
+
+
+_PLT_NAMES = {1: "global", 2: "persistent"}
+_SEL_NAMES = {0: "range", 1: "mr"}
+
+
+def feth_name(feth: int) -> str:
+    """Readable FETH: ``plt=global sel=range`` (numbers for values IBTA does not name)."""
+    plt = feth_plt(feth)
+    names = [n for b, n in _PLT_NAMES.items() if plt & b]
+    if plt & ~3 or not names:
+        names = [str(plt)]
+    sel = feth_sel(feth)
+    return f"plt={'+'.join(names)} sel={_SEL_NAMES.get(sel, str(sel))}"
 
 
 class Hdr(enum.IntEnum):
@@ -416,7 +456,8 @@ IMMDT = Header(Hdr.IMMDT, "ImmDt", "immediate data", "!I", (
 
 FETH = Header(Hdr.FETH, "FETH", "flush extended transport header", "!I", (
     _f("feth", 32, "26 reserved bits, selectivity level (2), placement type (4)",
-       show=_hex8, parts=(_resv("resv", 26), Field("sel", 2, "selectivity level", hex=False),
+       show=_hex8, describe=feth_name, text="",
+       derived=(("feth_plt", feth_plt), ("feth_sel", feth_sel)), parts=(_resv("resv", 26), Field("sel", 2, "selectivity level", hex=False),
                           Field("plt", 4, "placement type", hex=False))),
 ))
 

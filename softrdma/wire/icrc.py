@@ -34,6 +34,7 @@ from .headers import ROCE_V2_UDP_DPORT
 __all__ = [
     "ICRC_SEED", "icrc_ipv4", "icrc_ipv6", "icrc_ok_ipv4", "icrc_ok_ipv6",
     "icrc_from_ip_packet", "set_icrc_ipv4", "set_icrc_ipv6", "IP_DF", "IPPROTO_UDP", "IPV4_VER_IHL",
+    "RC_FLUSH_OPCODE", "rxe_flush_icrc", "rxe_flush_icrc_ok",
 ]
 
 #: CRC-32 state after the eight 0xff bytes; rxe's 0xdebb20e3 is its complement.
@@ -323,3 +324,30 @@ def icrc_from_ip_packet(ip: bytes | bytearray | memoryview) -> int:
     b[udp + 6] = b[udp + 7] = 0xFF  # UDP checksum
     b[udp + 8 + 4] = 0xFF  # BTH FECN, BECN, resv6
     return _crc32(b, ICRC_SEED)
+
+
+# ---- rxe's ICRC of a FLUSH -------------------------------------------------------------
+#: BTH opcode of RC FLUSH (IBTA 1.5 annex A19); a plain int for the per-packet test
+RC_FLUSH_OPCODE = 0x1C
+
+
+def rxe_flush_icrc(icrc: int, roce: bytes | bytearray | memoryview) -> int:
+    """The ICRC Linux rxe (6.2 and later, 6.12 included) puts on and expects of a FLUSH,
+    from the IBTA one, ``icrc``.
+
+    rxe's opcode table (rxe_opcode.c) gives RC_FLUSH no ``RXE_PAYLOAD`` offset, so
+    ``payload_addr()`` is the BTH and ``payload_size()`` everything before the ICRC: after
+    the headers, rxe_icrc.c runs the CRC once more over BTH, FETH and RETH as they are
+    (the BTH unmasked). CRC-32 continues from a previous result, so that is one more
+    crc32 over those bytes. A FLUSH with the IBTA ICRC is dropped by rxe as an ICRC error
+    (seen against 6.12.117: its rcvd_pkts stays 0), which is why softrdma sends this one
+    and accepts both (docs/wire.md)."""
+    n = len(roce)
+    mv = roce if type(roce) is memoryview else memoryview(roce)
+    return _crc32(mv[:n - 4], icrc)
+
+
+def rxe_flush_icrc_ok(roce: bytes | bytearray | memoryview, icrc: int) -> bool:
+    """Whether ``roce`` (a FLUSH, ICRC in its last four bytes) carries rxe's ICRC, given
+    the IBTA ICRC ``icrc`` of the same bytes."""
+    return rxe_flush_icrc(icrc, roce) == int.from_bytes(roce[len(roce) - 4:], "little")
