@@ -35,8 +35,8 @@ BASELINE = ROOT / "tests" / "data" / "rdma_core_rxe_baseline.txt"
 # (tests/test_exec_rdma_core_suite.py uses these too), each for a cause that is not the
 # layer's (docs/pyverbs.md, "Differences")
 NOT_PASSING_ON_EITHER = {
-    # rxe 6.1: skipped (no rereg_user_mr; 6.12 has one for PD and access changes). After the expected error the test moves both QPs RESET -> RTS and
-    # sends again; the flushed receives of the failed round are still in the CQ and are
+    # rxe 6.1: skipped (no rereg_user_mr; 6.12 has one for PD and access changes).
+    # After the expected error the test moves both QPs RESET -> RTS and sends again; the flushed receives of the failed round are still in the CQ and are
     # polled first (WR flush error). rxe's provider leaves them too; mlx5 removes a QP's
     # completions on RESET (mlx5_cq_clean), which the test relies on
     "tests.test_mr.MRTest.test_mr_rereg_addr",
@@ -52,11 +52,14 @@ NOT_PASSING_ON_EITHER = {
 # here: docs/verbs.md, "ATOMIC WRITE and FLUSH")
 KNOWN_NOT_PASSING = NOT_PASSING_ON_EITHER
 
-# Skipped on 6.1's rxe (no rereg_user_mr), passing here: rereg keeps the keys, as 6.12's
-# rxe does, and the test hands the peer the rkey it read before the rereg
+# Not passing on 6.1's rxe, passing here as on 6.12's
 PASSING_BEYOND_RXE_61 = {
+    # 6.1: skipped (no rereg_user_mr). rereg keeps the keys, as 6.12's rxe does, and the
+    # test hands the peer the rkey it read before the rereg
     "tests.test_mr.MRTest.test_mr_rereg_access",
     "tests.test_mr.MRTest.test_mr_rereg_access_bad_flow",
+    # 6.1: error (no ATOMIC WRITE, Linux 6.2)
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_atomic_write",
 }
 
 RDMACM_PASSING = {f"tests.test_rdmacm.CMTestCase.test_rdmacm_{n}" for n in (
@@ -136,9 +139,10 @@ def test_per_file_table_covers_each_file(suite_run):
     assert all(file_of(t).startswith("test_") for t in res)
 
 
-def test_rereg_keeps_the_keys_the_tests_hand_to_the_peer(suite_run):
-    """test_mr's rereg tests that pass the rkey read before ``rereg`` to the peer pass:
-    softrdma keeps an MR's keys across rereg (rxe_rereg_user_mr does, Linux 6.2 on)."""
+def test_what_rxe_gained_after_6_1_passes(suite_run):
+    """test_mr's rereg tests that pass the rkey read before ``rereg`` to the peer pass
+    (softrdma keeps an MR's keys across rereg, as rxe_rereg_user_mr does from Linux 6.2),
+    and so does ATOMIC WRITE (rxe 6.2)."""
     rc, text, res = suite_run
     assert {t: res.get(t, "not run") for t in PASSING_BEYOND_RXE_61} == \
         {t: "ok" for t in PASSING_BEYOND_RXE_61}
