@@ -534,7 +534,8 @@ class SoftContext:
             max_res_rd_atom=lim.max_res_rd_atom, max_qp_init_rd_atom=lim.max_qp_init_rd_atom,
             max_ee_init_rd_atom=0, atomic_caps=ibv_atomic_cap.IBV_ATOMIC_HCA, max_ee=0,
             max_rdd=0, max_mw=lim.max_mw, max_raw_ipv6_qp=0, max_raw_ethy_qp=0,
-            max_mcast_grp=8192, max_mcast_qp_attach=56, max_total_mcast_qp_attach=0x70000,
+            max_mcast_grp=lim.max_mcast_grp, max_mcast_qp_attach=lim.max_mcast_qp_attach,
+            max_total_mcast_qp_attach=lim.max_total_mcast_qp_attach,
             max_ah=lim.max_ah, max_fmr=0, max_map_per_fmr=0, max_srq=lim.max_srq,
             max_srq_wr=lim.max_srq_wr, max_srq_sge=lim.max_srq_sge, max_pkeys=lim.max_pkeys,
             local_ca_ack_delay=lim.local_ca_ack_delay, phys_port_cnt=1)
