@@ -102,7 +102,6 @@ class CMID(_c.CMID):
         if addr is None and mc_attr is None:
             raise PyverbsUserError("Join to multicast must have AddrInfo or JoinMCAttrEx "
                                    "arguments")
-        cid = self._check()
         flags = 0
         if mc_attr is not None:
             addr = mc_attr.addr
@@ -112,23 +111,15 @@ class CMID(_c.CMID):
                                        "address (and no unknown bit)", errno.EINVAL)
             if mc_attr.comp_mask & _JOIN_FLAGS:
                 flags = mc_attr.join_flags
-        cid.join_multicast(_group_of(addr), context, flags)
+        if not isinstance(addr, _c.AddrInfo):
+            raise PyverbsUserError("join_multicast: addr must be an AddrInfo")
+        super().join_multicast(addr, context, flags)
 
     def leave_multicast(self, addr: AddrInfo) -> None:
         """pyverbs' ``leave_multicast`` (``rdma_leave_multicast``)."""
-        self._check().leave_multicast(_group_of(addr))
+        if not isinstance(addr, _c.AddrInfo):
+            raise PyverbsUserError("leave_multicast: addr must be an AddrInfo")
+        super().leave_multicast(addr)
 
 
 _JOIN_ADDRESS, _JOIN_FLAGS = 1, 2  # RDMA_CM_JOIN_MC_ATTR_ADDRESS, _JOIN_FLAGS
-
-
-def _group_of(ai: Any) -> Any:
-    """The multicast address an AddrInfo names: its source (pyverbs passes
-    ``ai_src_addr``), else its destination."""
-    if not isinstance(ai, _c.AddrInfo):
-        raise PyverbsUserError("multicast: addr must be an AddrInfo")
-    for name in ("src", "src_addr", "dst", "dst_addr"):
-        v = getattr(ai, name, None)
-        if v is not None:
-            return v
-    raise PyverbsRDMAError("multicast: the AddrInfo names no address", errno.EINVAL)
