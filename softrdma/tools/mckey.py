@@ -33,7 +33,6 @@ from ..errors import PyverbsRDMAError
 from ..rdmacm import RAI_PASSIVE, RDMA_PS_UDP, AddrInfo, CMEventChannel, CMID, event_str
 from ..rdmacm.enums import RDMA_PS_IPOIB, rdma_cm_event_type as E
 from .argtypes import c_int
-from .cmatose import _atoi
 from .common import ToolError, UsageError, add_fault_option, cm_device_for
 
 __all__ = ["add_parser", "run"]
@@ -78,6 +77,14 @@ def add_parser(sub: Any) -> None:
                    help="the pause after joining, before sending (mckey's 3 s)")
     add_fault_option(p)
     p.set_defaults(func=run)
+
+
+def _atoi(text: str) -> int:
+    """An argparse ``type``: a decimal integer, as mckey's atoi (but refusing junk)."""
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
 
 
 class Node:
