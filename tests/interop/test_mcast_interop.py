@@ -6,8 +6,10 @@ as ``softrdma mckey`` and as mckey itself under ``softrdma exec``. Each pair joi
 of its own (239.3.3.x) and the sender sends 10 messages of 100 bytes (mckey's SEND with
 immediate to QPN 0xFFFFFF). The receiver counts: mckey's receiver waits for exactly 10
 completions and only then says "data transfers complete" (so a lost message leaves it
-waiting until its ``timeout``), and rxe's own counters (``rdma_recvs``... ) say how many
-arrived on the guest's side.
+waiting until its ``timeout``); rxe's own counters (``rcvd_pkts``, ``sent_pkts``) say what
+the guest's side received and sent. rxe's mckey as the sender puts on the wire only what
+its send task reached before mckey destroyed the QP (see the test), so that direction
+holds softrdma to rxe's ``sent_pkts``.
 
 The group crosses the lab's bridge: both ends join it (IGMP reports from the guest's rxe
 and from the host's group socket), and br0's multicast snooping forwards the group's
@@ -17,6 +19,8 @@ guest names the group, ``ss`` shows the host's socket bound to it.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -67,9 +71,17 @@ SOFT_SENDERS = {
     "exec-mckey": "softrdma exec --addr {ip} -- mckey -m {g} -b {ip} -s -C {n}",
 }
 SOFT_RECEIVERS = {
-    "softrdma-mckey": "softrdma mckey -m {g} -b {ip} -C {n} --timeout 90",
-    "exec-mckey": "softrdma exec --addr {ip} -- timeout 90 mckey -m {g} -b {ip} -C {n}",
+    "softrdma-mckey": "softrdma mckey -m {g} -b {ip} -C {n} --timeout 20",
+    "exec-mckey": "softrdma exec --addr {ip} -- timeout 25 mckey -m {g} -b {ip} -C {n}",
 }
+
+
+def _received(pcap, group: str) -> int:
+    """The RoCE packets from guest 0 to ``group`` that the receiving device got (its own
+    capture: every packet the device read, before any check)."""
+    r = subprocess.run([sys.executable, "-m", "softrdma", "dissect", str(pcap)],
+                       capture_output=True, text=True, timeout=60)
+    return sum(1 for row in r.stdout.splitlines() if f"{G0}:" in row and f"> {group} " in row)
 
 
 @pytest.mark.parametrize("sender", sorted(SOFT_SENDERS))
@@ -91,16 +103,28 @@ def test_rxe_receives_what_softrdma_sends_to_the_group(scenario612, sender):
 @pytest.mark.parametrize("receiver", sorted(SOFT_RECEIVERS))
 def test_softrdma_receives_what_rxe_sends_to_the_group(scenario612, receiver):
     """softrdma's receiver joins (its device's socket joins the group on br0); mckey on
-    rxe joins and sends 10 messages; softrdma's receiver gets all 10."""
+    rxe joins and sends 10 messages; every packet rxe sent reaches softrdma's device and
+    is counted by the receiver.
+
+    rxe's mckey does not wait for its sends: it posts 10 unsignaled SENDs, leaves the group
+    and destroys the QP at once, and rxe's send task, running later, sends only what it
+    reached before the QP went (in the lab's slow guests often 1 of 10). So the count to
+    meet is rxe's own ``sent_pkts`` (at least 1): exactly that many arrive at softrdma's
+    device, and the receiver reports exactly that many (all 10: mckey's lines; fewer:
+    softrdma mckey says "N of 10 messages received", librdmacm's mckey keeps waiting for
+    the rest until ``timeout`` ends it)."""
     lab, group = scenario612, next(GROUPS)
+    pcap = lab.dir / f"mckey-recv-{group}.pcap"
+    before = lab.rdma_statistics(0).get("sent_pkts", 0)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         srv = lab.host_start(SOFT_RECEIVERS[receiver].format(g=group, ip=HOST_IP, n=COUNT),
-                             stdout=out, stderr=err)
+                             env={"SOFTRDMA_PCAP": str(pcap)}, stdout=out, stderr=err)
         try:
             _until(lambda: f"{group}:4791" in lab.host(["ss", "-Huln"], timeout=10).stdout
                    or srv.poll() is not None, f"softrdma joining {group}")
             rxe = lab.guest(0, f"timeout 60 mckey -m {group} -b {G0} -s -C {COUNT}",
                             timeout=70)
+            sent = lab.rdma_statistics(0).get("sent_pkts", 0) - before
             srv.wait(timeout=100)
         finally:
             if srv.poll() is None:
@@ -110,4 +134,11 @@ def test_softrdma_receives_what_rxe_sends_to_the_group(scenario612, receiver):
         err.seek(0)
         soft = Result(srv.returncode, out.read(), err.read())
     _lines(rxe, SENDER, group, "rxe mckey")
-    _lines(soft, RECEIVER, group, receiver)
+    assert 1 <= sent <= COUNT, sent
+    assert _received(pcap, group) == sent
+    if sent == COUNT:
+        _lines(soft, RECEIVER, group, receiver)
+    elif receiver == "softrdma-mckey":
+        assert f"mckey: {sent} of {COUNT} messages received in 20 s" in soft.stdout, soft
+    else:
+        assert soft.rc == 124, soft  # librdmacm's mckey waits for all 10
