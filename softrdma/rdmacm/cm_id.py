@@ -151,7 +151,8 @@ class RdmaCmId:
         self.rep: Any = None  # the REP (sent or received)
         self.connect_error = False
         self.destroyed = False
-        self.mcast: dict[Any, tuple[bytes, int]] = {}  # joined groups: address -> (MGID, flags)
+        # joined groups, newest first (librdmacm's mc_list): (address, MGID, join flags)
+        self.mcast: list[tuple[Any, bytes, int]] = []
 
     def __repr__(self) -> str:
         src = f"{self.src_ip}:{self.src_port}" if self.src_ip is not None else \
@@ -913,8 +914,8 @@ class RdmaCmId:
         event's context ``context``. A full member's QP is attached to the group, as
         librdmacm's ``ucma_process_join`` does when the event arrives (a send-only member's
         is not). EINVAL unless the id is bound or resolved to a device (ADDR_BOUND or
-        ADDR_RESOLVED), or ``addr`` is not a multicast address; an IPv6 group is
-        MULTICAST_ERROR status -ENOTSUPP (524), as the kernel answers on RoCEv2."""
+        ADDR_RESOLVED), or ``addr`` is not a multicast address; an IPv6 group fails at once
+        with ENOTSUPP (524), as the kernel's join answers on RoCEv2 (no event)."""
         what = "rdma_join_multicast"
         if self.destroyed:
             raise _err(f"{what}: the id is destroyed", errno.EBADF)
@@ -928,13 +929,9 @@ class RdmaCmId:
         if join_flags not in (RDMA_MC_JOIN_FLAG_FULLMEMBER,
                               RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER):
             raise _err(f"{what}: unknown join flags {join_flags}", errno.EINVAL)
-        groups = self.mcast
-        if maddr in groups:
-            raise _err(f"{what}: already joined {maddr}", errno.EADDRINUSE)
-        if maddr.version == 6:  # cma_iboe_join_multicast: IPv6 groups on RoCEv2
-            self._event(E.RDMA_CM_EVENT_MULTICAST_ERROR, status=-ENOTSUPP,
-                        ud=UdParams(context=context))
-            return
+        if maddr.version == 6:  # cma_iboe_join_multicast: no IPv6 groups on RoCEv2
+            raise _err(f"{what}: IPv6 groups are not supported on RoCEv2 (the kernel's "
+                       f"ENOTSUPP)", ENOTSUPP)
         mgid = gid_from_ip(maddr)
         dev = self.device
         own = gid_from_ip(self.local_ip) if self.local_ip is not None else dev.gid_table[-1]
@@ -943,20 +940,22 @@ class RdmaCmId:
             dgid=GID(mgid), sgid_index=sgid_index, hop_limit=IPV6_DEFAULT_HOPLIMIT))
         if self.qp is not None and join_flags == RDMA_MC_JOIN_FLAG_FULLMEMBER:
             self.qp.attach_mcast(mgid, 0)
-        groups[maddr] = (mgid, join_flags)
+        self.mcast.insert(0, (maddr, mgid, join_flags))  # a second join is a second entry
         qkey = RDMA_UDP_QKEY if self.ps == RDMA_PS_UDP else 0
         self._event(E.RDMA_CM_EVENT_MULTICAST_JOIN,
                     ud=UdParams(ah_attr=ah, qp_num=MULTICAST_QPN, qkey=qkey, context=context))
 
     def leave_multicast(self, addr: Any) -> None:
         """``rdma_leave_multicast``: the QP is detached (a full member's) and the group
-        forgotten; EADDRNOTAVAIL for a group this id has not joined (librdmacm)."""
+        forgotten (the newest join of that address: a group joined twice is two entries, as
+        in librdmacm's list); EADDRNOTAVAIL for a group this id has not joined."""
         what = "rdma_leave_multicast"
         maddr = parse_ip(addr, what)
-        groups = self.mcast
-        if maddr is None or maddr not in groups:
+        joined = next((j for j in self.mcast if j[0] == maddr), None)
+        if maddr is None or joined is None:
             raise _err(f"{what}: {addr} was not joined", errno.EADDRNOTAVAIL)
-        mgid, flags = groups.pop(maddr)
+        self.mcast.remove(joined)
+        _, mgid, flags = joined
         if self.qp is not None and flags == RDMA_MC_JOIN_FLAG_FULLMEMBER and \
                 not getattr(self.qp, "closed", False):
             try:
