@@ -73,8 +73,8 @@ SOFT_SENDERS = {
     "exec-mckey": "softrdma exec --addr {ip} -- mckey -m {g} -b {ip} -s -C {n}",
 }
 SOFT_RECEIVERS = {
-    "softrdma-mckey": "softrdma mckey -m {g} -b {ip} -C {n} --timeout 20",
-    "exec-mckey": "softrdma exec --addr {ip} -- timeout 25 mckey -m {g} -b {ip} -C {n}",
+    "softrdma-mckey": "softrdma mckey -m {g} -b {ip} -C {n} --timeout 45",
+    "exec-mckey": "softrdma exec --addr {ip} -- timeout 50 mckey -m {g} -b {ip} -C {n}",
 }
 
 
@@ -156,7 +156,7 @@ def test_softrdma_receives_what_rxe_sends_to_the_group(scenario612, receiver):
         _lines(soft, RECEIVER, group, receiver)
     elif receiver == "softrdma-mckey":
         assert soft.stdout.splitlines()[-3:] == [
-            f"mckey: {sent} of {RXE_COUNT} messages received in 20 s", "test complete",
+            f"mckey: {sent} of {RXE_COUNT} messages received in 45 s", "test complete",
             f"return status -{errno.ETIMEDOUT}"], soft
     else:
         assert soft.rc == 124, soft  # librdmacm's mckey waits for all of them
