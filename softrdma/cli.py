@@ -20,8 +20,8 @@ from typing import NoReturn, Sequence
 from . import __version__
 from .errors import PyverbsRDMAError
 from .tools import (
-    bench, check, cmatose, demo, devinfo, diagram, dissect, exectool, fuzz, labcmd, mq, perf,
-    pingpong, replay, rping, udaddy,
+    bench, check, cmatose, demo, devinfo, diagram, dissect, exectool, fuzz, labcmd, mckey, mq,
+    perf, pingpong, replay, rping, udaddy,
 )
 from .tools.common import ToolError, UsageError, apply_fault_options
 
@@ -38,8 +38,8 @@ class _Parser(argparse.ArgumentParser):
 
 #: the subcommands, in the order of ``softrdma --help``: each module's ``add_parser(sub)``
 #: adds its subcommand(s) and sets ``func`` to what runs it
-TOOLS = (dissect, check, diagram, replay, devinfo, pingpong, perf, rping, cmatose, udaddy, mq, demo,
-         labcmd, fuzz, bench, exectool)
+TOOLS = (dissect, check, diagram, replay, devinfo, pingpong, perf, rping, cmatose, udaddy, mckey,
+         mq, demo, labcmd, fuzz, bench, exectool)
 
 
 def build_parser() -> argparse.ArgumentParser:

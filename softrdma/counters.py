@@ -24,6 +24,7 @@ class Drop(str, enum.Enum):
     MALFORMED_BAD_PAD = "malformed_bad_pad"  # pad count larger than the payload
     BAD_ICRC = "bad_icrc"  # the invariant CRC does not match
     NOT_OUR_ADDRESS = "not_our_address"  # destination IP is not the device's
+    NO_MCAST_GROUP = "no_mcast_group"  # to QPN 0xFFFFFF, but no QP attached to that group
     BAD_TVER = "bad_tver"  # BTH transport version is not 0
     CNP_IGNORED = "cnp_ignored"  # congestion notification: rxe ignores them too
     BAD_PKEY = "bad_pkey"  # not the default partition

@@ -371,6 +371,8 @@ class Event:
         if d is None:
             return
         self._private(u, d.private_data)
+        if d.context is not None and d.context != ffi.NULL:
+            u.private_data = d.context  # a multicast join's: the join's context pointer
         u.qp_num, u.qkey = d.qp_num, d.qkey
         if d.ah_attr is not None:
             ah_attr_to_c(d.ah_attr, u.ah_attr)

@@ -17,7 +17,9 @@ the structures :mod:`.cma` keeps: a synchronous id waits for the call's outcome
   kernel's size and state checks; ENOSYS for what the kernel does not know.
 * ECE: rxe has none (``ibv_query_ece`` is EOPNOTSUPP there), so the peer's is all zeros;
   ``rdma_set_local_ece`` keeps what the program sets, with librdmacm's checks.
-* Multicast: softrdma's rdma_cm has no groups (no SA, no IGMP): joining is EOPNOTSUPP.
+* Multicast: the RoCEv2 join (no SA: MULTICAST_JOIN at once, the id's QP attached to the
+  group, softrdma.soft.mcast); an AF_IB group (``mckey -M``) is ENOTSUPP (524), as the
+  kernel answers on RoCEv2.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from typing import Any
 
 from .cma import ConnParams, E, IBV_QPT_RC, SOCKADDR_STORAGE, route_addr, cm_call, cma_dev, \
     complete, conn_param, get_event, id_of, query_route, sync_qp_state
-from .cma_addr import sockaddr_len, sockaddr_port
+from ..errors import PyverbsRDMAError
+from .cma_addr import read_sockaddr, sockaddr_len, sockaddr_port
 from .shim import Errno, handles
 
 __all__ = ["IMPLEMENTS", "install"]
@@ -36,6 +39,8 @@ RDMA_OPTION_ID, RDMA_OPTION_IB = 0, 1
 RDMA_OPTION_ID_TOS, RDMA_OPTION_ID_REUSEADDR = 0, 1
 RDMA_OPTION_ID_AFONLY, RDMA_OPTION_ID_ACK_TIMEOUT = 2, 3
 IBV_EVENT_COMM_EST = 4
+AF_IB = 27  # an InfiniBand address (mckey -M)
+ENOTSUPP = 524  # the kernel's "not supported" (not EOPNOTSUPP), as rdma_cm answers
 #: IBTA's reject reasons: rdma_reject's (consumer defined) and rdma_reject_ece's
 REJ_CONSUMER_DEFINED, REJ_VENDOR_OPTION_NOT_SUPPORTED = 28, 35
 
@@ -255,14 +260,24 @@ def install(ffi: Any, lib: Any) -> None:
         e[0], e[1], e[2] = rec.remote_ece[0], rec.remote_ece[1], 0
         return 0
 
-    # multicast: softrdma's rdma_cm has no multicast groups (no SA, no IGMP)
+    # multicast: the RoCEv2 join of softrdma's rdma_cm (RdmaCmId.join_multicast), which
+    # also attaches the id's QP as librdmacm's ucma_process_join does on the event
+    def join(id: Any, addr: Any, flags: int, context: Any, what: str) -> int:
+        rec = id_of(id)
+        if addr != ffi.NULL and ffi.cast("struct sockaddr *", addr).sa_family == AF_IB:
+            # an AF_IB (unmapped) group: cma_iboe_join_multicast has none on RoCEv2
+            raise Errno(ENOTSUPP, f"{what}: AF_IB groups on RoCEv2")
+        if not sockaddr_len(addr):
+            raise Errno(errno.EINVAL, f"{what}: not an IP address")
+        _, ip, _ = read_sockaddr(addr)
+        rec.cid.join_multicast(ip, context, flags)
+        complete(rec)
+        return 0
+
     @ffi.def_extern(name="rdma_join_multicast")
     @cm_call(-1)
     def rdma_join_multicast(id: Any, addr: Any, context: Any) -> int:
-        id_of(id)
-        if not sockaddr_len(addr):
-            raise Errno(errno.EINVAL, "rdma_join_multicast: not an IP address")
-        raise Errno(errno.EOPNOTSUPP, "rdma_join_multicast: softrdma has no multicast")
+        return join(id, addr, 0, context, "rdma_join_multicast")
 
     @ffi.def_extern(name="rdma_join_multicast_ex")
     @cm_call(-1)
@@ -272,16 +287,20 @@ def install(ffi: Any, lib: Any) -> None:
             raise Errno(errno.EINVAL, "rdma_join_multicast_ex: attr is NULL")
         if attr.comp_mask >= 4:  # RDMA_CM_JOIN_MC_ATTR_RESERVED
             raise Errno(errno.EOPNOTSUPP, "rdma_join_multicast_ex: unknown comp_mask")
-        if not attr.comp_mask & 1 or not attr.comp_mask & 2 or attr.join_flags >= 2 or \
-                not sockaddr_len(attr.addr):
+        if not attr.comp_mask & 1 or not attr.comp_mask & 2 or attr.join_flags >= 2:
             raise Errno(errno.EINVAL, "rdma_join_multicast_ex: bad attributes")
-        raise Errno(errno.EOPNOTSUPP, "rdma_join_multicast_ex: softrdma has no multicast")
+        return join(id, attr.addr, attr.join_flags, context, "rdma_join_multicast_ex")
 
     @ffi.def_extern(name="rdma_leave_multicast")
     @cm_call(-1)
     def rdma_leave_multicast(id: Any, addr: Any) -> int:
-        id_of(id)
+        rec = id_of(id)
         if not sockaddr_len(addr):
-            raise Errno(errno.EINVAL, "rdma_leave_multicast: not an IP address")
-        raise Errno(errno.EADDRNOTAVAIL, "rdma_leave_multicast: no such group joined")
+            raise Errno(errno.EADDRNOTAVAIL, "rdma_leave_multicast: not a group joined")
+        _, ip, _ = read_sockaddr(addr)
+        try:
+            rec.cid.leave_multicast(ip)
+        except PyverbsRDMAError as e:
+            raise Errno(e.error_code, str(e)) from None
+        return 0
 

@@ -23,7 +23,11 @@ import struct
 from typing import Any, Callable
 
 from . import devices
+from ..errors import PyverbsRDMAError
 from .shim import Errno, guard, handles
+
+#: what the verbs answer a caller with (its mistake: EINVAL and the like), not logged
+_ANSWERS = (Errno, PyverbsRDMAError)
 
 __all__ = ["IMPLEMENTS", "CALLBACKS", "install", "note_fork_range", "ifindex_of"]
 
@@ -431,12 +435,19 @@ def install(ffi: Any, lib: Any) -> None:
         handles.get("qp", qp)
         return 0  # rxe has no query_qp_data_in_order: the dummy's "not in order"
 
-    def no_mcast(qp: Any, gid: Any, lid: int) -> int:
-        handles.get("qp", qp)
-        return errno.EOPNOTSUPP  # softrdma has no multicast groups (yet)
+    # ---- multicast groups (softrdma.soft.mcast: rxe_mcast.c) ---------------------------
+    def mcast(verb: str) -> Callable[[Any, Any, int], int]:
+        def call(qp: Any, gid: Any, lid: int) -> int:
+            rec = handles.get("qp", qp)
+            if gid == ffi.NULL:
+                return errno.EINVAL
+            getattr(rec.qp, verb)(bytes(ffi.buffer(gid, 16)), lid)
+            return 0
+        call.__name__ = f"ibv_{verb}"
+        return call
 
-    ffi.def_extern(name="ibv_attach_mcast")(guard("errno")(no_mcast))
-    ffi.def_extern(name="ibv_detach_mcast")(guard("errno")(no_mcast))
+    ffi.def_extern(name="ibv_attach_mcast")(guard("errno", _ANSWERS)(mcast("attach_mcast")))
+    ffi.def_extern(name="ibv_detach_mcast")(guard("errno", _ANSWERS)(mcast("detach_mcast")))
 
     # ---- context slots -------------------------------------------------------------
     port_attr_size = ffi.sizeof("struct ibv_port_attr")

@@ -118,6 +118,8 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "ibv_modify_qp": (c_int, [P, POINTER(ibv_qp_attr), c_int]),
     "ibv_query_qp": (c_int, [P, POINTER(ibv_qp_attr), c_int, POINTER(ibv_qp_init_attr)]),
     "ibv_destroy_qp": (c_int, [P]),
+    "ibv_attach_mcast": (c_int, [P, POINTER(ibv_gid), c_uint16]),
+    "ibv_detach_mcast": (c_int, [P, POINTER(ibv_gid), c_uint16]),
     "ibv_create_ah": (P, [P, POINTER(ibv_ah_attr)]),
     "ibv_destroy_ah": (c_int, [P]),
     "ibv_get_async_event": (c_int, [P, POINTER(ibv_async_event)]),

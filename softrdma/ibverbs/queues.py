@@ -347,6 +347,25 @@ class HwQP:
         if rc:
             raise fail(what, rc)
 
+    def attach_mcast(self, gid: bytes, lid: int) -> None:
+        """``ibv_attach_mcast`` on the device (the API checked the QP type and the GID)."""
+        self._mcast(ffi.lib().ibv_attach_mcast, gid, lid,
+                    "Failed to attach QP to multicast group")
+
+    def detach_mcast(self, gid: bytes, lid: int) -> None:
+        """``ibv_detach_mcast`` on the device."""
+        self._mcast(ffi.lib().ibv_detach_mcast, gid, lid,
+                    "Failed to detach QP from multicast group")
+
+    def _mcast(self, fn: Any, gid: bytes, lid: int, what: str) -> None:
+        g = ffi.ibv_gid()
+        ctypes_raw = bytes(gid)
+        for i, b in enumerate(ctypes_raw):
+            g.raw[i] = b
+        rc = fn(self._addr, byref(g), lid & 0xFFFF)
+        if rc:
+            raise fail(what, rc)
+
     def destroy(self) -> None:
         """``ibv_destroy_qp`` (an error leaves the QP as it was)."""
         rc = ffi.lib().ibv_destroy_qp(self._addr)

@@ -9,8 +9,9 @@ themselves; ``CMID`` and ``AddrInfo`` subclass them for what pyverbs adds:
   ``create_qp`` are pyverbs_compat's (``mr.write``/``mr.read``, cascade close...), and
   ``MR(cmid, length, access)`` registers through the id as pyverbs does
   (``rdma_reg_msgs``/``_read``/``_write`` by the access flag);
-* ``join_multicast``/``leave_multicast`` exist with pyverbs' signatures and fail with
-  ``EOPNOTSUPP``: softrdma's rdma_cm has no multicast (docs/pyverbs.md).
+* ``join_multicast``/``leave_multicast`` with pyverbs' signatures (an AddrInfo or a
+  JoinMCAttrEx): the RoCEv2 join of softrdma's rdma_cm (RDMA_CM_EVENT_MULTICAST_JOIN, the
+  QP attached to the group).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class CMID(_c.CMID):
     """``pyverbs.cmid.CMID(creator=None, qp_init_attr=None, pd=None,
     port_space=RDMA_PS_TCP, listen_id=None)``, creator a CMEventChannel, an AddrInfo or a
     CMEvent: softrdma's :class:`softrdma.rdmacm.cmid.CMID` whose PD, MRs, QP and CQs are
-    pyverbs objects, with ECE and (unsupported) multicast."""
+    pyverbs objects, with ECE and multicast."""
 
     @staticmethod
     def _verbs() -> Any:
@@ -118,14 +119,31 @@ class CMID(_c.CMID):
 
     def join_multicast(self, addr: AddrInfo | None = None,
                        mc_attr: JoinMCAttrEx | None = None, context: Any = None) -> None:
+        """pyverbs' ``join_multicast``: ``rdma_join_multicast`` with an AddrInfo whose
+        source is the group, or ``rdma_join_multicast_ex`` with a JoinMCAttrEx (its
+        join flags). RDMA_CM_EVENT_MULTICAST_JOIN follows on the channel
+        (:meth:`softrdma.rdmacm.cm_id.RdmaCmId.join_multicast`)."""
         if addr is None and mc_attr is None:
             raise PyverbsUserError("Join to multicast must have AddrInfo or JoinMCAttrEx "
                                    "arguments")
-        self._check()
-        raise PyverbsRDMAError("Failed to Join multicast: rdma_cm multicast is not "
-                               "supported by softrdma", errno.EOPNOTSUPP)
+        flags = 0
+        if mc_attr is not None:
+            addr = mc_attr.addr
+            if mc_attr.comp_mask & ~(_JOIN_ADDRESS | _JOIN_FLAGS) or \
+                    not mc_attr.comp_mask & _JOIN_ADDRESS:
+                raise PyverbsRDMAError("Failed to Join multicast: comp_mask must name the "
+                                       "address (and no unknown bit)", errno.EINVAL)
+            if mc_attr.comp_mask & _JOIN_FLAGS:
+                flags = mc_attr.join_flags
+        if not isinstance(addr, _c.AddrInfo):
+            raise PyverbsUserError("join_multicast: addr must be an AddrInfo")
+        super().join_multicast(addr, context, flags)
 
     def leave_multicast(self, addr: AddrInfo) -> None:
-        self._check()
-        raise PyverbsRDMAError("Failed to leave multicast: rdma_cm multicast is not "
-                               "supported by softrdma", errno.EOPNOTSUPP)
+        """pyverbs' ``leave_multicast`` (``rdma_leave_multicast``)."""
+        if not isinstance(addr, _c.AddrInfo):
+            raise PyverbsUserError("leave_multicast: addr must be an AddrInfo")
+        super().leave_multicast(addr)
+
+
+_JOIN_ADDRESS, _JOIN_FLAGS = 1, 2  # RDMA_CM_JOIN_MC_ATTR_ADDRESS, _JOIN_FLAGS

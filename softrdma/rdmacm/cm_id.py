@@ -49,10 +49,15 @@ from .channel import EventChannel
 from .device import CmaDevice
 from .enums import (
     RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES, RDMA_PS_IB, RDMA_PS_IPOIB, RDMA_PS_TCP,
+    RDMA_MC_JOIN_FLAG_FULLMEMBER, RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER,
     RDMA_PS_UDP, RDMA_UDP_QKEY, REJ_PRIVATE_DATA, REP_PRIVATE_DATA, REQ_PRIVATE_DATA,
     SIDR_REP_PRIVATE_DATA, SIDR_REQ_PRIVATE_DATA, RdmaCmState, rdma_cm_event_type as E,
 )
 from .events import ConnParams, RdmaCmEvent, UdParams
+from ..soft.mcast import MULTICAST_QPN
+
+ENOTSUPP = 524  # the kernel's ENOTSUPP (not EOPNOTSUPP): an IPv6 group on RoCEv2
+IPV6_DEFAULT_HOPLIMIT = 64  # the hop limit of a RoCEv2 IPv4 group's AH
 from .loopback import LOOPBACK
 from .ports import PORTS
 from .state import TRANSITIONS, next_state
@@ -146,6 +151,8 @@ class RdmaCmId:
         self.rep: Any = None  # the REP (sent or received)
         self.connect_error = False
         self.destroyed = False
+        # joined groups, newest first (librdmacm's mc_list): (address, MGID, join flags)
+        self.mcast: list[tuple[Any, bytes, int]] = []
 
     def __repr__(self) -> str:
         src = f"{self.src_ip}:{self.src_port}" if self.src_ip is not None else \
@@ -894,6 +901,67 @@ class RdmaCmId:
         self._event(E.RDMA_CM_EVENT_ESTABLISHED,
                     ud=UdParams(private_data=data, ah_attr=ah, qp_num=int(msg.qpn),
                                 qkey=int(msg.qkey)))
+
+    # ---- multicast ----------------------------------------------------------------------
+
+    def join_multicast(self, addr: Any, context: Any = None,
+                       join_flags: int = RDMA_MC_JOIN_FLAG_FULLMEMBER) -> None:
+        """``rdma_join_multicast_ex`` on RoCEv2 (cma.c ``cma_iboe_join_multicast``): no SA
+        to ask, so the join is answered at once with RDMA_CM_EVENT_MULTICAST_JOIN whose
+        UD parameters reach the group: ``ah_attr`` with the group's GID (an IPv4 group
+        as ``::ffff:a.b.c.d``) as dgid, hop limit 64, ``qp_num`` 0xFFFFFF, ``qkey``
+        RDMA_UDP_QKEY (port space UDP; 0 otherwise), ``private_data`` empty and the
+        event's context ``context``. A full member's QP is attached to the group, as
+        librdmacm's ``ucma_process_join`` does when the event arrives (a send-only member's
+        is not). EINVAL unless the id is bound or resolved to a device (ADDR_BOUND or
+        ADDR_RESOLVED), or ``addr`` is not a multicast address; an IPv6 group fails at once
+        with ENOTSUPP (524), as the kernel's join answers on RoCEv2 (no event)."""
+        what = "rdma_join_multicast"
+        if self.destroyed:
+            raise _err(f"{what}: the id is destroyed", errno.EBADF)
+        maddr = parse_ip(addr, what)
+        if maddr is None or not maddr.is_multicast:
+            raise _err(f"{what}: {addr} is not a multicast address", errno.EINVAL)
+        if self.cdev is None or self.state not in (RdmaCmState.ADDR_BOUND,
+                                                   RdmaCmState.ADDR_RESOLVED):
+            raise _err(f"{what}: the id must be bound or resolved to a device first "
+                       f"(state {self.state.name})", errno.EINVAL)
+        if join_flags not in (RDMA_MC_JOIN_FLAG_FULLMEMBER,
+                              RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER):
+            raise _err(f"{what}: unknown join flags {join_flags}", errno.EINVAL)
+        if maddr.version == 6:  # cma_iboe_join_multicast: no IPv6 groups on RoCEv2
+            raise _err(f"{what}: IPv6 groups are not supported on RoCEv2 (the kernel's "
+                       f"ENOTSUPP)", ENOTSUPP)
+        mgid = gid_from_ip(maddr)
+        dev = self.device
+        own = gid_from_ip(self.local_ip) if self.local_ip is not None else dev.gid_table[-1]
+        sgid_index = dev.gid_table.index(own) if own in dev.gid_table else 1
+        ah = AHAttr(is_global=1, port_num=1, dlid=0, sl=0, gr=GlobalRoute(
+            dgid=GID(mgid), sgid_index=sgid_index, hop_limit=IPV6_DEFAULT_HOPLIMIT))
+        if self.qp is not None and join_flags == RDMA_MC_JOIN_FLAG_FULLMEMBER:
+            self.qp.attach_mcast(mgid, 0)
+        self.mcast.insert(0, (maddr, mgid, join_flags))  # a second join is a second entry
+        qkey = RDMA_UDP_QKEY if self.ps == RDMA_PS_UDP else 0
+        self._event(E.RDMA_CM_EVENT_MULTICAST_JOIN,
+                    ud=UdParams(ah_attr=ah, qp_num=MULTICAST_QPN, qkey=qkey, context=context))
+
+    def leave_multicast(self, addr: Any) -> None:
+        """``rdma_leave_multicast``: the QP is detached (a full member's) and the group
+        forgotten (the newest join of that address: a group joined twice is two entries, as
+        in librdmacm's list); EADDRNOTAVAIL for a group this id has not joined."""
+        what = "rdma_leave_multicast"
+        maddr = parse_ip(addr, what)
+        joined = next((j for j in self.mcast if j[0] == maddr), None)
+        if maddr is None or joined is None:
+            raise _err(f"{what}: {addr} was not joined", errno.EADDRNOTAVAIL)
+        self.mcast.remove(joined)
+        _, mgid, flags = joined
+        if self.qp is not None and flags == RDMA_MC_JOIN_FLAG_FULLMEMBER and \
+                not getattr(self.qp, "closed", False):
+            try:
+                self.qp.detach_mcast(mgid, 0)
+            except PyverbsRDMAError:
+                pass  # the QP was detached some other way: the group is left all the same
 
     # ---- the end ------------------------------------------------------------------------
 

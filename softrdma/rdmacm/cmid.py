@@ -276,6 +276,17 @@ class AddrInfo:
         pass
 
 
+def group_address(ai: Any) -> Any:
+    """The multicast address given as an address or as an AddrInfo (its source, as pyverbs
+    passes ``ai_src_addr``, else its destination)."""
+    if not isinstance(ai, AddrInfo):
+        return ai
+    for v in (ai.src, ai.dst):
+        if v is not None:
+            return v
+    raise PyverbsRDMAError("multicast: the AddrInfo names no address", errno.EINVAL)
+
+
 class CMIDBase:
     """What both rdma_cm backends' CMIDs share (this module's soft one, and
     :class:`softrdma.ibverbs.cma.CMID` on librdmacm): the constructor's argument handling,
@@ -755,6 +766,22 @@ class CMID(CMIDBase):
                 self._wait(E.RDMA_CM_EVENT_DISCONNECTED, "Failed to Disconnect", 10.0)
             except PyverbsRDMAError:
                 pass
+
+    # ---- multicast ------------------------------------------------------------------
+
+    def join_multicast(self, addr: Any, context: Any = None, join_flags: int = 0) -> None:
+        """``rdma_join_multicast_ex``: join the group ``addr`` (an address, or an AddrInfo
+        whose ``src`` or ``dst`` is the group); RDMA_CM_EVENT_MULTICAST_JOIN carries the
+        UD parameters that reach it (QPN 0xFFFFFF, RDMA_UDP_QKEY, an AH to the group) and
+        the id's QP is attached (a full member's; ``join_flags`` 1 is send-only). A
+        synchronous id waits for the event. See :meth:`RdmaCmId.join_multicast`."""
+        self._check().join_multicast(group_address(addr), context, join_flags)
+        if self.sync:
+            self._wait(E.RDMA_CM_EVENT_MULTICAST_JOIN, "Failed to Join multicast")
+
+    def leave_multicast(self, addr: Any) -> None:
+        """``rdma_leave_multicast``: the QP detached, the group forgotten."""
+        self._check().leave_multicast(group_address(addr))
 
     def _get_comp(self, cq: Any, timeout: float | None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -73,6 +73,11 @@ RDMA_OPTION_ID_ACK_TIMEOUT = 3
 #: "use the default" in ConnParam's resources and depth
 RDMA_MAX_RESP_RES = 0xFF
 RDMA_MAX_INIT_DEPTH = 0xFF
+#: ``rdma_cm_mc_join_flags``: a full member receives (its QP is attached); a send-only
+#: full member only sends (librdmacm does not attach its QP)
+RDMA_MC_JOIN_FLAG_FULLMEMBER = 0
+RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER = 1
+
 #: the Q_Key rdma_cm gives UD QPs (``RDMA_UDP_QKEY``, cma.c ``cma_set_qkey``)
 RDMA_UDP_QKEY = 0x01234567
 

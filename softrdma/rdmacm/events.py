@@ -36,6 +36,7 @@ class UdParams:
     ah_attr: Any = None
     qp_num: int = 0
     qkey: int = 0
+    context: Any = None  # a multicast join's: the context given to rdma_join_multicast
 
 
 @dataclass

@@ -44,6 +44,7 @@ from .capture import PacketCapture
 from .faults import Direction, Faults, with_icrc
 from .gsi import GsiEndpoint
 from .lock import DeviceLock
+from .mcast import McastTable
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
 from .progress import Progress, poll_once
 from .rx import receive_packet, receive_train, trace_packet
@@ -100,6 +101,9 @@ class DeviceLimits:
     local_ca_ack_delay: int = 15
     vendor_id: int = 0xFFFFFF
     gid_tbl_len: int = 1024
+    max_mcast_grp: int = 8192  # RXE_MAX_MCAST_GRP
+    max_mcast_qp_attach: int = 56  # RXE_MAX_MCAST_QP_ATTACH
+    max_total_mcast_qp_attach: int = 0x70000  # RXE_MAX_TOT_MCAST_QP_ATTACH
 
 
 class SoftDevice:
@@ -137,6 +141,7 @@ class SoftDevice:
         self.qps: dict[int, QpEngine] = {}  # QPN -> the QP's engine (rxe's QP pool)
         # QP1, the GSI: 256-byte MADs in and out, handed to a MAD handler (the CM)
         self.gsi = GsiEndpoint(self)
+        self.mcast = McastTable(self)  # UD multicast groups (soft/mcast.py)
         # rxe hands out QPNs in order from 16; softrdma draws them at random unless told to
         # be sequential (replays of captures pin QPNs through ``_next_qpn``)
         self.sequential_qpn = sequential_qpn
@@ -364,7 +369,8 @@ class SoftDevice:
 
     def _loopback(self, data: bytes, dst_ip: bytes, sport: int, tos: int = 0) -> None:
         """Default transport: deliver to ourselves (rxe's loopback), drop anything else."""
-        if dst_ip == self.ip_packed:
+        if dst_ip == self.ip_packed or self.mcast.group(dst_ip) is not None:
+            # a group this device is in: the copy IP_MULTICAST_LOOP would bring back
             self._rxq.append((data, self.ip_packed, dst_ip, sport))
         else:
             self.counters.drop(Drop.NO_TRANSPORT)
@@ -547,6 +553,7 @@ class SoftDevice:
         # (FaultError) fails the attach before anything is bound
         self.faults.load_env(os.environ)
         self.udp = UdpTransport(self, raw_rx=raw_rx)
+        self.mcast.rejoin()
         self.clock = time.monotonic
         path = capture or os.environ.get("SOFTRDMA_PCAP")
         if path:

@@ -25,6 +25,7 @@ from ..wire.icrc import (
 from ..wire.opcodes import BTH_SIZE, ICRC_SIZE, OPCODE_LIST, Transport
 from ..wire.packet import DecodeError, parse
 from ..counters import Drop
+from .mcast import MULTICAST_QPN
 
 __all__ = ["receive_packet", "receive_train", "drop_reason", "next_middle",
            "synth_ip_header", "trace_packet"]
@@ -173,6 +174,9 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
         dev.capture.record(bytes(data), src_ip, dst_ip, sport, ip_id=ip_id)
     info = pkt.info
     qpn = pkt.dest_qp
+    if qpn == MULTICAST_QPN:
+        _receive_mcast(dev, data, pkt, src_ip, dst_ip, ip_id, ip_header)
+        return
     qp = dev.qps.get(qpn)
     why = drop_reason(dev, data, info, qpn, qp, src_ip, dst_ip, sport, pkt.qkey)
     if why is not None:
@@ -187,6 +191,37 @@ def receive_packet(dev: Any, data: Any, src_ip: bytes, dst_ip: bytes, ip_id: int
     if ip_header is None and qp.qp_type == _UD:
         ip_header = synth_ip_header(src_ip, dst_ip, len(data), ip_id)  # UDP payload length
     qp.on_packet(pkt, ip_header or b"")
+
+
+def _receive_mcast(dev: Any, data: Any, pkt: Any, src_ip: bytes, dst_ip: bytes, ip_id: int,
+                   ip_header: bytes | None) -> None:
+    """A packet for QPN 0xFFFFFF (rxe_rcv_mcast_pkt): the device-wide checks of
+    :func:`drop_reason` (rxe's hdr_check runs them before it looks at the QPN; the
+    destination, a multicast address, passes rxe_chk_dgid), then a copy for each QP
+    attached to the group, each checked on its own (check_type_state, check_keys)."""
+    buf, info = data, pkt.info
+    if buf[_FLAGS] & BTH_TVER_MASK:
+        dev.counters.drop(Drop.BAD_TVER)
+        return
+    if (buf[_PKEY] << 8 | buf[_PKEY + 1]) & _PARTITION != _PARTITION:
+        dev.counters.drop(Drop.BAD_PKEY)
+        return
+    if ip_header is None:
+        ip_header = synth_ip_header(src_ip, dst_ip, len(data), ip_id)
+    qkey = pkt.qkey
+
+    def check(qp: Any) -> Drop | None:
+        if qp.closed:
+            return Drop.NO_QP
+        if _TRANSPORT_OF_QPT.get(qp.qp_type) != info.transport:
+            return Drop.WRONG_TRANSPORT
+        if qp.state not in _RESP_READY:
+            return Drop.QP_NOT_READY
+        if qkey != qp.attr.qkey:
+            return Drop.QKEY_VIOLATION
+        return None
+
+    dev.mcast.deliver(data, pkt, src_ip, dst_ip, ip_header, check)
 
 
 def receive_train(dev: Any, parts: list, src_ip: bytes, dst_ip: bytes, sport: int,

@@ -38,6 +38,7 @@ import errno
 import ipaddress
 import os
 import resource
+import select
 import selectors
 import socket
 import struct
@@ -54,6 +55,8 @@ __all__ = ["UdpTransport", "TransportError", "TX_POOL"]
 IP_MTU_DISCOVER = 10
 IP_PMTUDISC_DO = 2
 UDP_NO_CHECK6_RX = 102
+IP_MULTICAST_ALL = 49  # linux/in.h: a socket reads only its own groups when off
+MCAST_TTL = 64  # IPV6_DEFAULT_HOPLIMIT: the hop limit cma_iboe_join_multicast sets
 SOCKBUF = 4 << 20
 TX_POOL = 4096  # source-port sockets kept open per device (descriptors are finite) ...
 TX_POOL_SHARE = 8  # ... and at most 1/8 of the process's descriptor limit
@@ -144,6 +147,12 @@ class UdpTransport:
         self._addr: dict[bytes, tuple[str, int]] = {}
         self._sel: selectors.BaseSelector | None = None
         self._last_sport, self._last_sock = -1, None  # the pool entry used last
+        # multicast groups joined (soft/mcast.py): a socket bound to each group's address,
+        # read with the receive socket; one epoll descriptor stands for all of them, so the
+        # progress thread's selector, made once, sees a group joined later
+        self.groups: dict[bytes, socket.socket] = {}
+        self._ep = select.epoll()
+        self._ep.register((self.raw or self.sock).fileno(), select.EPOLLIN)
         self.closed = False
 
     def _bind(self, port: int) -> socket.socket:
@@ -159,8 +168,18 @@ class UdpTransport:
                     s.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)  # rxe sends checksum 0
                 except OSError:
                     pass
+                # multicast leaves by the device's interface, 64 hops (rdma_cm's join)
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, MCAST_TTL)
+                if self._ifindex():
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, self._ifindex())
             else:
                 s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+                # multicast: TTL 64 (the hop limit rdma_cm's join gives the AH, which rxe
+                # writes as the TTL; a socket's default would be 1), out by the device's
+                # address; looped back to this host's members, as rxe's QP sockets do
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, MCAST_TTL)
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF,
+                             socket.inet_aton(self.ip))
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 s.setsockopt(socket.SOL_SOCKET, opt, SOCKBUF)
             s.bind((self.ip, port))
@@ -176,7 +195,89 @@ class UdpTransport:
         return s
 
     def fileno(self) -> int:
-        return (self.raw or self.sock).fileno()
+        """The receive socket's descriptor (the epoll of it and the group sockets once
+        made: what the progress thread waits on)."""
+        ep = getattr(self, "_ep", None)
+        return ep.fileno() if ep is not None else (self.raw or self.sock).fileno()
+
+    # -- multicast groups ---------------------------------------------------------------
+    def _ifindex(self) -> int:
+        name = getattr(self.device.netdev, "ifname", None)
+        try:
+            return socket.if_nametoindex(name) if name else 0
+        except OSError:
+            return 0
+
+    def join_group(self, group: bytes) -> None:
+        """Receive what is sent to the IP multicast ``group`` (4 or 16 bytes) on the
+        device's interface: a socket bound to ``(group, 4791)`` that joined it there
+        (IP_ADD_MEMBERSHIP / IPV6_JOIN_GROUP, as rxe's ``ip_mc_join_group``), reading only
+        its own memberships (IP_MULTICAST_ALL off). OSError if the kernel refuses."""
+        if group in self.groups:
+            return
+        v6 = len(group) == 16
+        s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            # several devices (and processes) of one host may join one group
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKBUF)
+            if v6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    s.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
+                except OSError:
+                    pass
+                s.bind((socket.inet_ntop(socket.AF_INET6, group), self.port, 0,
+                        self._ifindex()))
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_JOIN_GROUP,
+                             group + struct.pack("@I", self._ifindex()))
+            else:
+                s.bind((socket.inet_ntoa(group), self.port))
+                try:
+                    s.setsockopt(socket.IPPROTO_IP, IP_MULTICAST_ALL, 0)
+                except OSError:
+                    pass
+                # ip_mreq: the group, and the interface by the device's own address
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                             group + self.device.ip_packed)
+        except OSError:
+            s.close()
+            raise
+        s.setblocking(False)
+        self.groups[group] = s
+        self._ep.register(s.fileno(), select.EPOLLIN)
+
+    def leave_group(self, group: bytes) -> None:
+        """The last QP left ``group``: its socket is closed, which leaves the IP group."""
+        s = self.groups.pop(group, None)
+        if s is not None:
+            try:
+                self._ep.unregister(s.fileno())
+            except OSError:
+                pass
+            s.close()
+
+    def _receive_groups(self, budget: int) -> int:
+        """Read what the group sockets have (no trains: one datagram, one packet). The
+        destination is the group; over IPv4 the ICRC cannot be checked, as for unicast."""
+        dev = self.device
+        n = 0
+        buf = self._buf
+        for group, s in list(self.groups.items()):
+            while n < budget:
+                try:
+                    nbytes, addr = s.recvfrom_into(buf)
+                except (BlockingIOError, OSError):
+                    break
+                n += 1
+                src = socket.inet_pton(s.family, addr[0].split("%")[0])
+                verify = len(group) == 16
+                if not verify:
+                    dev.counters.icrc_unchecked += 1
+                dev.receive(bytes(buf[:nbytes]), src, group, sport=addr[1], verify_icrc=verify)
+                if self._pending:
+                    self.flush()
+        return n
 
     def selector(self) -> selectors.BaseSelector:
         """A selector (epoll: no 1,024-descriptor limit) watching the receive socket."""
@@ -341,6 +442,10 @@ class UdpTransport:
     # -- receive -------------------------------------------------------------------------------
     def receive_ready(self, budget: int = 256) -> int:
         """Read and deliver what is waiting (up to ``budget`` datagrams); return how many."""
+        n = self._receive_groups(budget) if self.groups else 0
+        return n + self._receive_unicast(budget)
+
+    def _receive_unicast(self, budget: int) -> int:
         if self.raw is not None:
             return self._receive_raw(budget)
         dev = self.device
@@ -434,6 +539,9 @@ class UdpTransport:
         self.closed = True
         if self._sel is not None:
             self._sel.close()
+        for g in list(self.groups):
+            self.leave_group(g)
+        self._ep.close()
         for s in self.tx.values():
             s.close()
         self.tx.clear()

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import PyverbsRDMAError
 from ..qp.transitions import TRANSITIONS, required_mask
 from ._check import U32, as_flag, as_int, require
-from .attr import QPAttr, QPCap, QPInitAttr
+from .attr import GID, QPAttr, QPCap, QPInitAttr
 from .base import Sibling
 from .cq import CQ
 from .enums import ibv_qp_state as S, ibv_qp_type as T
@@ -37,6 +37,16 @@ from .srq import SRQ
 from .wr import RecvWR, SendWR
 
 __all__ = ["QP", "check_cap"]
+
+
+def _mgid(gid: Any, what: str) -> bytes:
+    """The 16 bytes of a multicast GID (a GID, 16 bytes or an address as text, as
+    :meth:`GID.parse` takes them); EINVAL if it is not multicast (rdma_is_multicast_addr)."""
+    from ..soft.mcast import is_multicast_gid
+    raw = GID.parse(gid, what).raw
+    if not is_multicast_gid(raw):
+        raise PyverbsRDMAError(f"{what}: {GID(raw).gid} is not a multicast GID", errno.EINVAL)
+    return raw
 
 
 def check_cap(cap: Any, what: str, field: str) -> QPCap:
@@ -202,6 +212,29 @@ class QP(Sibling):
             raise PyverbsRDMAError(f"{what}: use an IBV_WR_BIND_MW work request for type 2 "
                                    f"windows", errno.EINVAL)
         self.impl.bind_mw(mw, mw_bind)
+
+    # -- multicast --------------------------------------------------------------------
+    def attach_mcast(self, gid: Any, lid: int = 0) -> None:
+        """ibv_attach_mcast: this UD QP receives what is sent to the multicast group
+        ``gid`` (16 bytes, a GID object or a GID string: ``::ffff:239.1.2.3`` for an IPv4
+        group, ``ff15::1`` for IPv6); ``lid`` is ignored on RoCE. EINVAL for a QP that is
+        not UD or a GID that is not multicast (ib_attach_mcast); attaching twice is one
+        attach (rxe). See softrdma.soft.mcast."""
+        self._check()
+        mgid = _mgid(gid, "Failed to attach QP to multicast group")
+        if self.qp_type != T.IBV_QPT_UD:
+            raise PyverbsRDMAError("Failed to attach QP to multicast group: only UD QPs join "
+                                   "multicast groups", errno.EINVAL)
+        self.impl.attach_mcast(mgid, int(lid))
+
+    def detach_mcast(self, gid: Any, lid: int = 0) -> None:
+        """ibv_detach_mcast: EINVAL if the QP is not attached to ``gid``."""
+        self._check()
+        mgid = _mgid(gid, "Failed to detach QP from multicast group")
+        if self.qp_type != T.IBV_QPT_UD:
+            raise PyverbsRDMAError("Failed to detach QP from multicast group: not a UD QP",
+                                   errno.EINVAL)
+        self.impl.detach_mcast(mgid, int(lid))
 
     # -- destroy ----------------------------------------------------------------------
     def _parents(self) -> tuple[Any, ...]:

@@ -520,8 +520,28 @@ class SoftQP:
         wr.set_bind_wr(mw, mw_bind.bind_info, new_key)
         self.post_send(wr)
 
+    def attach_mcast(self, gid: bytes, lid: int) -> None:
+        """ibv_attach_mcast (the API checked the QP type and the GID): rxe_attach_mcast."""
+        with self.device.lock:
+            try:
+                self.device.mcast.attach(self.engine, gid)
+            except OSError as e:
+                raise PyverbsRDMAError(f"Failed to attach QP to multicast group: {e.strerror}",
+                                       e.errno) from None
+
+    def detach_mcast(self, gid: bytes, lid: int) -> None:
+        """ibv_detach_mcast: rxe_detach_mcast (EINVAL if not attached)."""
+        with self.device.lock:
+            try:
+                self.device.mcast.detach(self.engine, gid)
+            except OSError as e:
+                raise PyverbsRDMAError(f"Failed to detach QP from multicast group: "
+                                       f"{e.strerror}", e.errno) from None
+
     def destroy(self) -> None:
-        """Stop the engine and free the QP number (the caller holds the device lock)."""
+        """Stop the engine and free the QP number (the caller holds the device lock); out
+        of its multicast groups first, as uverbs detaches before it destroys."""
+        self.device.mcast.detach_all(self.engine)
         self.engine.destroy()
         self.device.qps.pop(self.qp_num, None)
         self.device.qp_destroyed(self.engine)
