@@ -13,8 +13,9 @@ to behave differently.
 One lab at a time: the interop tests are ordered by kernel at collection (the default
 kernel's first, each group in file order), the first test that asks for another kernel closes
 the lab it no longer needs before booting its own, and the last interop test closes the lab
-that is left, so idle TCG guests (which cost the 2-core CI machine CPU that every later test
-waits for) never run beside the lab in use or the non-lab tests. A boot costs ~20-30 s.
+that is left. So ordered, a lab kept up would never be used again; closing it leaves two
+guests running instead of four, and none through the non-lab tests after this directory
+(docs/lab.md, "Two kernels in CI"). A boot costs ~20-50 s, once per kernel either way.
 
 Missing prerequisites skip these tests locally with one line naming them, and fail under
 CI=true. Each test that fails keeps a pcap of its traffic in tests/interop/failed-pcaps/.
