@@ -21,7 +21,8 @@ from softrdma.verbs_api import (
 )
 from softrdma.verbs_api import enums as E
 
-from .conftest import DIFFERENCES, LW, RA, RR, RW, M, device_kind, poll, raises_errno
+from .conftest import (DIFFERENCES, LW, RA, RR, RW, M, device_kind, expectation, poll,
+                       raises_errno, rxe_series)
 
 
 def ring(n: int) -> int:
@@ -259,4 +260,17 @@ def test_recorded_differences_are_complete():
     for name, entry in DIFFERENCES.items():
         assert {"rule", "soft", "rxe"} <= set(entry), name
         assert len(entry["rule"]) > 40, name
+        # the only other keys: a kernel series of rxe where it answers otherwise
+        assert all(k.startswith("rxe 6.") for k in set(entry) - {"rule", "soft", "rxe"}), name
     assert device_kind("no-such-kernel-device") == "soft"
+
+
+def test_kernel_series_entries_override_rxe_only():
+    """An "rxe 6.12" entry is rxe's answer on 6.12; 6.1, another series and the soft device
+    keep theirs (tests/conformance/conftest.py: expectation)."""
+    entry = {"rule": "x", "soft": "s", "rxe": "r61", "rxe 6.12": "r612"}
+    assert expectation(entry, "rxe", "6.12") == "r612"
+    assert expectation(entry, "rxe", "6.1") == "r61"
+    assert expectation(entry, "soft", "6.12") == "s"
+    assert rxe_series("6.12.117+deb12-amd64") == "6.12"
+    assert rxe_series("6.1.0-56-amd64") == "6.1"

@@ -1,7 +1,21 @@
-"""Session fixture: one lab of real Linux rxe peers (softrdma.harness.lab) for all interop tests.
+"""The labs of real Linux rxe peers (softrdma.harness.lab) the interop tests run against.
 
-The lab has two guests: softrdma's scenarios use guest 0; guest 1 is the second kernel rxe
+Each lab has two guests: softrdma's scenarios use guest 0; guest 1 is the second kernel rxe
 peer of the rxe-to-rxe rdma_cm runs (test_rdmacm_lab.py). They boot in parallel.
+
+Two guest kernels: Debian 12's 6.1 (the default, ``$SOFTRDMA_LAB_KERNEL`` overrides it) and
+6.12. A test runs on the default kernel; ``@pytest.mark.kernels("6.1", "6.12")`` runs it on
+each (ids ``[6.1]``/``[6.12]``), and the ``lab612``/``scenario612`` fixtures ask for 6.12
+alone. Which scenarios run on both, and why, is in docs/lab.md ("Two kernels in CI"): at
+least one of every scenario class, and every scenario where the two kernels' rxe were seen
+to behave differently.
+
+One lab at a time: the interop tests are ordered by kernel at collection (the default
+kernel's first, each group in file order), the first test that asks for another kernel closes
+the lab it no longer needs before booting its own, and the last interop test closes the lab
+that is left. So ordered, a lab kept up would never be used again; closing it leaves two
+guests running instead of four, and none through the non-lab tests after this directory
+(docs/lab.md, "Two kernels in CI"). A boot costs ~20-50 s, once per kernel either way.
 
 Missing prerequisites skip these tests locally with one line naming them, and fail under
 CI=true. Each test that fails keeps a pcap of its traffic in tests/interop/failed-pcaps/.
@@ -14,42 +28,152 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.harness.lab import Lab, LabUnavailable, missing_prerequisites
+from softrdma.harness.lab import Lab, LabUnavailable, kernel_choice, missing_prerequisites
 
 from ..conftest import IN_CI
 
 FAILED = Path(__file__).parent / "failed-pcaps"
+HERE = Path(__file__).resolve().parent
 
 
-def _boot(kernel: str | None):
-    miss = missing_prerequisites(kernel)
-    if miss:
-        msg = "rxe interop lab prerequisites missing: " + ", ".join(miss)
-        if IN_CI:
-            pytest.fail("CI=true and " + msg)
-        pytest.skip(msg)
-    try:
-        return Lab(guests=2, kernel=kernel)
-    except LabUnavailable as e:
-        if IN_CI:
-            pytest.fail(f"CI=true and the lab did not start: {e}")
-        pytest.skip(str(e))
+def _unavailable(msg: str):
+    if IN_CI:
+        pytest.fail("CI=true and " + msg)
+    pytest.skip(msg)
+
+
+class Labs:
+    """The session's labs by kernel, at most one running: :meth:`get` closes the others
+    before it boots a new one. A kernel whose lab could not start is remembered, so the
+    tests after the first fail (or skip) at once instead of each waiting for a boot."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, Lab] = {}
+        self.unavailable: dict[str, str] = {}
+
+    def get(self, kernel: str) -> Lab:
+        if kernel in self.running:
+            return self.running[kernel]
+        if kernel in self.unavailable:
+            _unavailable(self.unavailable[kernel])
+        self.close()
+        miss = missing_prerequisites(kernel)
+        if miss:
+            self.unavailable[kernel] = ("rxe interop lab prerequisites missing: "
+                                        + ", ".join(miss))
+            _unavailable(self.unavailable[kernel])
+        try:
+            self.running[kernel] = Lab(guests=2, kernel=kernel)
+        except LabUnavailable as e:
+            self.unavailable[kernel] = f"the {kernel} lab did not start: {e}"
+            _unavailable(self.unavailable[kernel])
+        return self.running[kernel]
+
+    def close(self) -> None:
+        while self.running:
+            self.running.popitem()[1].close()
+
+
+_LABS = Labs()
 
 
 @pytest.fixture(scope="session")
-def lab():
-    """Two guests on the default kernel (Debian 12's 6.1, or ``$SOFTRDMA_LAB_KERNEL``)."""
-    lb = _boot(None)
-    yield lb
-    lb.close()
+def labs():
+    """The session's :class:`Labs` (closed at the end whatever happened)."""
+    yield _LABS
+    _LABS.close()
 
 
-@pytest.fixture(scope="session")
-def lab612():
+@pytest.fixture
+def kernel(request) -> str:
+    """The guest kernel of this test: its ``kernels`` parameter, else the default."""
+    return getattr(request, "param", None) or kernel_choice()
+
+
+@pytest.fixture
+def lab(labs, kernel):
+    """Two guests on this test's kernel (the default: Debian 12's 6.1, or
+    ``$SOFTRDMA_LAB_KERNEL``; ``@pytest.mark.kernels(...)`` runs the test on each)."""
+    return labs.get(kernel)
+
+
+@pytest.fixture
+def lab612(labs):
     """Two guests on Linux 6.12 (rxe with ATOMIC WRITE and FLUSH)."""
-    lb = _boot("6.12")
-    yield lb
-    lb.close()
+    return labs.get("6.12")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kernels(*series): run this interop test on each of "
+                            "these guest kernels (tests/interop/conftest.py)")
+
+
+def _marked_kernels(metafunc) -> list[str]:
+    """Every kernel a ``kernels`` mark of this function names, on the function or on one of
+    its ``pytest.param(..., marks=pytest.mark.kernels(...))`` parameter sets."""
+    found = [k for m in metafunc.definition.iter_markers("kernels") for k in m.args]
+    for m in metafunc.definition.iter_markers("parametrize"):
+        values = m.args[1] if len(m.args) > 1 else m.kwargs.get("argvalues", ())
+        for v in values:
+            for pm in getattr(v, "marks", ()):
+                if pm.name == "kernels":
+                    found += list(pm.args)
+    return found
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_generate_tests(metafunc):
+    # a function with a kernels mark anywhere runs on the default kernel and every marked
+    # one; pytest_collection_modifyitems then drops each item's kernels its marks leave out
+    marked = _marked_kernels(metafunc)
+    if marked and "kernel" in metafunc.fixturenames:
+        series = list(dict.fromkeys([kernel_choice()] + marked))
+        metafunc.parametrize("kernel", series, indirect=True, ids=series)
+
+
+def item_kernel(item) -> str:
+    """The kernel an interop item's lab runs (what the collection order groups by)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "kernel" in callspec.params:
+        return callspec.params["kernel"]
+    names = getattr(item, "fixturenames", ())
+    if "lab612" in names or "scenario612" in names:
+        return "6.12"
+    return kernel_choice()
+
+
+def _is_interop(item) -> bool:
+    return HERE in Path(str(item.fspath)).resolve().parents
+
+
+def _wanted(item) -> bool:
+    """False for an item parametrized onto a kernel its own marks do not name."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "kernel" not in callspec.params:
+        return True
+    mark = item.get_closest_marker("kernels")
+    allowed = mark.args if mark is not None else (kernel_choice(),)
+    return callspec.params["kernel"] in allowed
+
+
+def pytest_collection_modifyitems(config, items):
+    dropped = [it for it in items if _is_interop(it) and not _wanted(it)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [it for it in items if not (_is_interop(it) and not _wanted(it))]
+    # the interop items, in place among the others, grouped by kernel: the default first
+    idx = [i for i, it in enumerate(items) if _is_interop(it)]
+    first = kernel_choice()
+    ordered = sorted((items[i] for i in idx), key=lambda it: item_kernel(it) != first)
+    for i, it in zip(idx, ordered):
+        items[i] = it
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # the fixtures' teardown (scenario's cleanup) first, on a running lab
+    if nextitem is None or not _is_interop(nextitem):
+        _LABS.close()
 
 
 @pytest.hookimpl(hookwrapper=True)

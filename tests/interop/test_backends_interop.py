@@ -26,6 +26,7 @@ GUEST_ENV = "env PYTHONDONTWRITEBYTECODE=1 SOFTRDMA_BACKEND=ibverbs"
 PORTS = iter(range(19700, 19799))
 
 
+@pytest.mark.kernels("6.1", "6.12")
 @pytest.mark.parametrize("guest_role", ["server", "client"])
 def test_one_program_on_rxe_through_ctypes_and_on_the_soft_device(scenario, guest_role):
     lab = scenario

@@ -13,6 +13,9 @@ from softrdma.harness.lab import HOST_IP, guest_ip
 
 from .test_rdmacm_lab import rping_data
 
+# the whole file on 6.12 as well as 6.1 (tests/interop/conftest.py; docs/lab.md, "Two kernels in CI")
+pytestmark = pytest.mark.kernels("6.1", "6.12")
+
 PORTS = iter(range(19600, 19699))
 EXEC = f"softrdma exec --addr {HOST_IP} -- "
 

@@ -27,6 +27,8 @@ from .test_rdmacm_interop import (UCMATOSE_CLIENT, UCMATOSE_SERVER, UDADDY_CLIEN
                                   UDADDY_SERVER)
 
 PORTS = iter(range(19800, 19899))
+#: on 6.12 as well as 6.1 (tests/interop/conftest.py; docs/lab.md, "Two kernels in CI")
+ON_BOTH_KERNELS = pytest.mark.kernels("6.1", "6.12")
 
 
 def _by_role(role, ours, rxe):
@@ -34,6 +36,7 @@ def _by_role(role, ours, rxe):
     return (ours, rxe) if role == "exec-server" else (rxe, ours)
 
 
+@ON_BOTH_KERNELS
 @pytest.mark.parametrize("role", ROLES)
 def test_ucmatose_under_exec_against_rxe(scenario, role):
     """ucmatose -c 2 -C 10: two RC connections through both rdma_cms, ten SENDs each way on
@@ -80,7 +83,9 @@ STREAMS = [("rstream", 10000, 20, "9.7k", "390k"), ("riostream", 65536, 10, "64k
 
 
 @pytest.mark.parametrize("role", ROLES)
-@pytest.mark.parametrize("tool,size,count,ssize,total", STREAMS, ids=[s[0] for s in STREAMS])
+@pytest.mark.parametrize("tool,size,count,ssize,total",
+                         [pytest.param(*STREAMS[0], marks=ON_BOTH_KERNELS), STREAMS[1]],
+                         ids=[s[0] for s in STREAMS])
 def test_rsocket_tools_under_exec_against_rxe(scenario, tool, size, count, ssize, total, role):
     """rstream (rsend/rrecv) and riostream (riomap'd buffers written by riowrite, RDMA
     WRITE into the program's memory) with -T v: every byte checked by both ends; both

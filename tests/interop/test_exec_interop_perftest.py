@@ -24,6 +24,9 @@ from softrdma.wire.pcap import read_pcap
 from .exec_pair import ROLES, Ready, ok, run_pair
 
 PORTS = iter(range(19750, 19799))  # test_exec_interop_verbs.py has 19700-19749
+#: on 6.12 as well as 6.1 (tests/interop/conftest.py; docs/lab.md, "Two kernels in CI")
+ON_BOTH_KERNELS = pytest.mark.kernels("6.1", "6.12")
+ON_BOTH = {"read_bw-R", "atomic_bw", "atomic_bw-R"}  # READ and both atomics, each role once
 
 # perftest's result row; its latency columns can read "inf"/"-nan" in a TCG guest, where
 # it measures the CPU's frequency as 0 (-F lets it run anyway)
@@ -88,7 +91,9 @@ def check_perftest(ours, rxe, role: str, opts: str, size: int, iters: int,
         assert rows and (int(rows[-1][0]), int(rows[-1][1])) == (size, iters * nqp), r.stdout
 
 
-@pytest.mark.parametrize("opts,role,size,iters,nqp", [c[1:] for c in PERFTEST],
+@pytest.mark.parametrize("opts,role,size,iters,nqp",
+                         [pytest.param(*c[1:], marks=ON_BOTH_KERNELS) if c[0] in ON_BOTH
+                          else c[1:] for c in PERFTEST],
                          ids=[c[0] for c in PERFTEST])
 def test_perftest_under_exec_against_rxe(scenario, opts, role, size, iters, nqp):
     """perftest under softrdma exec against perftest on kernel rxe (see PERFTEST)."""
@@ -98,6 +103,7 @@ def test_perftest_under_exec_against_rxe(scenario, opts, role, size, iters, nqp)
 
 # ---- loss -------------------------------------------------------------------------------
 
+@ON_BOTH_KERNELS
 @pytest.mark.parametrize("role", ROLES)
 def test_perftest_with_loss_under_exec_against_rxe(scenario, role, tmp_path):
     """ib_send_bw, 100 SENDs of 4 KiB (4 packets each), with 5 % loss both ways: tc netem
@@ -129,6 +135,7 @@ def _rxe_answers(pcap, rxe_ip: str) -> list[tuple[str, int]]:
     return out
 
 
+@ON_BOTH_KERNELS
 def test_one_lost_write_packet_against_rxe(scenario, tmp_path):
     """The kernel-rxe facts behind ib_write_bw's crawl under loss (docs/exec.md, "Against
     kernel rxe in the lab"): one RDMA WRITE packet the exec'd client never sends (its

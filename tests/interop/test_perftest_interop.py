@@ -10,6 +10,11 @@ import pytest
 from softrdma.harness.lab import HOST_IP, guest_ip
 
 PORTS = iter(range(18800, 18999))
+#: on 6.12 as well as 6.1 (tests/interop/conftest.py; docs/lab.md, "Two kernels in CI")
+ON_BOTH_KERNELS = pytest.mark.kernels("6.1", "6.12")
+# every bandwidth and atomic case (not the latency ones: the same opcodes again)
+ON_BOTH = {"write_bw", "read_bw", "send_bw", "atomic_fetch_add", "atomic_cmp_swap"}
+ON_BOTH_CM = {"send_bw", "read_bw"}  # -R: the rdma_cm exchange, one SEND and one READ
 
 # (name, perftest command, softrdma command, result row size and iterations)
 CASES = [
@@ -70,12 +75,15 @@ def check(soft, rxe, size, iters, name="", softrdma_is_server=False):
 
 
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
-@pytest.mark.parametrize("name,rxe,soft,size,iters", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,rxe,soft,size,iters",
+                         [pytest.param(*c, marks=ON_BOTH_KERNELS) if c[0] in ON_BOTH else c
+                          for c in CASES], ids=[c[0] for c in CASES])
 def test_perftest(scenario, name, rxe, soft, size, iters, role):
     soft_res, rxe_res = run_case(scenario, rxe, soft, role == "softrdma-server")
     check(soft_res, rxe_res, size, iters, name, role == "softrdma-server")
 
 
+@pytest.mark.kernels("6.1", "6.12")
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
 @pytest.mark.parametrize("name,rxe,soft,size,iters", [c for c in CASES if c[0] in ("write_bw", "read_bw")],
                          ids=["write_bw", "read_bw"])
@@ -107,7 +115,9 @@ CM_CASES = [
 
 
 @pytest.mark.parametrize("role", ["softrdma-server", "softrdma-client"])
-@pytest.mark.parametrize("name,rxe,soft,size,iters", CM_CASES, ids=[c[0] for c in CM_CASES])
+@pytest.mark.parametrize("name,rxe,soft,size,iters",
+                         [pytest.param(*c, marks=ON_BOTH_KERNELS) if c[0] in ON_BOTH_CM else c
+                          for c in CM_CASES], ids=[c[0] for c in CM_CASES])
 def test_perftest_rdma_cm(scenario, name, rxe, soft, size, iters, role):
     soft_res, rxe_res = run_case(scenario, rxe, soft, role == "softrdma-server")
     check(soft_res, rxe_res, size, iters, name, role == "softrdma-server")

@@ -30,6 +30,8 @@ from softrdma.tools.rping import ping_data
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 PORTS = iter(range(7600, 7699))  # a port per run; udaddy's is fixed (7174)
 LOSS = True
+#: on 6.12 as well as 6.1 (tests/interop/conftest.py; docs/lab.md, "Two kernels in CI")
+ON_BOTH_KERNELS = pytest.mark.kernels("6.1", "6.12")
 G0 = guest_ip(0)
 SOFT_ENV = {"SOFTRDMA_IP": HOST_IP}  # the programs' default device (the tools use -a/-b/-I)
 
@@ -134,7 +136,9 @@ ROLES = ["softrdma-server", "softrdma-client"]
 # ---- rping ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("role", ROLES)
-@pytest.mark.parametrize("size,loss", [(64, None), (1000, None), (8000, None), (1000, LOSS)],
+@pytest.mark.parametrize("size,loss", [(64, None), pytest.param(1000, None, marks=ON_BOTH_KERNELS),
+                                       (8000, None),
+                                       pytest.param(1000, LOSS, marks=ON_BOTH_KERNELS)],
                          ids=["64", "1000", "8000", "1000-loss5"])
 def test_rping(scenario, role, size, loss, request):
     lab, port, count = scenario, next(PORTS), 10
@@ -157,7 +161,8 @@ def test_rping(scenario, role, size, loss, request):
 # ---- ucmatose -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("role", ROLES)
-@pytest.mark.parametrize("loss", [None, LOSS], ids=["clean", "loss5"])
+@pytest.mark.parametrize("loss", [pytest.param(None, marks=ON_BOTH_KERNELS), LOSS],
+                         ids=["clean", "loss5"])
 def test_ucmatose(scenario, role, loss, request):
     lab, port = scenario, next(PORTS)
     if loss:
@@ -177,6 +182,7 @@ def test_ucmatose(scenario, role, loss, request):
 
 # ---- udaddy (no loss: see the module docstring) ---------------------------------------
 
+@pytest.mark.kernels("6.1", "6.12")
 @pytest.mark.parametrize("role", ROLES)
 def test_udaddy(scenario, role):
     lab = scenario
@@ -194,6 +200,7 @@ def test_udaddy(scenario, role):
 
 # ---- rdma_server / rdma_client (rdma_create_ep) ---------------------------------------
 
+@pytest.mark.kernels("6.1", "6.12")
 @pytest.mark.parametrize("role", ROLES)
 def test_rdma_server_client(scenario, role):
     lab, port = scenario, next(PORTS)
@@ -262,6 +269,7 @@ def test_cmatose_server_with_two_rxe_clients(scenario):
     assert soft.stdout.splitlines() == UCMATOSE_SERVER
 
 
+@pytest.mark.kernels("6.1", "6.12")
 def test_rping_persistent_server_with_two_rxe_clients(scenario):
     """rping -P serves one connection after the other; both guests' clients start at once
     (the second waits in the listen backlog) and each gets its own pings back."""

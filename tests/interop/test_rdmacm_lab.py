@@ -18,6 +18,9 @@ from softrdma.harness.lab import guest_ip
 
 from .conftest import FAILED
 
+# every rxe-to-rxe run on 6.12 as well as 6.1 (tests/interop/conftest.py; docs/lab.md, "Two kernels in CI")
+pytestmark = pytest.mark.kernels("6.1", "6.12")
+
 PORTS = iter(range(7300, 7399))  # rping's default is 7174; a port per run keeps runs apart
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from softrdma.harness.lab import HOST_IP, guest_ip
 
 # Runs in the guest with Debian's python3 and rdma-core's pyverbs on rxe0.
@@ -49,6 +51,7 @@ print("guest ok")
 '''
 
 
+@pytest.mark.kernels("6.1", "6.12")
 def test_softrdma_program_against_pyverbs_memory_on_rxe(scenario):
     lab = scenario
     (lab.dir / "guest_verbs.py").write_text(GUEST.replace("GUEST_IP", guest_ip(0)))

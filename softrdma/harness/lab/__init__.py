@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Lab", "LabUnavailable", "Result", "missing_prerequisites", "HOST_IP", "guest_ip",
-           "GuestJob", "cm_listeners", "kernels", "DEFAULT_KERNEL"]
+           "GuestJob", "cm_listeners", "kernels", "DEFAULT_KERNEL", "KERNEL_PACKAGES",
+           "kernel_choice", "kernel_missing"]
 
 HOST_IP = "10.77.0.1"
 AGENT_PORT = 7777
@@ -84,25 +85,53 @@ def _release_key(path: Path) -> tuple[int, ...]:
     return tuple(nums)
 
 
-def kernels() -> dict[str, str]:
+#: the Debian package that installs each series' image (what missing_prerequisites names)
+KERNEL_PACKAGES = {"6.1": "linux-image-amd64", "6.12": "linux-image-6.12-amd64"}
+
+
+def kernels(root: str | Path = "/") -> dict[str, str]:
     """The guest kernels this machine can boot: ``{"6.1": "/boot/vmlinuz-6.1.0-56-amd64",
-    "6.12": "/boot/vmlinuz-6.12.57+deb12-amd64"}``, keyed by major.minor (the newest image of
-    each series). Debian installs an image with its modules, which the guest loads rdma_rxe
-    from (virtme-ng mounts the host's /lib/modules)."""
+    "6.12": "/boot/vmlinuz-6.12.117+deb12-amd64"}``, keyed by major.minor (the newest image of
+    each series), oldest series first. An image counts only with its modules beside it
+    (``lib/modules/<release>``): the guest loads rdma_rxe from there (virtme-ng mounts the
+    host's /lib/modules), and Debian installs both together. ``root`` is the filesystem
+    they are looked up in (a test's fake tree)."""
+    root = Path(root)
     out: dict[str, str] = {}
-    for path in sorted(Path("/boot").glob("vmlinuz-*"), key=_release_key):
+    for path in sorted((root / "boot").glob("vmlinuz-*"), key=_release_key):
         key = _release_key(path)
-        if len(key) >= 2 and Path("/lib/modules", path.name.removeprefix("vmlinuz-")).is_dir():
+        if len(key) >= 2 and (root / "lib" / "modules" /
+                              path.name.removeprefix("vmlinuz-")).is_dir():
             out[f"{key[0]}.{key[1]}"] = str(path)
-    return out
+    return dict(sorted(out.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))
 
 
-def _kernel(choice: str | None = None) -> str | None:
+def kernel_choice(choice: str | None = None) -> str:
+    """What the caller asked for: ``choice``, else ``$SOFTRDMA_LAB_KERNEL``, else
+    :data:`DEFAULT_KERNEL`."""
+    return choice or os.environ.get("SOFTRDMA_LAB_KERNEL") or DEFAULT_KERNEL
+
+
+def _kernel(choice: str | None = None, root: str | Path = "/") -> str | None:
     """The image for ``choice``: a path, or a series ("6.1", "6.12"); None for the default."""
-    choice = choice or os.environ.get("SOFTRDMA_LAB_KERNEL") or DEFAULT_KERNEL
+    choice = kernel_choice(choice)
     if "/" in choice:
         return choice if Path(choice).exists() else None
-    return kernels().get(choice)
+    return kernels(root).get(choice)
+
+
+def kernel_missing(choice: str | None = None, root: str | Path = "/") -> str | None:
+    """None when ``choice`` (see :func:`kernel_choice`) can boot, else one line saying what is
+    missing: the package for a known series, the bootable kernels for an unknown one."""
+    if _kernel(choice, root) is not None:
+        return None
+    want = kernel_choice(choice)
+    have = ", ".join(kernels(root)) or "none"
+    if want in KERNEL_PACKAGES:
+        return (f"a {want} kernel image in /boot with its modules "
+                f"({KERNEL_PACKAGES[want]}; bootable here: {have})")
+    what = "no such file" if "/" in want else "not a kernel series of this machine"
+    return f"guest kernel {want!r}: {what} (bootable here: {have}, or a /boot/vmlinuz-* path)"
 
 
 def tool_path() -> str:
@@ -158,11 +187,9 @@ def missing_prerequisites(kernel: str | None = None) -> list[str]:
                      ("rdma", "iproute2 (rdma tool)"), ("tcpdump", "tcpdump")):
         if shutil.which(exe, path=path) is None:
             out.append(f"{exe} ({pkg})")
-    if _kernel(kernel) is None:
-        want = kernel or os.environ.get("SOFTRDMA_LAB_KERNEL") or DEFAULT_KERNEL
-        pkg = {"6.1": "linux-image-amd64", "6.12": "linux-image-6.12-amd64"}.get(
-            want, "a Debian linux-image package")
-        out.append(f"a {want} kernel image in /boot with its modules ({pkg})")
+    miss = kernel_missing(kernel)
+    if miss:
+        out.append(miss)
     return out
 
 
@@ -557,7 +584,8 @@ class Lab:
         """rxe's counters of guest ``i`` (``rdma -j statistic show link rxe0/1``): sent_pkts,
         rcvd_pkts, duplicate_request, out_of_seq_request, rcvd_rnr_err, send_rnr_err,
         rcvd_seq_err, ack_deferred, retry_exceeded_err, retry_rnr_exceeded_err,
-        completer_retry_err, send_err, link_downed, rdma_sends, rdma_recvs (kernel 6.1)."""
+        completer_retry_err, send_err, link_downed, rdma_sends, rdma_recvs (the same 15 on 6.1
+        and 6.12)."""
         r = self.guest(i, f"rdma -j statistic show link {link}", timeout=30)
         try:
             rows = json.loads(r.stdout or "[]")
