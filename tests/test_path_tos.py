@@ -10,11 +10,12 @@ datagram's TOS (IP_RECVTOS), so what is checked is what the kernel put on the wi
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
 from softrdma.verbs_api import (
-    AH, AHAttr, CQ, GID, MR, PD, QP, QPAttr, QPCap, QPInitAttr, SGE, SendWR, Context,
+    AH, AHAttr, CQ, GID, MR, PD, QP, QPAttr, QPCap, QPInitAttr, SGE, RecvWR, SendWR, Context,
     GlobalRoute,
 )
 from softrdma.verbs_api.device import add_device, unregister_device
@@ -105,3 +106,40 @@ def test_rc_requests_carry_the_primary_path_traffic_class(ctx, peer):
     got = [peer() for _ in range(4)]
     assert [d[0] for _, d in got] == [0x00, 0x01, 0x01, 0x02]  # SEND FIRST, MIDDLE x2, LAST
     assert [t for t, _ in got] == [0x2E] * 4
+
+
+def test_ud_receive_grh_shows_the_tos_that_arrived(ctx):
+    """Across real UDP (127.0.9.1 -> 127.0.9.3), a UD receive's GRH area holds the IPv4
+    header as the packet arrived, TOS included, as rxe copies the real header: softrdma
+    asks the kernel for it (IP_RECVTOS), a UDP socket having no other way to see it."""
+    other = add_device("127.0.9.3", name="softrdma-tos2")
+    other.attach_udp()
+    try:
+        with Context(name="softrdma-tos2") as c2:
+            pd2 = PD(c2)
+            cq2 = CQ(c2, 16, None, None, 0)
+            rqp = QP(pd2, QPInitAttr(qp_type=UD, scq=cq2, rcq=cq2,
+                                     cap=QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1,
+                                               max_recv_sge=1)))
+            rqp.to_rts(QPAttr(qkey=0x11111111))
+            rmr = MR(pd2, 256, 1)
+            rqp.post_recv(RecvWR(wr_id=7, sg=[SGE(rmr.buf, 256, rmr.lkey)]))
+            pd, cq, qp, mr = _objects(ctx, UD)
+            qp.to_rts(QPAttr(qkey=0x11111111))
+            ah = AH(pd, attr=AHAttr(is_global=1, port_num=1, gr=GlobalRoute(
+                dgid=GID("::ffff:127.0.9.3"), sgid_index=1, traffic_class=0x88)))
+            wr = SendWR(wr_id=1, sg=[SGE(mr.buf, 16, mr.lkey)])
+            wr.set_wr_ud(ah, rqp.qp_num, 0x11111111)
+            qp.post_send(wr)
+            deadline = time.monotonic() + 10
+            wcs = []
+            while not wcs and time.monotonic() < deadline:
+                wcs = cq2.poll_all()
+                time.sleep(0.01)
+            assert [w.status for w in wcs] == [0]
+            ip = bytes(rmr.read(20, 20))  # the GRH area's last 20 bytes: the IPv4 header
+            assert ip[0] == 0x45 and ip[12:16] == bytes([127, 0, 9, 1])
+            assert ip[1] == 0x88  # the TOS the sender's AH gave it
+    finally:
+        other.detach()
+        unregister_device("softrdma-tos2")

@@ -47,7 +47,7 @@ from .lock import DeviceLock
 from .mcast import McastTable
 from .netdev import NetdevInfo, eui64_link_local, ipv4_mapped_gid, netdev_for_ip
 from .progress import Progress, poll_once
-from .rx import receive_packet, receive_train, trace_packet
+from .rx import receive_packet, receive_train, synth_ip_header, trace_packet
 from .timers import DeviceTimers
 from .udp import TransportError, UdpTransport
 
@@ -168,7 +168,8 @@ class SoftDevice:
         self.progress_thread: Any = None
         self.polled_at = float("-inf")  # when an application last polled a CQ (progress.py)
         self.timers = DeviceTimers()  # every QP's (and the CM's...) armed timers
-        self._rxq: deque[tuple[bytes, bytes, bytes, int]] = deque()  # loopback deliveries
+        # loopback deliveries: (packet, src, dst, sport, IP header or None: a path's TOS)
+        self._rxq: deque[tuple[bytes, bytes, bytes, int, bytes | None]] = deque()
         # QPs whose responder has more to send (schedule_responder), in the order they asked
         self._resp_ready: deque[QpEngine] = deque()
         self._resp_queued: set[QpEngine] = set()
@@ -371,7 +372,9 @@ class SoftDevice:
         """Default transport: deliver to ourselves (rxe's loopback), drop anything else."""
         if dst_ip == self.ip_packed or self.mcast.group(dst_ip) is not None:
             # a group this device is in: the copy IP_MULTICAST_LOOP would bring back
-            self._rxq.append((data, self.ip_packed, dst_ip, sport))
+            self._rxq.append((data, self.ip_packed, dst_ip, sport,
+                              synth_ip_header(dst_ip, dst_ip, len(data), 0, tos) if tos
+                              else None))
         else:
             self.counters.drop(Drop.NO_TRANSPORT)
 
@@ -455,8 +458,8 @@ class SoftDevice:
         q = self._rxq
         n = 0
         while q:
-            data, src, dst, sport = q.popleft()
-            receive_packet(self, data, src, dst, 0, None, sport, True)
+            data, src, dst, sport, ip_header = q.popleft()
+            receive_packet(self, data, src, dst, 0, ip_header, sport, True)
             n += 1
         return n
 

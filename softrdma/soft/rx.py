@@ -47,15 +47,17 @@ _FLAGS, _PKEY, _QPN, _ACK = BTH_FLAGS_OFFSET, BTH_PKEY_OFFSET, BTH_QPN_OFFSET, B
 _HEAD_SHIFT = (BTH_SIZE - BTH_ACK_OFFSET) * 8
 
 
-def synth_ip_header(src: bytes, dst: bytes, payload_len: int, ip_id: int = 0) -> bytes:
+def synth_ip_header(src: bytes, dst: bytes, payload_len: int, ip_id: int = 0,
+                    tos: int = 0) -> bytes:
     """The IP header a UD receive reports in its 40-byte GRH area when the transport did not
-    give us the real one (a UDP socket does not): IPv4 with DF, TTL 64, UDP; or IPv6."""
+    give us the real one (a UDP socket does not): IPv4 with DF, TTL 64, UDP; or IPv6. ``tos``:
+    the TOS / traffic class the packet came with (IP_RECVTOS), which rxe's GRH shows."""
     if len(src) == 4:
-        h = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28 + payload_len, ip_id, 0x4000, 64,
-                                  17, 0, src, dst))
+        h = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, tos, 28 + payload_len, ip_id, 0x4000,
+                                  64, 17, 0, src, dst))
         h[10:12] = ip_checksum(h).to_bytes(2, "big")
         return bytes(h)
-    return struct.pack("!IHBB16s16s", 6 << 28, 8 + payload_len, 17, 64, src, dst)
+    return struct.pack("!IHBB16s16s", 6 << 28 | tos << 20, 8 + payload_len, 17, 64, src, dst)
 
 
 def trace_packet(dev: Any, direction: str, data: Any, pkt: Any = None,

@@ -49,6 +49,7 @@ from ..wire.headers import ROCE_V2_UDP_DPORT
 from ..wire.icrc import RC_FLUSH_OPCODE, icrc_ipv4, icrc_ipv6, icrc_ok_ipv4
 from ..wire.trains import coalesce, split, split_unsized, train_iov
 from ..counters import Drop
+from .rx import synth_ip_header
 
 __all__ = ["UdpTransport", "TransportError", "TX_POOL"]
 
@@ -69,8 +70,22 @@ UDP_GRO = 104  # receive trains whole, the segment size as an int cmsg
 _NO_GSO = (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
 _GSO_SIZE = struct.Struct("=H")
 _GRO_SIZE = struct.Struct("=i")
+IP_RECVTOS = 13  # linux/in.h: the TOS of each datagram as an IP_TOS control message
+_IPPROTO_IP, _IP_TOS = socket.IPPROTO_IP, socket.IP_TOS
+_IPPROTO_IPV6, _IPV6_TCLASS = socket.IPPROTO_IPV6, socket.IPV6_TCLASS
 _INT = struct.Struct("=i")  # IPV6_TCLASS takes an int
 _BYTE = struct.Struct("=B")  # IP_TOS as a control message: one byte (ip_cmsg_send accepts it)
+
+
+def _tos_of(anc: Any) -> int:
+    """The TOS (IPv4 IP_TOS, one byte) or traffic class (IPv6 IPV6_TCLASS, an int) among a
+    datagram's control messages; 0 if none came."""
+    for level, kind, data in anc:
+        if level == socket.IPPROTO_IP and kind == socket.IP_TOS and data:
+            return data[0]
+        if level == socket.IPPROTO_IPV6 and kind == socket.IPV6_TCLASS and len(data) >= 4:
+            return _INT.unpack_from(data)[0] & 0xFF
+    return 0
 
 
 def _env_on(name: str) -> bool:
@@ -121,6 +136,7 @@ class UdpTransport:
         self.v6 = device.ip_version == 6
         self.family = socket.AF_INET6 if self.v6 else socket.AF_INET
         self.sock = self._bind(port)
+        self._recv_tos(self.sock)
         self.tx: OrderedDict[int, socket.socket] = OrderedDict()  # the LRU pool
         self.tx_pool = max(4, min(TX_POOL, _descriptor_limit() // TX_POOL_SHARE))
         self.busy_ports: set[int] = set()  # bound by another program: always fall back
@@ -154,6 +170,17 @@ class UdpTransport:
         self._ep = select.epoll()
         self._ep.register((self.raw or self.sock).fileno(), select.EPOLLIN)
         self.closed = False
+
+    def _recv_tos(self, s: socket.socket) -> None:
+        """Ask for each datagram's TOS / traffic class (a control message), which a UD
+        receive's GRH area shows as rxe's does (the real IP header's)."""
+        try:
+            if s.family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
+            else:
+                s.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+        except OSError:
+            pass
 
     def _bind(self, port: int) -> socket.socket:
         try:
@@ -240,6 +267,7 @@ class UdpTransport:
                 # ip_mreq: the group, and the interface by the device's own address
                 s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
                              group + self.device.ip_packed)
+            self._recv_tos(s)
         except OSError:
             s.close()
             raise
@@ -266,7 +294,7 @@ class UdpTransport:
         for group, s in list(self.groups.items()):
             while n < budget:
                 try:
-                    nbytes, addr = s.recvfrom_into(buf)
+                    nbytes, anc, _flags, addr = s.recvmsg_into([buf], 64)
                 except (BlockingIOError, OSError):
                     break
                 n += 1
@@ -274,7 +302,10 @@ class UdpTransport:
                 verify = len(group) == 16
                 if not verify:
                     dev.counters.icrc_unchecked += 1
-                dev.receive(bytes(buf[:nbytes]), src, group, sport=addr[1], verify_icrc=verify)
+                tos = _tos_of(anc)
+                dev.receive(bytes(buf[:nbytes]), src, group, sport=addr[1], verify_icrc=verify,
+                            ip_header=synth_ip_header(src, group, nbytes, 0, tos) if tos
+                            else None)
                 if self._pending:
                     self.flush()
         return n
@@ -333,7 +364,9 @@ class UdpTransport:
         the port key, so a train never mixes two classes."""
         dev = self.device
         if dst_ip == dev.ip_packed:  # loopback: no socket, handled right after this call
-            dev._rxq.append((data, dst_ip, dst_ip, sport))
+            dev._rxq.append((data, dst_ip, dst_ip, sport,
+                             synth_ip_header(dst_ip, dst_ip, len(data), 0, tos) if tos
+                             else None))
             return
         key = sport | (tos & 0xFF) << 16 if tos else sport
         if self.gso:
@@ -457,11 +490,8 @@ class UdpTransport:
         sock = self.sock
         gro = self.gro
         while n < budget:
-            try:
-                if gro:
-                    nbytes, anc, _flags, addr = sock.recvmsg_into([buf], 64)
-                else:
-                    nbytes, addr = sock.recvfrom_into(buf)
+            try:  # the control messages: a train's segment size (UDP_GRO), the TOS
+                nbytes, anc, _flags, addr = sock.recvmsg_into([buf], 64)
             except BlockingIOError:
                 break
             except OSError:
@@ -469,12 +499,26 @@ class UdpTransport:
             n += 1
             src = socket.inet_pton(self.family, addr[0].split("%")[0])
             sport = addr[1]
-            size = 0
-            if gro and anc:  # a train: its segment size came with it
-                for level, kind, data in anc:
-                    if level == SOL_UDP and kind == UDP_GRO:
+            size = tos = 0
+            for level, kind, data in anc:
+                if level == SOL_UDP:
+                    if kind == UDP_GRO and gro:
                         size = _GRO_SIZE.unpack_from(data)[0]
-            if 0 < size < nbytes:
+                elif kind == _IP_TOS and level == _IPPROTO_IP:
+                    tos = data[0]
+                elif kind == _IPV6_TCLASS and level == _IPPROTO_IPV6:
+                    tos = _INT.unpack_from(data)[0] & 0xFF
+            if tos:  # a path's traffic class: each packet with its IP header (UD's GRH)
+                parts = split(mv, nbytes, size) if 0 < size < nbytes else [mv[:nbytes]]
+                if not verify:
+                    dev.counters.icrc_unchecked += len(parts)
+                for k, part in enumerate(parts):
+                    ip_id = _train_ip_id(part, src, own, sport, k) if k and not verify and \
+                        dev.capture is not None else 0
+                    dev.receive(bytes(part), src, own, sport=sport, verify_icrc=verify,
+                                ip_id=ip_id,
+                                ip_header=synth_ip_header(src, own, len(part), ip_id, tos))
+            elif 0 < size < nbytes:
                 dev.counters.gro_trains += 1
                 parts = split(mv, nbytes, size)
                 if not verify:

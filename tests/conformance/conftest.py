@@ -140,19 +140,6 @@ DIFFERENCES: dict[str, dict[str, object]] = {
         "soft": "EINVAL",
         "rxe": "IBV_WC_LOC_QP_OP_ERR",
     },
-    "grh_ttl_tos": {
-        "rule": "The hop limit and traffic class of an AH, as the receiver's GRH area shows "
-                "them (IPv4 TTL and TOS). Observed on rxe0 (kernel 6.1): TTL 64 whatever the "
-                "AH says (for RoCE the kernel's ib_resolve_eth_dmac replaces the hop limit "
-                "with the route's, 64 for IPv4), TOS = the AH's traffic class "
-                "(prepare_ipv4_hdr). softrdma's transmit path carries no TOS (its packets "
-                "leave with the socket's TOS 0) and it synthesizes the GRH's IPv4 header "
-                "with TTL 64, TOS 0: a softrdma gap for the traffic class (fixing it means "
-                "IP_TOS per send from the address vector and IP_RECVTOS on receive). "
-                "Decided by the device kind.",
-        "soft": (64, 0),
-        "rxe": (64, 0x20),
-    },
     "mw_window_bounds": {
         "rule": "An RDMA READ through a type 1 window's rkey that runs past the window's end "
                 "but stays inside the MR. IBTA (10.6.7.2, the window's bounds are checked on "
