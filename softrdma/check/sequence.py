@@ -30,10 +30,10 @@ capture point) binds it to nothing.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 from ..qp.params import RNR_NAK_USEC
+from ..wire.crc import crc32
 from ..wire.opcodes import OPCODES
 from ..wire.packet import parse
 from .decode import Packet
@@ -181,7 +181,7 @@ def _new(st: FlowState, p: Packet, a: int, sink: Sink, fill: bool = False) -> st
     small = bytes(payload) if b.payload_len <= _SMALL else None
     r = Req(p.frame, p.ts, b.opcode, _kind(info), info.first, info.last, n, b.payload_len,
             b.dma_len or 0, b.va or 0, b.rkey or 0, _masked_header(p),
-            zlib.crc32(payload), p.ip.ip_id, small)
+            crc32(payload), p.ip.ip_id, small)
     _seen(st, r, p, a)
     st.reqs[a] = r
     if n is not None and n > 1:
@@ -299,7 +299,7 @@ def _is_duplicate(st: FlowState, old: Req, p: Packet) -> bool:
     microseconds and with no response in between (a resend answers one, or a timeout)."""
     if p.bth.payload_len != old.payload_len or _masked_header(p) != old.key:
         return False
-    if zlib.crc32(p.bth.payload) != old.crc:
+    if crc32(p.bth.payload) != old.crc:
         return False
     if p.ip.ip_id and p.ip.ip_id == old.seen_ip_id:
         return True
@@ -453,7 +453,7 @@ def _same(st: FlowState, p: Packet, old: Req, sink: Sink) -> None:
     if n != old.payload_len:
         sink.add("RETRY-SAME", p.frame, f"resend of PSN {p.psn} (frame {old.frame}) "
                                         f"carries {n} bytes, was {old.payload_len}", label)
-    elif zlib.crc32(p.bth.payload) != old.crc:
+    elif crc32(p.bth.payload) != old.crc:
         where = ""
         if old.small is not None:
             y = bytes(p.bth.payload)

@@ -1,7 +1,7 @@
 """The RoCEv2 invariant CRC (ICRC), computed exactly as rxe_icrc.c does.
 
 The ICRC is a plain CRC-32 (the zlib/Ethernet polynomial, so ``zlib.crc32`` computes it
-at C speed) over::
+at C speed; softrdma.wire.crc uses ISA-L's faster one when installed) over::
 
     8 bytes of 0xff (stands for the masked LRH of native InfiniBand)
     IP header  with the fields that may change in flight masked to all ones:
@@ -27,8 +27,8 @@ both to.
 from __future__ import annotations
 
 import struct
-import zlib
 
+from .crc import crc32 as _crc32
 from .headers import ROCE_V2_UDP_DPORT
 
 __all__ = [
@@ -38,12 +38,11 @@ __all__ = [
 ]
 
 #: CRC-32 state after the eight 0xff bytes; rxe's 0xdebb20e3 is its complement.
-ICRC_SEED = zlib.crc32(b"\xff" * 8)
+ICRC_SEED = _crc32(b"\xff" * 8)
 IP_DF = 0x4000  # IPv4 flags+fragment word: don't fragment, offset 0
 IPPROTO_UDP = 17
 IPV4_VER_IHL = 0x45  # IPv4 version 4, header of 5 words (no options), as rxe sends
 
-_crc32 = zlib.crc32
 # IPv4 header (masked) + UDP header (masked) + BTH words, with BTH byte 4 forced to 0xff.
 _V4_PREFIX = struct.Struct("!BBHHHBBH4s4sHHHHIII")
 _V6_PREFIX = struct.Struct("!IHBB16s16sHHHHIII")
@@ -116,7 +115,7 @@ def icrc_ipv4(roce: bytes | bytearray | memoryview, src: bytes, dst: bytes, spor
 
     The CRC state up to BTH byte 4 comes from a cache keyed by the first BTH word, the
     length and the addresses and ports, adjusted for ``ip_id`` by two table lookups; the
-    bytes after it cost one ``zlib.crc32`` call.
+    bytes after it cost one ``crc32`` call (softrdma.wire.crc).
     """
     n = len(roce)
     if n < 16:  # shorter than BTH + ICRC: the plain definition, as for any input

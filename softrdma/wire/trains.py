@@ -33,10 +33,10 @@ All of this is sans-IO: :func:`coalesce` groups a list of queued packets into tr
 
 from __future__ import annotations
 
-import zlib
 from functools import lru_cache
 from typing import Iterator, Sequence
 
+from .crc import crc32
 from .headers import BTH_ACK_OFFSET, BTH_OPCODE_OFFSET, BTH_QPN_OFFSET
 from .opcodes import OPCODE_LIST
 
@@ -63,8 +63,8 @@ def ip_id_delta(ip_id: int, length: int) -> int:
     covered = 36 + length - 4
     head = bytes(_IPV4_ID_OFFSET) + (ip_id & 0xFFFF).to_bytes(2, "big")
     rest = bytes(covered - len(head))
-    with_id = zlib.crc32(rest, zlib.crc32(head))
-    zeros = zlib.crc32(rest, zlib.crc32(bytes(len(head))))
+    with_id = crc32(rest, crc32(head))
+    zeros = crc32(rest, crc32(bytes(len(head))))
     return with_id ^ zeros
 
 
