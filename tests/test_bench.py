@@ -23,12 +23,13 @@ def test_bench_wire_prints_rows_beside_bare_crc():
     out = p.stdout
     assert "RC_RDMA_WRITE_ONLY, 256 B payload" in out and "2 rounds" in out
     for row in ("bare zlib.crc32 (baseline)", "parse only", "parse + ICRC check", "build + ICRC",
-                "build() keywords + ICRC", "wire-layer cost beyond the CRC"):
+                "build() keywords + ICRC", "wire-layer cost beyond softrdma's CRC",
+                "softrdma's crc32 (isal)"):
         assert row in out, row
     # the two rows with the target say whether it was met (either is a result)
     for row in ("parse + ICRC check", "build + ICRC "):
         line = next(ln for ln in out.splitlines() if ln.startswith(row))
-        assert re.search(r"< 2x: (met|missed)", line), line
+        assert re.search(r"< 1.5x: (met|missed)", line), line
         lo, hi = map(float, re.search(r"(\d+\.\d+)\.\.(\d+\.\d+)", line).groups())
         ratio = float(line[len(row):].split()[1])
         assert 0 < lo <= ratio <= hi, line

@@ -1,5 +1,5 @@
-"""``softrdma bench udp``: softrdma over real UDP against bare Python UDP, in one invocation:
-issue 18's goals, each as a ratio to its baseline measured in the same rounds.
+"""``softrdma bench udp``: softrdma over real UDP against bare Python UDP, every speed goal
+in one invocation, each as a ratio to its baseline measured in the same rounds.
 
 Between two processes on loopback, in interleaved rounds:
 
@@ -9,17 +9,24 @@ softrdma                           baseline (bare Python UDP, same packet sizes)
 ``perf write -s 65536 -D S``       a sender/receiver of 4112-byte datagrams (BTH 12  >= 1.0x
                                    + 4096 + ICRC 4: a full packet at path MTU 4096)
 ``perf send -s 65536 -D S``        the same                                          >= 1.0x
-``perf send --lat -s 64``: the     a ping-pong of 80-byte datagrams (a 64-byte       <= 2.0x
+``perf send --lat -s 64``: the     a ping-pong of 80-byte datagrams (a 64-byte       <= 1.2x
 round trip (2 x t_typical:         SEND_ONLY): its median round trip
 perftest reports half of it)
 ``perf write -s 64 -D S``:         a sender/receiver of 96-byte datagrams (a 64-byte >= 0.5x
 messages/s                         WRITE_ONLY with its RETH): datagrams/s received
 =================================  ================================================  ========
 
+Then, in the same invocation, the per-packet goals of :mod:`softrdma.bench.wire` (build +
+ICRC and parse + ICRC check of a 4 KiB packet, each under 1.5x the bare ``zlib.crc32`` of
+the packet) and, where perftest is installed, those of :mod:`softrdma.bench.cexec`
+(perftest's binaries under ``softrdma exec`` within 0.8x of ``softrdma perf``).
+
 Throughput is what the receiver got; the ratios are per round, reported as the median
 and the spread (lowest, highest) of the rounds, so load on the machine hits both sides of
-each ratio alike. ``--packets`` runs the softrdma side a second time per round with packet
-trains off (``SOFTRDMA_GSO=0 SOFTRDMA_GRO=0``), for the comparison in the same run.
+each ratio alike. Two options run the softrdma side again per round, with switches off,
+for a before/after in the same run: ``--packets`` with packet trains off
+(``SOFTRDMA_GSO=0 SOFTRDMA_GRO=0``), ``--before`` with every fast path of the second
+speed step off (:data:`BEFORE_ENV`: zlib's CRC, copies, a flush per post).
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ import sys
 import time
 from typing import Any
 
+from ..wire.crc import CRC_IMPL
+from . import cexec
+from .wire import run_wire_bench
+
 __all__ = ["run_udp_bench", "BULK_DATAGRAM", "LAT_DATAGRAM"]
 
 BULK_DATAGRAM = 12 + 4096 + 4  # BTH + one path-MTU payload + ICRC: UDP payload of a full packet
@@ -41,9 +52,18 @@ RATE_DATAGRAM = 12 + 16 + 64 + 4  # BTH + RETH + 64 bytes + ICRC: a WRITE_ONLY o
 # (key, what, target, "min" if the ratio must reach it, "max" if it must stay below)
 GOALS = (("write_ratio", "RC WRITE 64 KiB / bare UDP throughput", 1.0, "min"),
          ("send_ratio", "RC SEND 64 KiB / bare UDP throughput", 1.0, "min"),
-         ("rtt_ratio", "64 B SEND round trip / bare UDP RTT", 2.0, "max"),
+         ("rtt_ratio", "64 B SEND round trip / bare UDP RTT", 1.2, "max"),
          ("rate_ratio", "64 B WRITE msg rate / bare UDP datagram rate", 0.5, "min"))
+#: the per-packet goal of softrdma.bench.wire: each row below this many bare CRCs
+WIRE_TARGET = 1.5
+WIRE_GOALS = (("build + ICRC", "build + ICRC, 4 KiB / bare zlib.crc32"),
+              ("parse + ICRC check", "parse + ICRC check, 4 KiB / bare zlib.crc32"))
 NO_TRAINS = {"SOFTRDMA_GSO": "0", "SOFTRDMA_GRO": "0"}
+#: every fast path of the second speed step switched off: the "before" of ``--before``
+BEFORE_ENV = {"SOFTRDMA_CRC": "zlib"}
+#: the optional softrdma runs: (key suffix, label, environment)
+SIDES = {"packets": ("_packets", "trains off", NO_TRAINS),
+         "before": ("_before", "step-2 paths off", BEFORE_ENV)}
 
 _REPORT = re.compile(r"^ (\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
 _LAT = re.compile(r"^ (\d+)\s+(\d+)" + r"\s+([\d.]+)" * 7 + r"\s*$")
@@ -220,33 +240,37 @@ def _softrdma_round(r: dict[str, list[float]], suffix: str, seconds: float,
 
 def run_udp_bench(seconds: float = 2.0, lat_iters: int = 3000, port: int = 20600,
                   rounds: int = 3, ips: tuple[str, str] = ("127.0.0.250", "127.0.0.251"),
-                  packets: bool = False) -> dict[str, Any]:
+                  packets: bool = False, before: bool = False, wire: bool = True,
+                  exec_goals: bool = True) -> dict[str, Any]:
     """Run everything ``rounds`` times, interleaved (bare UDP, softrdma, ...), print each
     goal's ratio (median of the rounds' ratios, and their spread) beside its target, and
     return the numbers. ``seconds`` is whole seconds (perftest's ``-D``), for the bare UDP
-    runs too. ``packets``: softrdma also runs with trains off, in the same rounds."""
+    runs too. ``packets`` / ``before``: softrdma also runs with trains off / with the second
+    step's fast paths off (:data:`SIDES`), in the same rounds. ``wire`` adds the per-packet
+    goals (softrdma.bench.wire), ``exec_goals`` those of perftest under ``softrdma exec``
+    (softrdma.bench.cexec; reported as not run where perftest is not installed)."""
     seconds = max(1, int(seconds))
     bare_ips = ("127.0.0.252", "127.0.0.253")
-    sides = ["", "_packets"] if packets else [""]
-    keys = ["udp_bw", "udp_rate", "udp_rtt"] + [k + x for x in sides
+    extra = [SIDES[name] for name, on in (("packets", packets), ("before", before)) if on]
+    sides = [("", "", None)] + extra
+    keys = ["udp_bw", "udp_rate", "udp_rtt"] + [k + x for x, _, _ in sides
                                                 for k in ("write_bw", "send_bw", "send_rtt",
                                                           "write_rate")]
     runs: dict[str, list[float]] = {k: [] for k in keys}
     print(f"softrdma over UDP on loopback vs bare Python UDP: {rounds} rounds of {seconds} s "
-          f"per throughput run and {lat_iters} round trips", flush=True)
+          f"per throughput run and {lat_iters} round trips (CRC-32: {CRC_IMPL})", flush=True)
     p = port
     for _ in range(rounds):
         runs["udp_bw"].append(bare_udp_throughput(seconds, bare_ips, p + 1)[0])
         runs["udp_rtt"].append(bare_udp_rtt(lat_iters, bare_ips, p + 4))
         runs["udp_rate"].append(bare_udp_throughput(seconds, bare_ips, p + 7,
                                                     size=RATE_DATAGRAM)[1])
-        _softrdma_round(runs, "", seconds, ips, p, lat_iters, None)
-        if packets:
-            _softrdma_round(runs, "_packets", seconds, ips, p + 10, lat_iters, NO_TRAINS)
-        p += 20
+        for k, (x, _label, env) in enumerate(sides):
+            _softrdma_round(runs, x, seconds, ips, p + 10 * k, lat_iters, env)
+        p += 10 * (len(sides) + 1)
     r: dict[str, Any] = {k: statistics.median(v) for k, v in runs.items()}
     r["runs"] = runs
-    for x in sides:
+    for x, _, _ in sides:
         for key, num, den in (("write_ratio", "write_bw", "udp_bw"),
                               ("send_ratio", "send_bw", "udp_bw"),
                               ("rtt_ratio", "send_rtt", "udp_rtt"),
@@ -263,27 +287,49 @@ def run_udp_bench(seconds: float = 2.0, lat_iters: int = 3000, port: int = 20600
     row(f"bare UDP, {BULK_DATAGRAM}-byte datagrams", "udp_bw", 1e-6, "MB/s")
     row(f"bare UDP, {RATE_DATAGRAM}-byte datagrams", "udp_rate", 1, "dgrams/s")
     row(f"bare UDP ping-pong RTT, {LAT_DATAGRAM}-byte datagrams", "udp_rtt", 1e6, "us")
-    for x in sides:
-        tag = " (trains off)" if x else ""
+    for x, label, _ in sides:
+        tag = f" ({label})" if label else ""
         row(f"softrdma perf write, 64 KiB{tag}", "write_bw" + x, 1e-6, "MB/s")
         row(f"softrdma perf send, 64 KiB{tag}", "send_bw" + x, 1e-6, "MB/s")
         row(f"softrdma send --lat 64 B round trip{tag}", "send_rtt" + x, 1e6, "us")
         row(f"softrdma perf write, 64 B{tag}", "write_rate" + x, 1, "msgs/s")
+    goals: list[tuple[str, float, float, float, float, str]] = []  # name, v, lo, hi, target, kind
+    for x, label, _ in sides:
+        for key, what, target, kind in GOALS:
+            each = r[key + x + "_runs"]
+            name = what + (f" ({label})" if label else "")
+            goals.append((name, r[key + x], min(each), max(each), target, kind))
+    met = all(_ok(v, t, kind) for name, v, _, _, t, kind in goals[:len(GOALS)])
+    if wire:
+        print("per-packet goals (softrdma bench wire, in this process):", flush=True)
+        w = run_wire_bench(rounds=rounds, seconds=0.3)
+        r["wire"] = w
+        for row_name, what in WIRE_GOALS:
+            x = w[row_name]
+            goals.append((what, x["ratio"], x["lo"], x["hi"], WIRE_TARGET, "max"))
+            met = met and _ok(x["ratio"], WIRE_TARGET, "max")
+    if exec_goals:
+        print("unmodified perftest under softrdma exec (softrdma bench exec):", flush=True)
+        e = cexec.run_exec_goals(rounds=rounds, port=p + 40)
+        r["exec"] = e
+        for what, v, lo, hi, target, kind in e.get("goals", ()):
+            goals.append((what, v, lo, hi, target, kind))
+            met = met and _ok(v, target, kind)
+        if e.get("skipped"):
+            print(f"  not run: {e['skipped']}")
     print(f"{'goal (ratio: median of the rounds, spread)':<52}{'ratio':>7}  {'spread':<13} "
           f"target")
-    met = True
-    for x in sides:
-        for key, what, target, kind in GOALS:
-            v = r[key + x]
-            each = r[key + x + "_runs"]
-            ok = v >= target if kind == "min" else v <= target
-            if not x:
-                met = met and ok
-            name = what + (" (trains off)" if x else "")
-            print(f"{name:<52}{v:>7.2f}  {min(each):.2f}-{max(each):<8.2f} "
-                  f"{'>=' if kind == 'min' else '<='} {target}: {'met' if ok else 'MISSED'}")
+    for name, v, lo, hi, target, kind in goals:
+        print(f"{name:<52}{v:>7.2f}  {lo:.2f}-{hi:<8.2f} "
+              f"{'>=' if kind == 'min' else '<='} {target}: "
+              f"{'met' if _ok(v, target, kind) else 'MISSED'}")
+    r["goals"] = goals
     r["targets_met"] = met
     return r
+
+
+def _ok(v: float, target: float, kind: str) -> bool:
+    return v >= target if kind == "min" else v <= target
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 :func:`run_wire_bench`: parse + ICRC check and build + ICRC of a RoCE packet, against bare
 ``zlib.crc32`` over the same bytes. The wire layer's own cost is the difference; the goal
-(issue 18) is for parse + check and build + ICRC each to cost less than twice the bare CRC.
+is for parse + check and build + ICRC each to cost less than 1.5x the bare CRC. softrdma's
+own CRC (softrdma.wire.crc: ISA-L's where installed) has a row of its own, for scale.
 
 Each row is timed in alternating batches with the bare CRC (so both see the same load on a
 shared machine), in several rounds; the ratio of each round is reported as the median and
@@ -20,6 +21,7 @@ import time
 import zlib
 from typing import Callable
 
+from ..wire.crc import CRC_IMPL, crc32
 from ..wire.headers import ROCE_V2_UDP_DPORT
 from ..wire.icrc import icrc_ipv4, icrc_ok_ipv4
 from ..wire.opcodes import Opcode
@@ -30,8 +32,9 @@ __all__ = ["rate", "paired_rates", "run_wire_bench", "MAX_PAYLOAD", "TARGET_RATI
 #: the largest RDMA WRITE payload one UDP datagram can carry: 65507 bytes of UDP payload
 #: (IPv4) less BTH (12), RETH (16) and ICRC (4)
 MAX_PAYLOAD = 65507 - 12 - 16 - 4
-#: issue 18: parse + ICRC check, and build + ICRC, below twice the bare CRC of the packet
-TARGET_RATIO = 2.0
+#: the per-packet goal: parse + ICRC check, and build + ICRC, each below 1.5x the bare
+#: ``zlib.crc32`` of the packet (the stdlib's CRC: what a bare Python program has)
+TARGET_RATIO = 1.5
 
 
 def _batch(fn: Callable[[], object]) -> int:
@@ -99,6 +102,9 @@ def run_wire_bench(payload: int = 4096, seconds: float = 0.5, rounds: int = 5
     def bare_crc() -> None:
         zlib.crc32(frozen)
 
+    def softrdma_crc() -> None:
+        crc32(frozen)
+
     def parse_only() -> None:
         parse(frozen)
 
@@ -128,7 +134,7 @@ def run_wire_bench(payload: int = 4096, seconds: float = 0.5, rounds: int = 5
                      data) != build(op, psn=5, dest_qp=0x12, ackreq=True, va=0x1000, rkey=0x77,
                                     dma_len=payload, src_qp=0x13, payload=data):
         raise AssertionError("build_request and build disagree")
-    rows = (("parse only", parse_only), ("parse + ICRC check", parse_check),
+    rows = ((f"softrdma's crc32 ({CRC_IMPL})", softrdma_crc), ("parse only", parse_only), ("parse + ICRC check", parse_check),
             ("build + ICRC", build_icrc), ("build() keywords + ICRC", build_kw_icrc))
     print(f"softrdma wire benchmark: RC_RDMA_WRITE_ONLY, {payload} B payload, "
           f"{len(frozen)} B packet; {rounds} rounds, {seconds:g} s per row per round, "
@@ -158,8 +164,8 @@ def run_wire_bench(payload: int = 4096, seconds: float = 0.5, rounds: int = 5
             if r["hi"] >= TARGET_RATIO > r["ratio"]:
                 mark += " (not in every round)"
         print(f"{name:<30}{r['us']:>8.2f}{r['ratio']:>12.2f}{spread:>15}  {mark}")
-    base = results["bare zlib.crc32 (baseline)"]["us"]
-    print(f"wire-layer cost beyond the CRC (median ratio - 1, in CRC times {base:.2f} us): "
-          f"parse + check {(results['parse + ICRC check']['ratio'] - 1) * base:.2f} us, "
-          f"build + ICRC {(results['build + ICRC']['ratio'] - 1) * base:.2f} us")
+    own = results[f"softrdma's crc32 ({CRC_IMPL})"]["us"]
+    print(f"wire-layer cost beyond softrdma's CRC of the packet ({own:.2f} us): parse + check "
+          f"{results['parse + ICRC check']['us'] - own:.2f} us, build + ICRC "
+          f"{results['build + ICRC']['us'] - own:.2f} us")
     return results

@@ -59,14 +59,15 @@ def add_parser(sub: Any) -> None:
                    help="max_send_wr and max_recv_wr of each QP (default 128)")
     q.set_defaults(func=_qps)
 
-    u = b.add_parser("udp", help="issue 18's goals: softrdma perf on loopback beside bare "
-                                 "Python UDP",
+    u = b.add_parser("udp", help="every speed goal: softrdma perf on loopback beside bare "
+                                 "Python UDP, and more",
                      description="softrdma perf write/send (64 KiB), send --lat (64 B round "
                                  "trip) and write (64 B message rate) between two processes "
                                  "on loopback, beside a bare Python UDP sender/receiver of the "
                                  "same packet sizes and a ping-pong, in interleaved rounds; "
-                                 "each goal's ratio with its spread over the rounds (exit 1 "
-                                 "if a goal is missed).")
+                                 "then the per-packet goals (bench wire) and perftest under "
+                                 "softrdma exec (bench exec). Each goal's ratio with its "
+                                 "spread over the rounds; exit 1 if a goal is missed.")
     u.add_argument("--seconds", type=int_range(1, None), default=2,
                    help="per bandwidth run, whole seconds like perf -D (default 2)")
     u.add_argument("--lat-iters", type=int_range(5, None), default=3000,
@@ -77,6 +78,13 @@ def add_parser(sub: Any) -> None:
                    help="first TCP/UDP port used (default 20600)")
     u.add_argument("--packets", action="store_true",
                    help="also run softrdma with packet trains off, in the same rounds")
+    u.add_argument("--before", action="store_true",
+                   help="also run softrdma with the second speed step's fast paths off "
+                        "(zlib's CRC, payload copies, a flush per post), in the same rounds")
+    u.add_argument("--no-wire", dest="wire", action="store_false",
+                   help="skip the per-packet goals (softrdma bench wire)")
+    u.add_argument("--no-exec", dest="exec_goals", action="store_false",
+                   help="skip perftest under softrdma exec (softrdma bench exec)")
     u.set_defaults(func=_udp)
 
     k = b.add_parser("socket", help="softrdma.socket beside Python TCP sockets",
@@ -224,5 +232,6 @@ def _qps(a: argparse.Namespace) -> int:
 
 
 def _udp(a: argparse.Namespace) -> int:
-    r = run_udp_bench(a.seconds, a.lat_iters, a.port, a.rounds, packets=a.packets)
+    r = run_udp_bench(a.seconds, a.lat_iters, a.port, a.rounds, packets=a.packets,
+                      before=a.before, wire=a.wire, exec_goals=a.exec_goals)
     return 0 if r["targets_met"] else 1
