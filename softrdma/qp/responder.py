@@ -69,7 +69,8 @@ from ..wire.headers import (
     make_syndrome,
 )
 from ..wire.opcodes import BTH_SIZE, OPCODE_LIST, Opcode as O, Transport
-from ..wire.packet import build, parse
+from ..wire.iov import ZERO_COPY_MIN
+from ..wire.packet import build, build_iov, parse
 from .dma import NoSpace, scatter
 from .params import RXE_MAX_UNACKED_PSNS
 from .psn import psn_add, psn_diff
@@ -311,8 +312,13 @@ class Responder:
     def _send(self, opcode: int, psn: int, syndrome: int = AETH_ACK_UNLIMITED,
               payload: bytes | memoryview = b"", orig: int = 0) -> None:
         qp = self.qp
-        pkt = build(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, syndrome=syndrome,
-                    msn=self.msn, orig=orig, payload=payload)
+        if len(payload) >= ZERO_COPY_MIN and getattr(qp.device, "zero_copy", False):
+            # a READ RESPONSE's payload: the view of the MR, not copied (softrdma.wire.iov)
+            pkt: Any = build_iov(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num,
+                                 syndrome=syndrome, msn=self.msn, orig=orig, payload=payload)
+        else:
+            pkt = build(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, syndrome=syndrome,
+                        msn=self.msn, orig=orig, payload=payload)
         qp.device.send_packet(qp, pkt, qp.dst_ip, qp.tos)
 
     def send_ack(self, syndrome: int, psn: int) -> None:

@@ -32,7 +32,7 @@ from .crc import crc32 as _crc32
 from .headers import ROCE_V2_UDP_DPORT
 
 __all__ = [
-    "ICRC_SEED", "icrc_ipv4", "icrc_ipv6", "icrc_ok_ipv4", "icrc_ok_ipv6",
+    "ICRC_SEED", "icrc_ipv4", "icrc_ipv6", "icrc_ipv4_iov", "icrc_ipv6_iov", "icrc_ok_ipv4", "icrc_ok_ipv6",
     "icrc_from_ip_packet", "set_icrc_ipv4", "set_icrc_ipv6", "IP_DF", "IPPROTO_UDP", "IPV4_VER_IHL",
     "RC_FLUSH_OPCODE", "rxe_flush_icrc", "rxe_flush_icrc_ok",
 ]
@@ -153,6 +153,67 @@ def icrc_ipv6(roce: bytes | bytearray | memoryview, src: bytes, dst: bytes, spor
         return _icrc_ipv6_ref(roce, src, dst, sport, dport, next_header)
     mv = roce if type(roce) is memoryview else memoryview(roce)
     return _crc32(mv[5:n - 4], s)
+
+
+def _crc_after_head(parts: list, s: int) -> int:
+    """Continue the CRC state ``s`` (taken after BTH byte 4) over a list of buffers: the
+    first from its byte 5, the middle ones whole, the last without its four ICRC bytes."""
+    s = _crc32(memoryview(parts[0])[5:], s)
+    last = len(parts) - 1
+    for k in range(1, last):
+        s = _crc32(parts[k], s)
+    tail = parts[last]
+    return _crc32(memoryview(tail)[:len(tail) - 4], s)
+
+
+def _iov_ok(parts: list) -> int:
+    """The packet length of ``parts`` if the fast path can take it (two or more buffers,
+    the BTH whole in the first, the ICRC whole in the last), else 0."""
+    if len(parts) < 2 or len(parts[0]) < 12 or len(parts[-1]) < 4:
+        return 0
+    n = 0
+    for b in parts:
+        n += len(b)
+    return n
+
+
+def icrc_ipv4_iov(parts: list, src: bytes, dst: bytes, sport: int,
+                  dport: int = ROCE_V2_UDP_DPORT, ip_id: int = 0, frag: int = IP_DF) -> int:
+    """:func:`icrc_ipv4` of a packet given as a list of buffers (softrdma.wire.iov), the
+    payload read where it is: the CRC continued over each buffer in turn (CRC-32 carries its
+    state from one call to the next), so the same value as over ``b"".join(parts)``. The
+    last buffer's last four bytes (the ICRC slot) are not read."""
+    n = _iov_ok(parts)
+    if not n:
+        return icrc_ipv4(b"".join(parts), src, dst, sport, dport, ip_id, frag)
+    key = (_bth_word0(parts[0], 0)[0], n, src, dst, sport, dport, frag)
+    try:
+        s = _prefix4[key]
+    except KeyError:
+        s = _prefix_v4(key)
+    except TypeError:  # an unhashable address: the plain definition
+        return icrc_ipv4(b"".join(parts), src, dst, sport, dport, ip_id, frag)
+    if ip_id:
+        if not 0 < ip_id <= 0xFFFF:
+            raise struct.error(f"IP ID {ip_id} is not a 16-bit value")
+        s ^= _ID_HI[ip_id >> 8] ^ _ID_LO[ip_id & 0xFF]
+    return _crc_after_head(parts, s)
+
+
+def icrc_ipv6_iov(parts: list, src: bytes, dst: bytes, sport: int,
+                  dport: int = ROCE_V2_UDP_DPORT, next_header: int = IPPROTO_UDP) -> int:
+    """IPv6 counterpart of :func:`icrc_ipv4_iov`."""
+    n = _iov_ok(parts)
+    if not n:
+        return icrc_ipv6(b"".join(parts), src, dst, sport, dport, next_header)
+    key = (_bth_word0(parts[0], 0)[0], n, src, dst, sport, dport, next_header)
+    try:
+        s = _prefix6[key]
+    except KeyError:
+        s = _prefix_v6(key)
+    except TypeError:
+        return icrc_ipv6(b"".join(parts), src, dst, sport, dport, next_header)
+    return _crc_after_head(parts, s)
 
 
 #: What CRC-32 leaves after running over a message followed by its own CRC (little-endian):

@@ -34,9 +34,10 @@ All of this is sans-IO: :func:`coalesce` groups a list of queued packets into tr
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from .crc import crc32
+from .iov import packet_len
 from .headers import BTH_ACK_OFFSET, BTH_OPCODE_OFFSET, BTH_QPN_OFFSET
 from .opcodes import OPCODE_LIST
 
@@ -68,7 +69,9 @@ def ip_id_delta(ip_id: int, length: int) -> int:
     return with_id ^ zeros
 
 
-Queued = tuple[bytes, bytes, int]  # (packet, destination IP (packed), UDP source port)
+# (packet: one buffer or a list of buffers (softrdma.wire.iov), destination IP (packed),
+# UDP source port)
+Queued = tuple[Any, bytes, int]
 
 
 def coalesce(pending: Sequence[Queued], max_segments: int = MAX_SEGMENTS,
@@ -82,24 +85,26 @@ def coalesce(pending: Sequence[Queued], max_segments: int = MAX_SEGMENTS,
     together; a train of one is sent as an ordinary datagram.
     """
     n = len(pending)
+    # a zero-copy packet is a list of buffers: its length is theirs (one pass, here)
+    sizes = [len(p[0]) if type(p[0]) is not list else packet_len(p[0]) for p in pending]
     i = 0
     while i < n:
         data, dst, sport = pending[i]
-        size = len(data)
+        size = sizes[i]
         j = i + 1
         if j < n:
-            d1, dst1, sp1 = pending[j]
-            n1 = len(d1)
+            _, dst1, sp1 = pending[j]
+            n1 = sizes[j]
             if n1 < size and dst1 == dst and sp1 == sport and j + 1 < n:
-                d2, dst2, sp2 = pending[j + 1]
-                if len(d2) == n1 and dst2 == dst and sp2 == sport:
+                _, dst2, sp2 = pending[j + 1]
+                if sizes[j + 1] == n1 and dst2 == dst and sp2 == sport:
                     yield dst, sport, size, [data]  # FIRST alone; the MIDDLEs make a train
                     i = j
                     continue
         total = size
         while j < n and j - i < max_segments:
-            d, dj, sj = pending[j]
-            k = len(d)
+            _, dj, sj = pending[j]
+            k = sizes[j]
             if dj != dst or sj != sport or k > size or total + k > max_bytes:
                 break
             total += k
@@ -113,12 +118,36 @@ def coalesce(pending: Sequence[Queued], max_segments: int = MAX_SEGMENTS,
 def train_iov(packets: list, ipv4: bool) -> list:
     """The buffers of one ``sendmsg`` carrying ``packets`` as a train: the packets
     themselves over IPv6; over IPv4 each packet after the first with its ICRC moved to the
-    IP ID the kernel will give it (its index in the train)."""
+    IP ID the kernel will give it (its index in the train). A packet that is a list of
+    buffers (softrdma.wire.iov) gives its buffers, the last one (pad and ICRC) replaced
+    when its ICRC moves; the payload views are passed on, not copied."""
     if not ipv4:
-        return packets
-    iov = [packets[0]]
-    for k in range(1, len(packets)):
+        if not any(type(p) is list for p in packets):
+            return packets
+        iov = []
+        for p in packets:
+            if type(p) is list:
+                iov += p
+            else:
+                iov.append(p)
+        return iov
+    iov = []
+    for k in range(len(packets)):
         p = packets[k]
+        if type(p) is list:
+            if not k:
+                iov += p
+                continue
+            n = packet_len(p)
+            tail = p[-1]
+            t = len(tail)
+            icrc = int.from_bytes(tail[t - 4:], "little") ^ ip_id_delta(k, n)
+            iov += p[:-1]
+            iov.append(tail[:t - 4] + icrc.to_bytes(4, "little"))
+            continue
+        if not k:
+            iov.append(p)
+            continue
         n = len(p)
         mv = memoryview(p)
         icrc = int.from_bytes(mv[n - 4:], "little") ^ ip_id_delta(k, n)
