@@ -297,8 +297,9 @@ class SoftDevice:
                 c = icrc_ipv4_iov(pkt, self.ip_packed, dst_ip, sport)
             else:
                 c = icrc_ipv6_iov(pkt, self.ip_packed, dst_ip, sport)
-            tail = pkt[-1]
-            pkt[-1] = tail[:len(tail) - 4] + c.to_bytes(4, "little")
+            tail = pkt[2]
+            t = len(tail)
+            pkt[2] = tail[:t - 4] + c.to_bytes(4, "little") if t > 4 else c.to_bytes(4, "little")
             data = pkt
         else:
             n = len(pkt)

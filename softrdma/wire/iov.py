@@ -1,7 +1,8 @@
 """Packets as lists of buffers: the zero-copy form of a packet on the send path.
 
 A packet the engines send is either one buffer (``bytes`` or ``bytearray``: BTH .. ICRC
-in one piece) or a ``list`` of buffers that together are those bytes, in order:
+in one piece) or a ``list`` of exactly three buffers that together are those bytes, in
+order:
 
     [headers (BTH and extension headers, bytes), payload (a memoryview of the MR: no copy),
      pad + ICRC (bytes, the ICRC in its last four bytes)]
@@ -53,8 +54,5 @@ def packet_bytes(pkt: Packet) -> bytes:
 def packet_len(pkt: Packet) -> int:
     """The packet's length in bytes, BTH .. ICRC."""
     if type(pkt) is list:
-        n = 0
-        for b in pkt:
-            n += len(b)
-        return n
+        return len(pkt[0]) + len(pkt[1]) + len(pkt[2])
     return len(pkt)

@@ -37,7 +37,6 @@ from functools import lru_cache
 from typing import Any, Iterator, Sequence
 
 from .crc import crc32
-from .iov import packet_len
 from .headers import BTH_ACK_OFFSET, BTH_OPCODE_OFFSET, BTH_QPN_OFFSET
 from .opcodes import OPCODE_LIST
 
@@ -85,8 +84,9 @@ def coalesce(pending: Sequence[Queued], max_segments: int = MAX_SEGMENTS,
     together; a train of one is sent as an ordinary datagram.
     """
     n = len(pending)
-    # a zero-copy packet is a list of buffers: its length is theirs (one pass, here)
-    sizes = [len(p[0]) if type(p[0]) is not list else packet_len(p[0]) for p in pending]
+    # a zero-copy packet is a list of three buffers: its length is theirs (one pass, here)
+    sizes = [len(d) if type(d) is not list else len(d[0]) + len(d[1]) + len(d[2])
+             for d, _, _ in pending]
     i = 0
     while i < n:
         data, dst, sport = pending[i]
@@ -118,34 +118,43 @@ def coalesce(pending: Sequence[Queued], max_segments: int = MAX_SEGMENTS,
 def train_iov(packets: list, ipv4: bool) -> list:
     """The buffers of one ``sendmsg`` carrying ``packets`` as a train: the packets
     themselves over IPv6; over IPv4 each packet after the first with its ICRC moved to the
-    IP ID the kernel will give it (its index in the train). A packet that is a list of
-    buffers (softrdma.wire.iov) gives its buffers, the last one (pad and ICRC) replaced
-    when its ICRC moves; the payload views are passed on, not copied."""
-    if not ipv4:
-        if not any(type(p) is list for p in packets):
+    IP ID the kernel will give it (its index in the train).
+
+    A packet that is a list of buffers (softrdma.wire.iov: headers, payload, pad + ICRC)
+    gives its buffers, the payload view passed on, not copied; its pad and ICRC (moved, over
+    IPv4) are joined with the next packet's headers into one small buffer, since every
+    buffer of a ``sendmsg`` costs the kernel more than a few bytes joined here."""
+    if not any(type(p) is list for p in packets):
+        if not ipv4:
             return packets
-        iov = []
-        for p in packets:
-            if type(p) is list:
-                iov += p
-            else:
-                iov.append(p)
+        iov = [packets[0]]
+        for k in range(1, len(packets)):
+            p = packets[k]
+            n = len(p)
+            mv = memoryview(p)
+            icrc = int.from_bytes(mv[n - 4:], "little") ^ ip_id_delta(k, n)
+            iov.append(mv[:n - 4])
+            iov.append(icrc.to_bytes(4, "little"))
         return iov
-    iov = []
+    iov: list = []
+    carry = b""  # the previous packet's pad and ICRC, not yet in iov
     for k in range(len(packets)):
         p = packets[k]
         if type(p) is list:
-            if not k:
-                iov += p
-                continue
-            n = packet_len(p)
-            tail = p[-1]
-            t = len(tail)
-            icrc = int.from_bytes(tail[t - 4:], "little") ^ ip_id_delta(k, n)
-            iov += p[:-1]
-            iov.append(tail[:t - 4] + icrc.to_bytes(4, "little"))
+            head, body, tail = p
+            if k and ipv4:
+                t = len(tail)
+                n = len(head) + len(body) + t
+                icrc = int.from_bytes(tail[t - 4:], "little") ^ ip_id_delta(k, n)
+                tail = tail[:t - 4] + icrc.to_bytes(4, "little")
+            iov.append(carry + head if carry else head)
+            iov.append(body)
+            carry = tail
             continue
-        if not k:
+        if carry:
+            iov.append(carry)
+            carry = b""
+        if not k or not ipv4:
             iov.append(p)
             continue
         n = len(p)
@@ -153,6 +162,8 @@ def train_iov(packets: list, ipv4: bool) -> list:
         icrc = int.from_bytes(mv[n - 4:], "little") ^ ip_id_delta(k, n)
         iov.append(mv[:n - 4])
         iov.append(icrc.to_bytes(4, "little"))
+    if carry:
+        iov.append(carry)
     return iov
 
 
