@@ -561,6 +561,9 @@ class UdpTransport:
         return n
 
     def _receive_raw(self, budget: int) -> int:
+        """Read from the raw socket: every packet with its IP header, so its ICRC checked.
+        With zero copy, each packet is a view of the receive buffer (read before the next
+        datagram: what keeps a packet copies it), else a copy, as before."""
         dev = self.device
         own = dev.ip_packed
         n = 0
@@ -569,12 +572,16 @@ class UdpTransport:
                 self.sock.recv(65536)
             except (BlockingIOError, OSError):
                 break
+        buf = self._buf
+        zc = self.zero_copy
         while n < budget:
             try:
-                pkt = self.raw.recv(65536)
+                nbytes = self.raw.recv_into(buf)
             except (BlockingIOError, OSError):
                 break
-            if len(pkt) < 28 or pkt[16:20] != own:
+            # the headers as bytes (addresses are cache keys), the RoCE part a view or copy
+            pkt = memoryview(buf)[:nbytes]
+            if nbytes < 28 or pkt[16:20] != own:
                 continue
             ihl = (pkt[0] & 0xF) * 4
             sport, dport, ulen = struct.unpack_from("!HHH", pkt, ihl)
@@ -582,16 +589,19 @@ class UdpTransport:
                 continue
             n += 1
             ip_id = struct.unpack_from("!H", pkt, 4)[0]
-            roce = pkt[ihl + 8:ihl + ulen]
+            src, ip_header = bytes(pkt[12:16]), bytes(pkt[:20])
+            roce = pkt[ihl + 8:ihl + ulen] if zc else bytes(pkt[ihl + 8:ihl + ulen])
             parts = [roce]
             if len(roce) >= 32 and roce[0] != RC_FLUSH_OPCODE and \
-                    not icrc_ok_ipv4(roce, pkt[12:16], own, sport, ip_id=ip_id):
+                    not icrc_ok_ipv4(roce, src, own, sport, ip_id=ip_id):
                 # not one good packet: maybe a train that crossed loopback whole, which a
                 # raw socket sees uncut and without its segment size
                 parts = split_unsized(roce)
             for k, part in enumerate(parts):  # segment k of a train has IP ID id + k
-                dev.receive(part, pkt[12:16], own, ip_id=(ip_id + k) & 0xFFFF, sport=sport,
-                            ip_header=pkt[:20], verify_icrc=True)
+                dev.receive(part, src, own, ip_id=(ip_id + k) & 0xFFFF, sport=sport,
+                            ip_header=ip_header, verify_icrc=True)
+            if self._pending:  # what it provoked leaves now (as for the UDP socket)
+                self.flush()
         return n
 
     def close(self) -> None:
