@@ -33,7 +33,8 @@ __all__ = ["Packet", "packet_bytes", "packet_len", "zero_copy_enabled", "ZERO_CO
 Packet = Union[bytes, bytearray, memoryview, list]
 ENV_ZEROCOPY = "SOFTRDMA_ZEROCOPY"
 #: Payloads shorter than this are copied into the packet even with zero copy on: below it
-#: a copy costs less than the list and the extra ``sendmsg`` buffers (measured, docs/wire.md).
+#: the list gains nothing measurable (docs/wire.md, "Zero copy"), and one buffer is what
+#: every slow path takes as it is.
 ZERO_COPY_MIN = 512
 
 
