@@ -164,6 +164,10 @@ class SoftDevice:
         # objects in use per kind, against the limits (rxe's rxe_pool counts)
         self.in_use: dict[str, int] = dict.fromkeys(POOLS, 0)
         self.transmit: Callable[..., None] = self._loopback
+        # whether ``transmit`` takes a packet as a list of buffers (wire_send asks it once
+        # per transport: its ``takes_iov``)
+        self._iov_transmit: Any = None
+        self._iov_ok = False
         self.async_listeners: list[Callable[[Any], None]] = []
         self.port_active = True
         # time, injected by whoever drives the device: a virtual clock sets ``_now``; a real
@@ -331,7 +335,11 @@ class SoftDevice:
         if type(data) is list:
             if self.capture is not None:
                 self.capture.record(packet_bytes(data), self.ip_packed, dst_ip, sport, tos=tos)
-            if not getattr(self.transmit, "takes_iov", False):
+            t = self.transmit
+            if t is not self._iov_transmit:  # replaced since last asked: ask once
+                self._iov_transmit = t
+                self._iov_ok = bool(getattr(t, "takes_iov", False))
+            if not self._iov_ok:
                 data = packet_bytes(data)
         elif self.capture is not None:
             self.capture.record(data, self.ip_packed, dst_ip, sport, tos=tos)
