@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import mmap
 import os
 import resource
 import select
@@ -75,6 +76,7 @@ IP_RECVTOS = 13  # linux/in.h: the TOS of each datagram as an IP_TOS control mes
 _IPPROTO_IP, _IP_TOS = socket.IPPROTO_IP, socket.IP_TOS
 _IPPROTO_IPV6, _IPV6_TCLASS = socket.IPPROTO_IPV6, socket.IPV6_TCLASS
 _INT = struct.Struct("=i")  # IPV6_TCLASS takes an int
+RX_OFFSET = 2032  # where a datagram lands in the receive buffer's first page (see __init__)
 _BYTE = struct.Struct("=B")  # IP_TOS as a control message: one byte (ip_cmsg_send accepts it)
 
 
@@ -160,7 +162,14 @@ class UdpTransport:
         self._pending: list[tuple[bytes, bytes, int]] = []
         self.pending_peak = 0  # the most packets one flush has sent (see ``pending``)
         device.lock.on_release = self.flush
-        self._buf = bytearray(65536)
+        # The receive buffer: page-aligned memory, each datagram read RX_OFFSET bytes in.
+        # With zero copy the responder copies a payload straight from here into the MR,
+        # and a copy whose source lies a few bytes below its destination modulo the page
+        # size runs about six times slower on x86 (4K aliasing; 1.3 against 0.21 us for
+        # 4 KiB, measured): at RX_OFFSET a payload starts mid-page, far from where a
+        # page-aligned or malloc'ed (page offset 16) MR's chunks start.
+        self._rxmem = mmap.mmap(-1, RX_OFFSET + 65536)
+        self._buf = memoryview(self._rxmem)[RX_OFFSET:]
         self.zero_copy = device.zero_copy  # views of _buf for received packets
         self._addr: dict[bytes, tuple[str, int]] = {}
         self._sel: selectors.BaseSelector | None = None
