@@ -259,3 +259,48 @@ def test_zero_copy_with_random_loss_and_reads(monkeypatch):
         assert [w.status for w in a.cq.poll_all()] == [0, 0]
         assert b.mr.read(size, size) == _pattern(size, 20 + r)
         assert a.mr.read(size, size) == _pattern(size, 40 + r)
+
+
+@pytest.mark.parametrize("n", [512, 513, 514, 515, 4096])
+def test_lists_of_buffers_are_the_joined_packet_on_the_wire(n):
+    """For every pad: a list-of-buffers packet (REQUEST_IOV_BUILDERS, build_iov) joins to
+    the copying builders' bytes; its ICRC (icrc_ipv4_iov / icrc_ipv6_iov, continued over
+    the view) is the one over the joined bytes; and a train of such packets gives sendmsg
+    the same bytes as a train of the joined packets, over IPv4 (ICRCs moved to IP IDs
+    1, 2, ...) and IPv6."""
+    import random
+    from softrdma.wire.icrc import icrc_ipv4, icrc_ipv4_iov, icrc_ipv6, icrc_ipv6_iov
+    from softrdma.wire.opcodes import Opcode as O
+    from softrdma.wire.packet import REQUEST_BUILDERS, REQUEST_IOV_BUILDERS, build, build_iov
+    from softrdma.wire.trains import train_iov
+
+    rng = random.Random(n)
+    mr = bytearray(rng.randbytes(4 * n))
+    v4 = (bytes([127, 0, 1, 2]), bytes([127, 0, 1, 1]))
+    v6 = (bytes(15) + b"\x02", bytes(15) + b"\x01")
+    pkts, lists = [], []
+    for k, op in enumerate((O.RC_RDMA_WRITE_MIDDLE, O.RC_SEND_ONLY_WITH_IMMEDIATE,
+                            O.RC_RDMA_WRITE_FIRST)):
+        view = memoryview(mr)[k * n:(k + 1) * n]
+        args = (op, 40 + k, 0x1234, k == 1, k == 1, 0x10000, 0x55, 3 * n, 0, 0, 7, 7, 0, 0)
+        flat = REQUEST_BUILDERS[op](*args, view)
+        iov = REQUEST_IOV_BUILDERS[op](*args, view)
+        assert type(iov) is list and iov[1] is view and b"".join(iov) == flat
+        for (src, dst), whole, parts in ((v4, icrc_ipv4, icrc_ipv4_iov),
+                                         (v6, icrc_ipv6, icrc_ipv6_iov)):
+            assert parts(iov, src, dst, 0xC123) == whole(flat, src, dst, 0xC123)
+        c = icrc_ipv4(flat, *v4, 0xC123)
+        flat[-4:] = c.to_bytes(4, "little")
+        iov[2] = iov[2][:-4] + c.to_bytes(4, "little")
+        pkts.append(bytes(flat))
+        lists.append(iov)
+    resp = build_iov(O.RC_RDMA_READ_RESPONSE_MIDDLE, payload=memoryview(mr)[:n], psn=3,
+                     dest_qp=9, msn=4)
+    assert b"".join(resp) == build(O.RC_RDMA_READ_RESPONSE_MIDDLE, payload=mr[:n], psn=3,
+                                   dest_qp=9, msn=4)
+    for ipv4 in (True, False):
+        want = b"".join(bytes(b) for b in train_iov(pkts, ipv4))
+        assert b"".join(bytes(b) for b in train_iov(lists, ipv4)) == want
+        # mixed: one buffer and lists in one train
+        mixed = [pkts[0], lists[1], pkts[2]]
+        assert b"".join(bytes(b) for b in train_iov(mixed, ipv4)) == want
