@@ -312,13 +312,20 @@ class Responder:
     def _send(self, opcode: int, psn: int, syndrome: int = AETH_ACK_UNLIMITED,
               payload: bytes | memoryview = b"", orig: int = 0) -> None:
         qp = self.qp
-        if len(payload) >= ZERO_COPY_MIN and getattr(qp.device, "zero_copy", False):
-            # a READ RESPONSE's payload: the view of the MR, not copied (softrdma.wire.iov)
-            pkt: Any = build_iov(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num,
-                                 syndrome=syndrome, msn=self.msn, orig=orig, payload=payload)
-        else:
-            pkt = build(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, syndrome=syndrome,
-                        msn=self.msn, orig=orig, payload=payload)
+        pkt = build(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, syndrome=syndrome,
+                    msn=self.msn, orig=orig, payload=payload)
+        qp.device.send_packet(qp, pkt, qp.dst_ip, qp.tos)
+
+    def _send_read_response(self, opcode: int, psn: int, data: Any) -> None:
+        """One READ RESPONSE packet carrying ``data``, a view of the MR: with zero copy
+        (and at least ZERO_COPY_MIN bytes) the packet is a list of buffers holding the view
+        itself (softrdma.wire.iov), read when the packet leaves, not copied here."""
+        qp = self.qp
+        if len(data) < ZERO_COPY_MIN or not getattr(qp.device, "zero_copy", False):
+            self._send(opcode, psn, payload=data)
+            return
+        pkt = build_iov(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, msn=self.msn,
+                        syndrome=AETH_ACK_UNLIMITED, payload=data)
         qp.device.send_packet(qp, pkt, qp.dst_ip, qp.tos)
 
     def send_ack(self, syndrome: int, psn: int) -> None:
@@ -755,7 +762,7 @@ class Responder:
                 self.res = None
                 qp.to_error()
                 return
-            self._send(op, res.cur_psn, payload=data)
+            self._send_read_response(op, res.cur_psn, data)
             res.va += n
             res.resid -= n
             res.cur_psn = psn_add(res.cur_psn, 1)
