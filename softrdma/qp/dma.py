@@ -11,7 +11,7 @@ from typing import Any
 
 from .memory import AccessError
 
-__all__ = ["gather", "scatter", "NoSpace", "AccessError"]
+__all__ = ["gather", "gather_view", "scatter", "NoSpace", "AccessError"]
 
 
 class NoSpace(Exception):
@@ -38,6 +38,16 @@ def gather(keys: Any, pd: Any, sges: list[tuple[int, int, int]], offset: int, n:
     if len(out) != n:
         raise AccessError("range", "read past the end of the SGE list")
     return bytes(out)
+
+
+def gather_view(keys: Any, pd: Any, sges: list[tuple[int, int, int]], offset: int,
+                n: int) -> memoryview:
+    """What :func:`gather` returns for a one-SGE list, as a view of the MR (no copy): the
+    zero-copy send path's payload (softrdma.wire.iov), read when the packet leaves."""
+    addr, length, lkey = sges[0]
+    if offset + n > length:
+        raise AccessError("range", "read past the end of the SGE list")
+    return keys.resolve(lkey, pd, addr + offset, n, 0, remote=False)
 
 
 def scatter(keys: Any, pd: Any, sges: list[tuple[int, int, int]], offset: int,

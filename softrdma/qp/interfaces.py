@@ -55,15 +55,20 @@ class DeviceServices(Protocol):
     active_mtu: int  # the port's MTU (UD QPs use it)
     limits: Any  # rxe's device limits
     trace: Any  # a softrdma.trace.Tracer while tracing, else None (test it before emitting)
+    # Optional: True if send_packet takes a packet as a list of buffers (softrdma.wire.iov);
+    # the engines read it with getattr(device, "zero_copy", False)
+    zero_copy: bool
 
     @property
     def now(self) -> float:
         """The time, in seconds (a virtual clock in simulation)."""
         ...
 
-    def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None, tos: int = 0) -> None:
-        """Fill the ICRC of ``pkt`` (BTH..ICRC) for ``qp``'s path and transmit it with the
-        path's traffic class ``tos`` (the IP TOS)."""
+    def send_packet(self, qp: Any, pkt: bytearray | list, dst_ip: bytes | None,
+                    tos: int = 0) -> None:
+        """Fill the ICRC of ``pkt`` (BTH..ICRC: one bytearray, or a list of buffers when
+        ``zero_copy``) for ``qp``'s path and transmit it with the path's traffic class
+        ``tos`` (the IP TOS)."""
         ...
 
     def timer_changed(self, qp: Any) -> None:

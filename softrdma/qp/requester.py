@@ -25,8 +25,9 @@ from ..enums import (
 )
 from ..wire.opcodes import OPCODE_LIST, Opcode as O, Transport
 from ..wire.headers import BTH_PSN_MASK, feth_value
-from ..wire.packet import REQUEST_BUILDERS, build
-from .dma import gather
+from ..wire.iov import ZERO_COPY_MIN
+from ..wire.packet import REQUEST_BUILDERS, REQUEST_IOV_BUILDERS, build
+from .dma import gather, gather_view
 from .memory import AccessError
 from .mw import bind_mw, invalidate_rkey
 from .params import RXE_MAX_PKT_PER_ACK, RXE_MAX_UNACKED_PSNS
@@ -283,7 +284,10 @@ class Requester:
         tos = wqe.av.traffic_class & 0xFF if wqe.av is not None else qp.tos
         psn = self.psn
         send = dev.send_packet
-        build = REQUEST_BUILDERS[opcode]  # _make_packet's builder: the same bytes
+        # _make_packet's builder: the same bytes; with zero copy as a list of buffers whose
+        # payload is a view of the MR (softrdma.wire.iov), read at sendmsg, not copied here
+        zc = mtu >= ZERO_COPY_MIN and getattr(dev, "zero_copy", False)
+        build = REQUEST_IOV_BUILDERS[opcode] if zc else REQUEST_BUILDERS[opcode]
         ackreq = self._ackreq
         wqe.state = _PROCESSING
         self.opcode = opcode
@@ -298,15 +302,24 @@ class Requester:
         if rc:
             qp.arm_retrans_if_idle()
 
-    def _make_packet(self, wqe: SendWqe, opcode: int, info, payload: int, rc: bool) -> bytearray:
+    def _make_packet(self, wqe: SendWqe, opcode: int, info, payload: int,
+                     rc: bool) -> bytearray | list:
+        """The next packet of ``wqe``: one ``bytearray``, or with zero copy (a payload of
+        at least ZERO_COPY_MIN bytes from one SGE) a list of buffers whose payload is a view
+        of the MR (softrdma.wire.iov)."""
         qp = self.qp
         ackreq = self._ackreq(info.last, rc)
         solicited = bool(wqe.send_flags & _SOLICITED) and info.last and \
             (info.send or (info.write and info.with_imm))
         data = b""
+        builders = REQUEST_BUILDERS
         if payload:
             if wqe.inline is not None:
                 data = wqe.inline[wqe.offset:wqe.offset + payload]
+            elif payload >= ZERO_COPY_MIN and len(wqe.sges) == 1 and \
+                    getattr(qp.device, "zero_copy", False):
+                data = gather_view(qp.device.keys, qp.pd, wqe.sges, wqe.offset, payload)
+                builders = REQUEST_IOV_BUILDERS
             else:
                 data = gather(self.qp.device.keys, qp.pd, wqe.sges, wqe.offset, payload)
         if info.read:
@@ -329,9 +342,9 @@ class Requester:
                          feth=feth_value(wqe.flush_type, wqe.flush_level))
         # wire.packet.build_request(opcode, ...) without its dispatch: build(opcode, psn=..,
         # dest_qp=.., ...) with these fields, passed positionally
-        return REQUEST_BUILDERS[opcode](opcode, self.psn, dest_qp, ackreq, solicited, va,
-                                        wqe.rkey, dma_len, swap_add, compare, wqe.imm,
-                                        wqe.imm, wqe.remote_qkey, qp.qp_num, data)
+        return builders[opcode](opcode, self.psn, dest_qp, ackreq, solicited, va, wqe.rkey,
+                                dma_len, swap_add, compare, wqe.imm, wqe.imm,
+                                wqe.remote_qkey, qp.qp_num, data)
 
     def _error(self, wqe: SendWqe, status: int) -> None:
         """A local error: the WQE completes in error and the QP goes to ERR (rxe 'err:')."""

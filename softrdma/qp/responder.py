@@ -69,7 +69,8 @@ from ..wire.headers import (
     make_syndrome,
 )
 from ..wire.opcodes import BTH_SIZE, OPCODE_LIST, Opcode as O, Transport
-from ..wire.packet import build, parse
+from ..wire.iov import ZERO_COPY_MIN
+from ..wire.packet import build, build_iov, parse
 from .dma import NoSpace, scatter
 from .params import RXE_MAX_UNACKED_PSNS
 from .psn import psn_add, psn_diff
@@ -313,6 +314,18 @@ class Responder:
         qp = self.qp
         pkt = build(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, syndrome=syndrome,
                     msn=self.msn, orig=orig, payload=payload)
+        qp.device.send_packet(qp, pkt, qp.dst_ip, qp.tos)
+
+    def _send_read_response(self, opcode: int, psn: int, data: Any) -> None:
+        """One READ RESPONSE packet carrying ``data``, a view of the MR: with zero copy
+        (and at least ZERO_COPY_MIN bytes) the packet is a list of buffers holding the view
+        itself (softrdma.wire.iov), read when the packet leaves, not copied here."""
+        qp = self.qp
+        if len(data) < ZERO_COPY_MIN or not getattr(qp.device, "zero_copy", False):
+            self._send(opcode, psn, payload=data)
+            return
+        pkt = build_iov(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, msn=self.msn,
+                        syndrome=AETH_ACK_UNLIMITED, payload=data)
         qp.device.send_packet(qp, pkt, qp.dst_ip, qp.tos)
 
     def send_ack(self, syndrome: int, psn: int) -> None:
@@ -749,7 +762,7 @@ class Responder:
                 self.res = None
                 qp.to_error()
                 return
-            self._send(op, res.cur_psn, payload=data)
+            self._send_read_response(op, res.cur_psn, data)
             res.va += n
             res.resid -= n
             res.cur_psn = psn_add(res.cur_psn, 1)

@@ -38,7 +38,10 @@ from ..counters import Counters, Drop
 from ..enums import bytes_to_mtu, ibv_event_type, ibv_mtu
 from ..qp.engine import QpEngine
 from ..qp.memory import KeyTable
-from ..wire.icrc import RC_FLUSH_OPCODE, icrc_ipv4, icrc_ipv6, rxe_flush_icrc
+from ..wire.icrc import (
+    RC_FLUSH_OPCODE, icrc_ipv4, icrc_ipv4_iov, icrc_ipv6, icrc_ipv6_iov, rxe_flush_icrc,
+)
+from ..wire.iov import packet_bytes, zero_copy_enabled
 from ..wire.opcodes import BTH_SIZE
 from .capture import PacketCapture
 from .faults import Direction, Faults, with_icrc
@@ -150,6 +153,9 @@ class SoftDevice:
         if strict is None:
             strict = os.environ.get("SOFTRDMA_STRICT", "") not in ("", "0")
         self.strict = strict
+        # packets as lists of buffers, received packets as views (softrdma.wire.iov);
+        # SOFTRDMA_ZEROCOPY=0: one buffer each, copied, as before
+        self.zero_copy = zero_copy_enabled()
         self.counters = Counters()
         self.trace: Any = None  # a softrdma.trace.Tracer while tracing: every hook tests it
         _trace.attach(self)
@@ -158,6 +164,10 @@ class SoftDevice:
         # objects in use per kind, against the limits (rxe's rxe_pool counts)
         self.in_use: dict[str, int] = dict.fromkeys(POOLS, 0)
         self.transmit: Callable[..., None] = self._loopback
+        # whether ``transmit`` takes a packet as a list of buffers (wire_send asks it once
+        # per transport: its ``takes_iov``)
+        self._iov_transmit: Any = None
+        self._iov_ok = False
         self.async_listeners: list[Callable[[Any], None]] = []
         self.port_active = True
         # time, injected by whoever drives the device: a virtual clock sets ``_now``; a real
@@ -272,38 +282,66 @@ class SoftDevice:
         if not any(e.src_port == sport for e in self.qps.values()):
             self.udp.release_sport(sport)
 
-    def send_packet(self, qp: Any, pkt: bytearray, dst_ip: bytes | None, tos: int = 0) -> None:
+    def send_packet(self, qp: Any, pkt: Any, dst_ip: bytes | None, tos: int = 0) -> None:
         """Called by the engines: fill the ICRC for our addresses and transmit.
 
-        ``tos`` is the path's traffic class (the AH's, or the QP's primary path's), which
-        rxe puts in the IPv4 TOS / IPv6 traffic class of every packet; the ICRC masks it."""
+        ``pkt`` is one ``bytearray`` (its ICRC slot is written) or a list of buffers
+        (softrdma.wire.iov: headers, a view of the MR, pad + ICRC slot), whose last buffer
+        is replaced by the pad and the ICRC, continued over the headers and the view: the
+        payload is not copied here, and leaves by the transport's ``sendmsg`` before the
+        device lock is let go. ``tos`` is the path's traffic class (the AH's, or the QP's
+        primary path's), which rxe puts in the IPv4 TOS / IPv6 traffic class of every
+        packet; the ICRC masks it."""
         if dst_ip is None:
             self.counters.drop(Drop.NO_PATH)
             return
         sport = qp.src_port
-        n = len(pkt)
-        if len(dst_ip) == 4:
-            c = icrc_ipv4(pkt, self.ip_packed, dst_ip, sport)
+        if type(pkt) is list:
+            if len(dst_ip) == 4:
+                c = icrc_ipv4_iov(pkt, self.ip_packed, dst_ip, sport)
+            else:
+                c = icrc_ipv6_iov(pkt, self.ip_packed, dst_ip, sport)
+            tail = pkt[2]
+            t = len(tail)
+            pkt[2] = tail[:t - 4] + c.to_bytes(4, "little") if t > 4 else c.to_bytes(4, "little")
+            data = pkt
         else:
-            c = icrc_ipv6(pkt, self.ip_packed, dst_ip, sport)
-        if pkt[0] == RC_FLUSH_OPCODE:  # rxe's ICRC of a FLUSH, which rxe requires
-            c = rxe_flush_icrc(c, pkt)
-        pkt[n - 4:] = c.to_bytes(4, "little")
-        data = bytes(pkt)
+            n = len(pkt)
+            if len(dst_ip) == 4:
+                c = icrc_ipv4(pkt, self.ip_packed, dst_ip, sport)
+            else:
+                c = icrc_ipv6(pkt, self.ip_packed, dst_ip, sport)
+            if pkt[0] == RC_FLUSH_OPCODE:  # rxe's ICRC of a FLUSH, which rxe requires
+                c = rxe_flush_icrc(c, pkt)
+            pkt[n - 4:] = c.to_bytes(4, "little")
+            data = bytes(pkt)
         if self.trace is not None:  # what the QP sent (the faults' doings are traced apart)
-            trace_packet(self, "tx", data, qpn=getattr(qp, "qp_num", None), peer=dst_ip)
-        if self.fault_tx is not None:
-            self.faults.send(data, dst_ip, sport, tos)
+            trace_packet(self, "tx", packet_bytes(data), qpn=getattr(qp, "qp_num", None),
+                         peer=dst_ip)
+        if self.fault_tx is not None:  # it may hold the packet back: the bytes of now
+            self.faults.send(packet_bytes(data), dst_ip, sport, tos)
             return
         self.wire_send(data, dst_ip, sport, tos)
 
-    def wire_send(self, data: bytes, dst_ip: bytes, sport: int, tos: int = 0) -> None:
+    def wire_send(self, data: Any, dst_ip: bytes, sport: int, tos: int = 0) -> None:
         """Put one finished packet on the wire (counted and captured): the tail of
         :meth:`send_packet`, which the fault injector calls for each copy it lets out.
         A transport is called with ``tos`` only when it is not 0 (``transmit(data, dst_ip,
-        sport[, tos])``), so the simplest transport takes three arguments."""
+        sport[, tos])``), so the simplest transport takes three arguments. ``data`` may be
+        a list of buffers (softrdma.wire.iov); a transport gets it as such only if its
+        ``transmit`` says it takes them (a ``takes_iov`` attribute, as
+        ``UdpTransport.send`` has), else joined into ``bytes``."""
         self.counters.sent_pkts += 1
-        if self.capture is not None:
+        if type(data) is list:
+            if self.capture is not None:
+                self.capture.record(packet_bytes(data), self.ip_packed, dst_ip, sport, tos=tos)
+            t = self.transmit
+            if t is not self._iov_transmit:  # replaced since last asked: ask once
+                self._iov_transmit = t
+                self._iov_ok = bool(getattr(t, "takes_iov", False))
+            if not self._iov_ok:
+                data = packet_bytes(data)
+        elif self.capture is not None:
             self.capture.record(data, self.ip_packed, dst_ip, sport, tos=tos)
         if tos:
             self.transmit(data, dst_ip, sport, tos)
@@ -399,9 +437,12 @@ class SoftDevice:
         verify = self.verify_icrc if verify_icrc is None else verify_icrc
         with self.lock:
             if self.fault_rx is not None or self.capture is not None or self.trace is not None:
+                # each on its own: what keeps a packet (the capture, a held or delayed
+                # fault) copies it; with zero copy off, a copy each, as before
+                zc = self.zero_copy
                 for k, p in enumerate(parts):
-                    self.receive(bytes(p), src_ip, dst_ip, sport=sport, verify_icrc=verify,
-                                 ip_id=ip_ids[k] if ip_ids else 0)
+                    self.receive(p if zc else bytes(p), src_ip, dst_ip, sport=sport,
+                                 verify_icrc=verify, ip_id=ip_ids[k] if ip_ids else 0)
             else:
                 receive_train(self, parts, src_ip, dst_ip, sport, verify, ip_ids)
 

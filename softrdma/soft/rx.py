@@ -255,9 +255,11 @@ def receive_train(dev: Any, parts: list, src_ip: bytes, dst_ip: bytes, sport: in
             i += done
             if done:
                 continue
-        # a copy: the parsed packet must not see the receive buffer's next datagram
-        receive_packet(dev, bytes(parts[i]), src_ip, dst_ip, ip_ids[i] if ip_ids else 0, None,
-                       sport, verify)
+        # zero copy: the view itself (whatever keeps a packet past the call copies it:
+        # the responder's held requests, the capture); off: a copy, as before
+        p = parts[i]
+        receive_packet(dev, p if dev.zero_copy else bytes(p), src_ip, dst_ip,
+                       ip_ids[i] if ip_ids else 0, None, sport, verify)
         i += 1
 
 

@@ -32,7 +32,7 @@ from .crc import crc32 as _crc32
 from .headers import ROCE_V2_UDP_DPORT
 
 __all__ = [
-    "ICRC_SEED", "icrc_ipv4", "icrc_ipv6", "icrc_ok_ipv4", "icrc_ok_ipv6",
+    "ICRC_SEED", "icrc_ipv4", "icrc_ipv6", "icrc_ipv4_iov", "icrc_ipv6_iov", "icrc_ok_ipv4", "icrc_ok_ipv6",
     "icrc_from_ip_packet", "set_icrc_ipv4", "set_icrc_ipv6", "IP_DF", "IPPROTO_UDP", "IPV4_VER_IHL",
     "RC_FLUSH_OPCODE", "rxe_flush_icrc", "rxe_flush_icrc_ok",
 ]
@@ -153,6 +153,52 @@ def icrc_ipv6(roce: bytes | bytearray | memoryview, src: bytes, dst: bytes, spor
         return _icrc_ipv6_ref(roce, src, dst, sport, dport, next_header)
     mv = roce if type(roce) is memoryview else memoryview(roce)
     return _crc32(mv[5:n - 4], s)
+
+
+def icrc_ipv4_iov(parts: list, src: bytes, dst: bytes, sport: int,
+                  dport: int = ROCE_V2_UDP_DPORT, ip_id: int = 0, frag: int = IP_DF) -> int:
+    """:func:`icrc_ipv4` of a packet given as three buffers (softrdma.wire.iov: headers,
+    payload, pad + ICRC slot), the payload read where it is: the CRC continued over each
+    buffer in turn (CRC-32 carries its state from one call to the next), so the same value
+    as over ``b"".join(parts)``. The ICRC slot is not read."""
+    head, body, tail = parts
+    t = len(tail)
+    n = len(head) + len(body) + t
+    if len(head) < 12 or t < 4:  # the BTH or the ICRC cut: the plain definition
+        return icrc_ipv4(b"".join(parts), src, dst, sport, dport, ip_id, frag)
+    key = (_bth_word0(head, 0)[0], n, src, dst, sport, dport, frag)
+    try:
+        s = _prefix4[key]
+    except KeyError:
+        s = _prefix_v4(key)
+    except TypeError:  # an unhashable address: the plain definition
+        return icrc_ipv4(b"".join(parts), src, dst, sport, dport, ip_id, frag)
+    if ip_id:
+        if not 0 < ip_id <= 0xFFFF:
+            raise struct.error(f"IP ID {ip_id} is not a 16-bit value")
+        s ^= _ID_HI[ip_id >> 8] ^ _ID_LO[ip_id & 0xFF]
+    # the headers after BTH byte 4 as a slice (a few bytes: less than making a view)
+    s = _crc32(body, _crc32(head[5:], s))
+    return _crc32(tail[:t - 4], s) if t > 4 else s
+
+
+def icrc_ipv6_iov(parts: list, src: bytes, dst: bytes, sport: int,
+                  dport: int = ROCE_V2_UDP_DPORT, next_header: int = IPPROTO_UDP) -> int:
+    """IPv6 counterpart of :func:`icrc_ipv4_iov`."""
+    head, body, tail = parts
+    t = len(tail)
+    n = len(head) + len(body) + t
+    if len(head) < 12 or t < 4:
+        return icrc_ipv6(b"".join(parts), src, dst, sport, dport, next_header)
+    key = (_bth_word0(head, 0)[0], n, src, dst, sport, dport, next_header)
+    try:
+        s = _prefix6[key]
+    except KeyError:
+        s = _prefix_v6(key)
+    except TypeError:
+        return icrc_ipv6(b"".join(parts), src, dst, sport, dport, next_header)
+    s = _crc32(body, _crc32(head[5:], s))
+    return _crc32(tail[:t - 4], s) if t > 4 else s
 
 
 #: What CRC-32 leaves after running over a message followed by its own CRC (little-endian):

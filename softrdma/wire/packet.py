@@ -31,7 +31,7 @@ from .headers import (
 from .opcodes import ICRC_SIZE, OpInfo, OPCODE_LIST
 
 __all__ = ["DecodeError", "RocePacket", "parse", "build", "build_request", "REQUEST_BUILDERS",
-           "FIELDS_BY_HEADER"]
+           "REQUEST_IOV_BUILDERS", "build_iov", "FIELDS_BY_HEADER"]
 
 #: The RocePacket attributes each extension header fills, in header order.
 FIELDS_BY_HEADER: dict[Hdr, tuple[str, ...]] = {h: d.attrs for h, d in HEADERS.items()}
@@ -422,9 +422,12 @@ _REQUEST_PARAMS = ("opcode", "psn", "dest_qp", "ackreq", "se", "va", "rkey", "dm
                    "swap_add", "compare", "imm", "ieth_rkey", "qkey", "src_qp", "payload")
 
 
-def _compile_request_builder(headers: tuple[Hdr, ...]) -> Callable[..., bytearray]:
+def _compile_request_builder(headers: tuple[Hdr, ...],
+                             iov: bool = False) -> Callable[..., Any]:
     """A :func:`build_request` for one header layout, as straight-line code: the BTH and
-    extension fields packed by one struct, joined with the payload and the zero tail."""
+    extension fields packed by one struct, joined with the payload and the zero tail; with
+    ``iov``, the three as a list of buffers instead (softrdma.wire.iov: the payload, a view
+    of the MR, is not copied)."""
     fmt = "!BBHII" + "".join(HEADERS[h].fmt.lstrip("!") for h in headers)
     given = set(_REQUEST_PARAMS)
     words = ["opcode", "(0x80 | pad << 4) if se else pad << 4", "0xFFFF",
@@ -434,27 +437,36 @@ def _compile_request_builder(headers: tuple[Hdr, ...]) -> Callable[..., bytearra
     src = (f"def build_request({', '.join(_REQUEST_PARAMS)}):\n"
            f"    pad = -len(payload) & 3\n"
            f"    w2 = psn & 0xFFFFFF\n"
-           f"    return join((pack({', '.join(words)}), payload, tails[pad]))\n")
+           + (f"    return [pack({', '.join(words)}), payload, tails[pad]]\n" if iov else
+              f"    return join((pack({', '.join(words)}), payload, tails[pad]))\n"))
     namespace: dict = {"pack": struct.Struct(fmt).pack, "join": bytearray().join,
                        "tails": _ZERO_TAILS}
-    exec(compile(src, f"<build_request {'+'.join(h.name for h in headers) or 'BTH'}>",
-                 "exec"), namespace)
+    exec(compile(src, f"<build_request{'_iov' if iov else ''} "
+                      f"{'+'.join(h.name for h in headers) or 'BTH'}>", "exec"), namespace)
     fn = namespace["build_request"]
     fn.source = src  # what exactly runs, for readers and tests
     return fn
 
 
 _REQUEST_BUILDERS: dict[tuple[Hdr, ...], Callable[..., bytearray]] = {}
+_REQUEST_IOV_BUILDERS: dict[tuple[Hdr, ...], Callable[..., list]] = {}
 for _i in OPCODE_LIST:
     if _i is not None:
         _k = tuple(h for h, _ in _i.headers)
         if _k not in _REQUEST_BUILDERS:
             _REQUEST_BUILDERS[_k] = _compile_request_builder(_k)
+            _REQUEST_IOV_BUILDERS[_k] = _compile_request_builder(_k, iov=True)
 #: Per opcode: :func:`build_request` compiled for its layout (None: not an opcode). The
 #: requester calls ``REQUEST_BUILDERS[opcode](opcode, psn, ...)`` directly, which spares
 #: it the dispatch.
 REQUEST_BUILDERS: list[Callable[..., bytearray] | None] = [
     _REQUEST_BUILDERS[tuple(h for h, _ in i.headers)] if i else None for i in OPCODE_LIST]
+#: Per opcode: the same builder returning the packet as a list of buffers (softrdma.wire.iov):
+#: ``[headers, payload, pad + zero ICRC]``, the payload (a view of the MR) not copied; the
+#: device fills the ICRC (``SoftDevice.send_packet``). ``b"".join`` of the list is what
+#: :data:`REQUEST_BUILDERS` returns for the same arguments.
+REQUEST_IOV_BUILDERS: list[Callable[..., list] | None] = [
+    _REQUEST_IOV_BUILDERS[tuple(h for h, _ in i.headers)] if i else None for i in OPCODE_LIST]
 del _i, _k
 
 
@@ -475,3 +487,14 @@ def build_request(opcode: int, psn: int, dest_qp: int, ackreq: bool, se: bool, v
         raise ValueError(f"opcode 0x{opcode:02x} is not a known RoCE opcode")
     return fn(opcode, psn, dest_qp, ackreq, se, va, rkey, dma_len, swap_add, compare, imm,
               ieth_rkey, qkey, src_qp, payload)
+
+
+def build_iov(opcode: int, *, payload: bytes | bytearray | memoryview, **fields: Any) -> list:
+    """:func:`build` as a list of buffers (softrdma.wire.iov): ``[headers, payload, pad +
+    zero ICRC]``, the payload not copied (a READ RESPONSE's view of the MR). ``fields`` are
+    :func:`build`'s; the pad is rxe's. ``b"".join`` of the result is ``build(opcode,
+    payload=payload, **fields)``."""
+    pad = -len(payload) & 3
+    whole = build(opcode, payload=b"", pad=pad, **fields)
+    cut = len(whole) - pad - ICRC_SIZE
+    return [bytes(whole[:cut]), payload, _ZERO_TAILS[pad]]

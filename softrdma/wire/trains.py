@@ -34,7 +34,7 @@ All of this is sans-IO: :func:`coalesce` groups a list of queued packets into tr
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from .crc import crc32
 from .headers import BTH_ACK_OFFSET, BTH_OPCODE_OFFSET, BTH_QPN_OFFSET
@@ -68,7 +68,9 @@ def ip_id_delta(ip_id: int, length: int) -> int:
     return with_id ^ zeros
 
 
-Queued = tuple[bytes, bytes, int]  # (packet, destination IP (packed), UDP source port)
+# (packet: one buffer or a list of buffers (softrdma.wire.iov), destination IP (packed),
+# UDP source port)
+Queued = tuple[Any, bytes, int]
 
 
 def coalesce(pending: Sequence[Queued], max_segments: int = MAX_SEGMENTS,
@@ -82,24 +84,27 @@ def coalesce(pending: Sequence[Queued], max_segments: int = MAX_SEGMENTS,
     together; a train of one is sent as an ordinary datagram.
     """
     n = len(pending)
+    # a zero-copy packet is a list of three buffers: its length is theirs (one pass, here)
+    sizes = [len(d) if type(d) is not list else len(d[0]) + len(d[1]) + len(d[2])
+             for d, _, _ in pending]
     i = 0
     while i < n:
         data, dst, sport = pending[i]
-        size = len(data)
+        size = sizes[i]
         j = i + 1
         if j < n:
-            d1, dst1, sp1 = pending[j]
-            n1 = len(d1)
+            _, dst1, sp1 = pending[j]
+            n1 = sizes[j]
             if n1 < size and dst1 == dst and sp1 == sport and j + 1 < n:
-                d2, dst2, sp2 = pending[j + 1]
-                if len(d2) == n1 and dst2 == dst and sp2 == sport:
+                _, dst2, sp2 = pending[j + 1]
+                if sizes[j + 1] == n1 and dst2 == dst and sp2 == sport:
                     yield dst, sport, size, [data]  # FIRST alone; the MIDDLEs make a train
                     i = j
                     continue
         total = size
         while j < n and j - i < max_segments:
-            d, dj, sj = pending[j]
-            k = len(d)
+            _, dj, sj = pending[j]
+            k = sizes[j]
             if dj != dst or sj != sport or k > size or total + k > max_bytes:
                 break
             total += k
@@ -113,17 +118,52 @@ def coalesce(pending: Sequence[Queued], max_segments: int = MAX_SEGMENTS,
 def train_iov(packets: list, ipv4: bool) -> list:
     """The buffers of one ``sendmsg`` carrying ``packets`` as a train: the packets
     themselves over IPv6; over IPv4 each packet after the first with its ICRC moved to the
-    IP ID the kernel will give it (its index in the train)."""
-    if not ipv4:
-        return packets
-    iov = [packets[0]]
-    for k in range(1, len(packets)):
+    IP ID the kernel will give it (its index in the train).
+
+    A packet that is a list of buffers (softrdma.wire.iov: headers, payload, pad + ICRC)
+    gives its buffers, the payload view passed on, not copied; its pad and ICRC (moved, over
+    IPv4) are joined with the next packet's headers into one small buffer, since every
+    buffer of a ``sendmsg`` costs the kernel more than a few bytes joined here."""
+    if not any(type(p) is list for p in packets):
+        if not ipv4:
+            return packets
+        iov = [packets[0]]
+        for k in range(1, len(packets)):
+            p = packets[k]
+            n = len(p)
+            mv = memoryview(p)
+            icrc = int.from_bytes(mv[n - 4:], "little") ^ ip_id_delta(k, n)
+            iov.append(mv[:n - 4])
+            iov.append(icrc.to_bytes(4, "little"))
+        return iov
+    iov: list = []
+    carry = b""  # the previous packet's pad and ICRC, not yet in iov
+    for k in range(len(packets)):
         p = packets[k]
+        if type(p) is list:
+            head, body, tail = p
+            if k and ipv4:
+                t = len(tail)
+                n = len(head) + len(body) + t
+                icrc = int.from_bytes(tail[t - 4:], "little") ^ ip_id_delta(k, n)
+                tail = tail[:t - 4] + icrc.to_bytes(4, "little")
+            iov.append(carry + head if carry else head)
+            iov.append(body)
+            carry = tail
+            continue
+        if carry:
+            iov.append(carry)
+            carry = b""
+        if not k or not ipv4:
+            iov.append(p)
+            continue
         n = len(p)
         mv = memoryview(p)
         icrc = int.from_bytes(mv[n - 4:], "little") ^ ip_id_delta(k, n)
         iov.append(mv[:n - 4])
         iov.append(icrc.to_bytes(4, "little"))
+    if carry:
+        iov.append(carry)
     return iov
 
 
