@@ -13,6 +13,7 @@ they are absent, not broken, on a hardware QP.
 from __future__ import annotations
 
 import errno
+import os
 from collections import deque
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..qp.memory import AccessError
 from ..qp.mw import BindRequest
 from ..qp.transitions import check_transition
 from ..qp.wqe import RecvWqe, SendWqe
+from ..wire.trains import MAX_SEGMENTS
 from ._check import U8, U16, U24, U32, U64, as_bits, as_flag, as_int, require
 from .ah import AH, AddressVector, resolve_av
 from .attr import AHAttr, QPAttr, QPCap
@@ -58,6 +60,8 @@ _INLINE, _SIGNALED = int(F.IBV_SEND_INLINE), int(F.IBV_SEND_SIGNALED)  # plain i
 # the types a WR's scalar fields take on the fast path (anything else: the named checks)
 _INT_TYPES = frozenset({int, W, F})
 _QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
+#: packets a post may leave queued (doorbell batching): one full train (UDP GSO segments)
+DOORBELL_BATCH = int(os.environ.get("SOFTRDMA_DOORBELL_BATCH", MAX_SEGMENTS))
 
 
 # attr_mask bit -> the QPAttr fields it makes modify read, with their C widths; checked
@@ -337,7 +341,9 @@ class SoftQP:
         known flag bits, object classes; see :mod:`softrdma.verbs_api._check`): a WR the
         engines accept can no longer fail in a way that escapes its QP."""
         check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
-        with self.device.lock:
+        dev = self.device
+        with dev.lock:
+            busy = len(self.sq)  # WQEs this post finds queued or in flight
             for i, w in enumerate(wr_chain(wr)):
                 try:
                     wqe = self._make_send_wqe(w, i)
@@ -359,7 +365,17 @@ class SoftQP:
                 self.flush()
             else:
                 self.engine.kick()
-            self.device.after_post()
+            dev.after_post()
+            if dev.udp is not None:
+                # Doorbell batching (softrdma.soft.lock): if the QP was already busy, its
+                # packets may wait for the next flush (the next poll, or the progress
+                # thread's pass, which this wakes) and leave with those of the posts after
+                # it, as one train. A post to an idle QP goes at once, as rxe runs its
+                # requester inline for a lone WQE: a latency-bound program pays nothing.
+                # Nor do more than a train's worth wait (DOORBELL_BATCH): the peer starts
+                # on a full train while the program posts the next.
+                n = dev.udp.pending
+                dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH)
 
     def _make_send_wqe(self, w: Any, i: int = 0) -> SendWqe:
         what = "Failed to post send"
