@@ -324,18 +324,24 @@ class Responder:
             self._trace_ack(syndrome, psn)
         self._send(O.RC_ACKNOWLEDGE, psn, syndrome)
 
-    def owe_ack(self, psn: int) -> None:
-        """A request asked for an ACK (AckReq) that may be coalesced: send one ACK, for the
-        last such PSN, when the datagram (or train) it came in has been handled
-        (``DeviceLock.before_flush``, softrdma.soft.lock). Anything else this responder
-        sends first sends the owed ACK, so PSNs leave in order. An ACK for a PSN
-        acknowledges every earlier one (IBTA's ACK coalescing; rxe's completer completes
-        the send/write WQEs before it), and the MSN it carries is the one of that PSN."""
-        first = self.owed_psn < 0
+    def owe_ack(self, psn: int) -> bool:
+        """A request asked for an ACK (AckReq): hold it back if the device lets ACKs
+        coalesce (``defer_until_sent``: over real sockets, softrdma.soft.lock), to send one
+        ACK, for the last such PSN, once the datagram (or train) it came in has been
+        handled. Anything else this responder sends first sends the owed ACK, so PSNs
+        leave in order. An ACK for a PSN acknowledges every earlier one (IBTA's ACK
+        coalescing; rxe's completer completes the send/write WQEs before it), and carries
+        the MSN of that PSN. Returns False if the caller must send the ACK now."""
+        owed = self.owed_psn >= 0
         self.owed_psn = psn
         self.owed_msn = self.msn
-        if first:
-            self.qp.device.lock.before_flush(self.send_owed_ack)
+        if owed:
+            return True  # the device already holds our send_owed_ack: the PSN moved on
+        defer = getattr(self.qp.device, "defer_until_sent", None)
+        if defer is not None and defer(self.qp, self.send_owed_ack):
+            return True
+        self.owed_psn = -1
+        return False
 
     def send_owed_ack(self) -> None:
         """Send the ACK :meth:`owe_ack` held back, if any (not for a QP destroyed or
@@ -728,14 +734,7 @@ class Responder:
         if self.syndrome != AETH_ACK_UNLIMITED:
             self.send_ack(self.syndrome, pkt.psn)
         elif pkt.ackreq:
-            qp = self.qp
-            dev = qp.device
-            if dev.lock.coalesce_acks and dev.udp is not None and qp.dst_ip != dev.ip_packed:
-                # over real sockets only: a looped-back ACK costs no system call (and the
-                # loopback queue is run before the lock's last release); simulated
-                # networks keep one ACK per AckReq, which their tests count
-                self.owe_ack(pkt.psn)
-            else:
+            if not self.owe_ack(pkt.psn):
                 self.send_ack(AETH_ACK_UNLIMITED, pkt.psn)
 
     def _abandon_wqe(self) -> None:
