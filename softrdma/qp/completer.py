@@ -39,6 +39,8 @@ _ACK, _RNR_NAK, _NAK = int(AethType.ACK), int(AethType.RNR_NAK), int(AethType.NA
 _READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
 # plain ints: tested for every WQE completed (an enum member lookup costs each time)
 _SUCCESS = int(WCS.IBV_WC_SUCCESS)
+_POSTED, _PENDING, _DONE, _ERROR = (WqeState.POSTED, WqeState.PENDING, WqeState.DONE,
+                                    WqeState.ERROR)
 _SENDS = frozenset({int(W.IBV_WR_SEND), int(W.IBV_WR_SEND_WITH_IMM), int(W.IBV_WR_SEND_WITH_INV)})
 _ANSWERED_BY_EMPTY_READ_RESPONSE = {W.IBV_WR_ATOMIC_WRITE, W.IBV_WR_FLUSH}
 _NAK_STATUS = {NakCode.INVALID_REQUEST: WCS.IBV_WC_REM_INV_REQ_ERR,
@@ -122,25 +124,26 @@ class Completer:
             sq = qp.sq
             # get_wqe
             wqe = sq[0] if sq else None
-            if wqe is None or wqe.state == WqeState.POSTED:
+            if wqe is None or wqe.state == _POSTED:
                 break
-            if wqe.state == WqeState.DONE:
+            if wqe.state == _DONE:
                 self.do_complete(wqe)
                 continue
-            if wqe.state == WqeState.ERROR:
+            if wqe.state == _ERROR:
                 self.do_complete(wqe)
                 qp.to_error()
                 break
             # check_psn
             is_rd_atm = wqe.opcode in _READ_OR_ATOMIC
             if psn_diff(pkt.psn, wqe.last_psn) > 0:
-                if wqe.state == WqeState.PENDING:
+                if wqe.state == _PENDING:
                     if is_rd_atm:
                         self.error_retry(wqe, timeout=False,
                                          why="a response past the READ/atomic awaited")
                         break
                     # a coalesced ACK: everything up to this WQE's last PSN arrived (comp_wqe)
-                    self.reset_retry_counters()
+                    if not implied:
+                        self.reset_retry_counters()
                     if psn_diff(wqe.last_psn, self.psn) >= 0:
                         self.psn = psn_add(wqe.last_psn, 1)
                         self.opcode = -1
