@@ -40,11 +40,14 @@ follows the datagram, as before, but once per datagram instead of once per packe
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Callable
 
 __all__ = ["DeviceLock", "switch_on"]
+
+log = logging.getLogger("softrdma")
 
 
 def switch_on(name: str) -> bool:
@@ -95,10 +98,10 @@ class DeviceLock:
         this hold then skips the flush if it is the outermost hold and someone is bound
         to flush soon (module docstring); returns whether it will. Never on the thread
         that ``on_defer`` would wake."""
-        if self.depth != 1:
+        if self.depth != 1 or self.on_release is None:
             return False
         self._post = True
-        if not busy or not self.batching or self.on_release is None:
+        if not busy or not self.batching:
             return False
         if self.on_defer is None:
             if not self.polling:
@@ -120,7 +123,10 @@ class DeviceLock:
         while owed:  # what one pays may owe more: in order, until none is left
             self._owed = []
             for fn in owed:
-                fn()
+                try:
+                    fn()
+                except Exception:  # a bug: the lock must still be let go, the rest paid
+                    log.exception("softrdma: work owed before a flush failed")
             owed = self._owed
 
     def release(self) -> None:
