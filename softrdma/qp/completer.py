@@ -37,6 +37,11 @@ __all__ = ["Completer"]
 _AETH_TYPE, _AETH_VALUE = int(AETH_TYPE_MASK), int(AETH_VALUE_MASK)
 _ACK, _RNR_NAK, _NAK = int(AethType.ACK), int(AethType.RNR_NAK), int(AethType.NAK)
 _READ_OR_ATOMIC = {W.IBV_WR_RDMA_READ, W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
+# plain ints: tested for every WQE completed (an enum member lookup costs each time)
+_SUCCESS = int(WCS.IBV_WC_SUCCESS)
+_POSTED, _PENDING, _DONE, _ERROR = (WqeState.POSTED, WqeState.PENDING, WqeState.DONE,
+                                    WqeState.ERROR)
+_SENDS = frozenset({int(W.IBV_WR_SEND), int(W.IBV_WR_SEND_WITH_IMM), int(W.IBV_WR_SEND_WITH_INV)})
 _ANSWERED_BY_EMPTY_READ_RESPONSE = {W.IBV_WR_ATOMIC_WRITE, W.IBV_WR_FLUSH}
 _NAK_STATUS = {NakCode.INVALID_REQUEST: WCS.IBV_WC_REM_INV_REQ_ERR,
                NakCode.REMOTE_ACCESS_ERROR: WCS.IBV_WC_REM_ACCESS_ERR,
@@ -68,7 +73,7 @@ class Completer:
     # -- completing WQEs --------------------------------------------------------------
     def do_complete(self, wqe: SendWqe) -> None:
         qp = self.qp
-        if wqe.signaled or wqe.status != WCS.IBV_WC_SUCCESS:
+        if wqe.signaled or wqe.status != _SUCCESS:
             flags = WCF.IBV_WC_WITH_IMM if wqe.opcode in (W.IBV_WR_SEND_WITH_IMM,
                                                           W.IBV_WR_RDMA_WRITE_WITH_IMM) else 0
             qp.send_cq.push(WC(wr_id=wqe.wr_id, status=wqe.status,
@@ -80,10 +85,8 @@ class Completer:
             req = self.qp.req
             if req.wqe_index > 0:
                 req.wqe_index -= 1
-        if wqe.status == WCS.IBV_WC_SUCCESS:
-            dev = self.qp.device
-            if wqe.opcode in (W.IBV_WR_SEND, W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV):
-                dev.counters.rdma_sends += 1
+        if wqe.status == _SUCCESS and wqe.opcode in _SENDS:
+            self.qp.device.counters.rdma_sends += 1
         req = self.qp.req
         if wqe.has_rd_atomic:
             wqe.has_rd_atomic = False
@@ -116,48 +119,52 @@ class Completer:
     def on_response(self, pkt: Any) -> None:
         """Handle one ACK / NAK / read response / atomic ACK (rxe_completer for a packet)."""
         qp = self.qp
+        implied = False  # WQEs completed by a later PSN's ACK (coalesced ACKs)
         while True:
             sq = qp.sq
             # get_wqe
             wqe = sq[0] if sq else None
-            if wqe is None or wqe.state == WqeState.POSTED:
-                return
-            if wqe.state == WqeState.DONE:
+            if wqe is None or wqe.state == _POSTED:
+                break
+            if wqe.state == _DONE:
                 self.do_complete(wqe)
                 continue
-            if wqe.state == WqeState.ERROR:
+            if wqe.state == _ERROR:
                 self.do_complete(wqe)
                 qp.to_error()
-                return
+                break
             # check_psn
             is_rd_atm = wqe.opcode in _READ_OR_ATOMIC
             if psn_diff(pkt.psn, wqe.last_psn) > 0:
-                if wqe.state == WqeState.PENDING:
+                if wqe.state == _PENDING:
                     if is_rd_atm:
                         self.error_retry(wqe, timeout=False,
                                          why="a response past the READ/atomic awaited")
-                        return
+                        break
                     # a coalesced ACK: everything up to this WQE's last PSN arrived (comp_wqe)
-                    self.reset_retry_counters()
+                    if not implied:
+                        self.reset_retry_counters()
                     if psn_diff(wqe.last_psn, self.psn) >= 0:
                         self.psn = psn_add(wqe.last_psn, 1)
                         self.opcode = -1
                     self.do_complete(wqe)
-                    qp.req_wake()
+                    implied = True  # the requester is woken once, after the loop
                     continue
-                return
+                break
             diff = psn_diff(pkt.psn, self.psn)
             if diff < 0:
                 if pkt.psn == wqe.last_psn:
                     self._comp_ack(wqe, pkt)
-                    return
+                    break
                 if not (pkt.opcode == O.RC_ACKNOWLEDGE and self.opcode in (
                         O.RC_RDMA_READ_RESPONSE_FIRST, O.RC_RDMA_READ_RESPONSE_MIDDLE)):
-                    return  # an old duplicate
+                    break  # an old duplicate
             elif diff > 0 and is_rd_atm:
-                return
+                break
             self._check_ack(wqe, pkt)
-            return
+            break
+        if implied:
+            qp.req_wake()
 
     def _check_ack(self, wqe: SendWqe, pkt: Any) -> None:
         qp = self.qp

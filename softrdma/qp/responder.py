@@ -112,6 +112,7 @@ _WRITE_NEXT = {O.RC_RDMA_WRITE_MIDDLE, O.RC_RDMA_WRITE_LAST, O.RC_RDMA_WRITE_LAS
 _UC_BITS = int(Transport.UC)  # a UC opcode is its RC counterpart with the UC transport bits
 # plain names for the members tested per packet (an Enum member lookup costs each time)
 _RC_QP, _UC_QP, _UD_QP, _ERR = T.IBV_QPT_RC, T.IBV_QPT_UC, T.IBV_QPT_UD, S.IBV_QPS_ERR
+_RESET = S.IBV_QPS_RESET
 _RC_OR_UC = (_RC_QP, _UC_QP)
 _SUCCESS = WCS.IBV_WC_SUCCESS
 _SEL_MR = int(SEL.IBV_FLUSH_MR)
@@ -229,7 +230,7 @@ class Responder:
     __slots__ = ("qp", "psn", "ack_psn", "msn", "opcode", "sent_psn_nak", "nak_top", "drop_msg",
                  "wqe", "wqe_offset", "va", "rkey", "resid", "length", "resources", "res_head",
                  "status", "syndrome", "goto_error", "far_dup_ack_at", "duplicates", "res",
-                 "held", "budget")
+                 "held", "budget", "owed_psn", "owed_msn")
 
     def __init__(self, qp: "QpEngine") -> None:
         self.qp = qp  # the QP engine (rxe: struct rxe_qp)
@@ -237,6 +238,8 @@ class Responder:
         # requests that arrived while a READ's response was under way, with their IP header
         self.held: deque[tuple[Any, bytes]] = deque()
         self.budget = READ_RESPONSE_BATCH  # READ RESPONSE packets this pass may still send
+        self.owed_psn = -1  # the PSN of an ACK held back to coalesce (owe_ack), else -1
+        self.owed_msn = 0
         self.reset()
 
     def reset(self) -> None:
@@ -311,6 +314,7 @@ class Responder:
     # -- sending ACKs and responses --------------------------------------------------------
     def _send(self, opcode: int, psn: int, syndrome: int = AETH_ACK_UNLIMITED,
               payload: bytes | memoryview = b"", orig: int = 0) -> None:
+        self.send_owed_ack()  # an owed ACK goes first: the requester sees PSNs in order
         qp = self.qp
         pkt = build(opcode, psn=psn, dest_qp=qp.attr.dest_qp_num, syndrome=syndrome,
                     msn=self.msn, orig=orig, payload=payload)
@@ -332,6 +336,42 @@ class Responder:
         if self.qp.device.trace is not None:
             self._trace_ack(syndrome, psn)
         self._send(O.RC_ACKNOWLEDGE, psn, syndrome)
+
+    def owe_ack(self, psn: int) -> bool:
+        """A request asked for an ACK (AckReq): hold it back if the device lets ACKs
+        coalesce (``defer_until_sent``: over real sockets, softrdma.soft.lock), to send one
+        ACK, for the last such PSN, once the datagram (or train) it came in has been
+        handled. Anything else this responder sends first sends the owed ACK, so PSNs
+        leave in order. An ACK for a PSN acknowledges every earlier one (IBTA's ACK
+        coalescing; rxe's completer completes the send/write WQEs before it), and carries
+        the MSN of that PSN. Returns False if the caller must send the ACK now."""
+        owed = self.owed_psn >= 0
+        self.owed_psn = psn
+        self.owed_msn = self.msn
+        if owed:
+            return True  # the device already holds our send_owed_ack: the PSN moved on
+        defer = getattr(self.qp.device, "defer_until_sent", None)
+        if defer is not None and defer(self.qp, self.send_owed_ack):
+            return True
+        self.owed_psn = -1
+        return False
+
+    def send_owed_ack(self) -> None:
+        """Send the ACK :meth:`owe_ack` held back, if any (not for a QP destroyed or
+        reset meanwhile: the requester's retry covers it, as a lost ACK)."""
+        psn = self.owed_psn
+        if psn < 0:
+            return
+        self.owed_psn = -1
+        qp = self.qp
+        if qp.closed or qp.state == _RESET:
+            return
+        if qp.device.trace is not None:
+            qp.trace("ack", f"ACK PSN {psn} MSN {self.owed_msn} (coalesced)", psn=psn,
+                     msn=self.owed_msn, syndrome=AETH_ACK_UNLIMITED)
+        pkt = build(O.RC_ACKNOWLEDGE, psn=psn, dest_qp=qp.attr.dest_qp_num,
+                    syndrome=AETH_ACK_UNLIMITED, msn=self.owed_msn)
+        qp.device.send_packet(qp, pkt, qp.dst_ip, qp.tos)
 
     def _trace_ack(self, syndrome: int, psn: int) -> None:
         kind = syndrome & AETH_TYPE_MASK
@@ -707,7 +747,8 @@ class Responder:
         if self.syndrome != AETH_ACK_UNLIMITED:
             self.send_ack(self.syndrome, pkt.psn)
         elif pkt.ackreq:
-            self.send_ack(AETH_ACK_UNLIMITED, pkt.psn)
+            if not self.owe_ack(pkt.psn):
+                self.send_ack(AETH_ACK_UNLIMITED, pkt.psn)
 
     def _abandon_wqe(self) -> None:
         """UC class D1: a new message starts; the half-filled receive is reused from scratch."""

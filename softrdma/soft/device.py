@@ -355,6 +355,17 @@ class SoftDevice:
         if flush is not None:
             flush()
 
+    def defer_until_sent(self, qp: Any, fn: Callable[[], None]) -> bool:
+        """A responder offers to hold back an ACK and merge it with later ones (coalesced
+        ACKs, softrdma.soft.lock): True if ``fn`` will be called before the packets of the
+        datagram being handled leave (``lock.before_flush``), False to send it now. Only
+        over real sockets to another address (a looped-back ACK costs no system call, and
+        simulated networks count one ACK per AckReq), while SOFTRDMA_ACK_COALESCE allows."""
+        if not self.lock.coalesce_acks or self.udp is None or qp.dst_ip == self.ip_packed:
+            return False
+        self.lock.before_flush(fn)
+        return True
+
     def schedule_responder(self, qp: QpEngine) -> None:
         """``qp``'s responder has more to send than one pass may (a READ longer than
         ``softrdma.qp.responder.READ_RESPONSE_BATCH`` packets): give it another pass

@@ -5,7 +5,9 @@ epoll on Linux, so descriptors numbered above 1,024 are fine), delivers arriving
 to the engines, fires the QPs' timers on time and handles looped-back packets. Verbs calls
 run on the caller's thread under the device lock (``post_send`` sends at once, and a
 caller polling an empty CQ reads the socket itself); the thread does what nobody asked
-for: receive while the program sleeps or blocks, and time out. ``stop()`` joins it, and
+for: receive while the program sleeps or blocks, time out, and send what a ``post_send``
+left queued (doorbell batching, softrdma.soft.lock: such a post wakes the thread at once,
+and its next pass, which takes the device lock, flushes them). ``stop()`` joins it, and
 every thread still running at interpreter exit is stopped by an ``atexit`` hook, so a
 program that never closes its context still exits at once.
 
@@ -80,6 +82,7 @@ class Progress(threading.Thread):
         self._logged: set[type] = set()
         device.timers.on_change = self._on_timer_change
         device.on_schedule = self._on_schedule
+        device.lock.on_defer = self._wake  # a post left packets queued: flush them now
 
     def start(self) -> None:
         super().start()
@@ -104,6 +107,7 @@ class Progress(threading.Thread):
 
     def run(self) -> None:
         dev = self.device
+        dev.lock.flusher = threading.get_ident()  # never defers what it is woken to flush
         try:
             while not self._stopping:
                 with dev.lock:
@@ -160,6 +164,10 @@ class Progress(threading.Thread):
             self.device.timers.on_change = None
         if self.device.on_schedule == self._on_schedule:
             self.device.on_schedule = None
+        lock = self.device.lock
+        if lock.on_defer == self._wake:  # from now on nobody would flush a deferred post
+            lock.on_defer = None
+            lock.flusher = None
         self._sel.close()
         self._wake_sel.close()
         os.close(self._wake_r)

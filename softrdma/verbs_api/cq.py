@@ -295,6 +295,10 @@ class SoftCQ:
             q = self._wcs
             while q and len(out) < num_entries:
                 out.append(q.popleft())
+        if dev.udp is not None:
+            # the program polls: in manual mode its next post may defer its flush to the
+            # next poll (doorbell batching, softrdma.soft.lock); any other hold clears this
+            dev.lock.polling = True
         return len(out), out
 
     def __len__(self) -> int:

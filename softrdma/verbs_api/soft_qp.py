@@ -13,6 +13,7 @@ they are absent, not broken, on a hardware QP.
 from __future__ import annotations
 
 import errno
+import os
 from collections import deque
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..qp.memory import AccessError
 from ..qp.mw import BindRequest
 from ..qp.transitions import check_transition
 from ..qp.wqe import RecvWqe, SendWqe
+from ..wire.trains import MAX_SEGMENTS
 from ._check import U8, U16, U24, U32, U64, as_bits, as_flag, as_int, require
 from .ah import AH, AddressVector, resolve_av
 from .attr import AHAttr, QPAttr, QPCap
@@ -55,9 +57,15 @@ _INLINE_OK = {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
 _SGE_SIZE = 16  # sizeof(struct ib_sge): rxe sizes the send WQE by SGEs or inline bytes
 _SEND_FLAGS = 0x1F  # FENCE | SIGNALED | SOLICITED | INLINE | IP_CSUM
 _INLINE, _SIGNALED = int(F.IBV_SEND_INLINE), int(F.IBV_SEND_SIGNALED)  # plain ints: per WR
+# tested for every WR posted: plain values (an enum member lookup costs each time)
+_OP_ATOMIC_WRITE, _OP_FLUSH, _OP_BIND_MW = (int(W.IBV_WR_ATOMIC_WRITE), int(W.IBV_WR_FLUSH),
+                                            int(W.IBV_WR_BIND_MW))
+_RTS, _UD = int(S.IBV_QPS_RTS), T.IBV_QPT_UD
 # the types a WR's scalar fields take on the fast path (anything else: the named checks)
 _INT_TYPES = frozenset({int, W, F})
 _QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
+#: packets a post may leave queued (doorbell batching): one full train (UDP GSO segments)
+DOORBELL_BATCH = int(os.environ.get("SOFTRDMA_DOORBELL_BATCH", MAX_SEGMENTS))
 
 
 # attr_mask bit -> the QPAttr fields it makes modify read, with their C widths; checked
@@ -337,7 +345,9 @@ class SoftQP:
         known flag bits, object classes; see :mod:`softrdma.verbs_api._check`): a WR the
         engines accept can no longer fail in a way that escapes its QP."""
         check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
-        with self.device.lock:
+        dev = self.device
+        with dev.lock:
+            busy = len(self.sq)  # WQEs this post finds queued or in flight
             for i, w in enumerate(wr_chain(wr)):
                 try:
                     wqe = self._make_send_wqe(w, i)
@@ -359,13 +369,24 @@ class SoftQP:
                 self.flush()
             else:
                 self.engine.kick()
-            self.device.after_post()
+            dev.after_post()
+            if dev.udp is not None:
+                # Doorbell batching (softrdma.soft.lock): if the QP was already busy, its
+                # packets may wait for the next flush (the next poll, or the progress
+                # thread's pass, which this wakes) and leave with those of the posts after
+                # it, as one train. A post to an idle QP goes at once, as rxe runs its
+                # requester inline for a lone WQE: a latency-bound program pays nothing.
+                # Nor do more than a train's worth wait (DOORBELL_BATCH): the peer starts
+                # on a full train while the program posts the next.
+                n = dev.udp.pending
+                dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH)
 
     def _make_send_wqe(self, w: Any, i: int = 0) -> SendWqe:
         what = "Failed to post send"
         f = f"wr[{i}]"
-        require(w, SendWR, what, f)
-        if self.state < S.IBV_QPS_RTS:
+        if type(w) is not SendWR:
+            require(w, SendWR, what, f)
+        if self.engine.state < _RTS:
             raise PyverbsRDMAError(f"{what}: the QP is in {S(self.state).name}, not RTS",
                                    errno.EINVAL)
         # The C widths of every scalar field, whatever the opcode (the packet builder packs
@@ -412,20 +433,21 @@ class SoftQP:
             if total != 8 or remote_addr & 7:
                 raise PyverbsRDMAError(f"{what}: an atomic needs one 8-byte local buffer and "
                                        f"an 8-byte aligned remote_addr", errno.EINVAL)
-        if opcode == W.IBV_WR_ATOMIC_WRITE:
+        if opcode == _OP_ATOMIC_WRITE:
             # the 8 bytes travel in the WQE (librxe's wqe->dma.atomic_wr), from atomic_wr
             # or from one 8-byte local buffer; the responder checks the alignment
             inline, sges, total = self._atomic_write_data(w, sges, total, what, f)
-        elif opcode == W.IBV_WR_FLUSH:
+        elif opcode == _OP_FLUSH:
             # no data: the length is the RETH's (librxe: wqe->dma.length)
             sges, inline = [], None
             total = as_int(getattr(w, "flush_length", 0), what, f"{f}.flush_length", U32,
                            desc="not a 32-bit length")
             flush_type = as_int(getattr(w, "flush_type", 0), what, f"{f}.flush_type", U8)
             flush_level = as_int(getattr(w, "flush_level", 0), what, f"{f}.flush_level", U8)
-        if opcode == W.IBV_WR_BIND_MW:
+        if opcode == _OP_BIND_MW:
             bind_rkey = self._check_bind(w, what, f)
-        if self.qp_type == T.IBV_QPT_UD:
+        ud = self.qp_type == _UD
+        if ud:
             if w.ah is None or getattr(w.ah, "closed", True):
                 raise PyverbsRDMAError(f"{what}: a UD send needs an address handle "
                                        f"({f}.ah, set by set_wr_ud)", errno.EINVAL)
@@ -442,13 +464,13 @@ class SoftQP:
         wqe.rkey = rkey
         wqe.compare_add = compare_add
         wqe.swap = swap
-        if opcode == W.IBV_WR_FLUSH:
+        if opcode == _OP_FLUSH:
             wqe.flush_type, wqe.flush_level = flush_type, flush_level
-        if self.qp_type == T.IBV_QPT_UD:
+        if ud:
             wqe.av = w.ah.impl.av
             wqe.remote_qpn = remote_qpn
             wqe.remote_qkey = remote_qkey
-        if opcode == W.IBV_WR_BIND_MW:
+        if opcode == _OP_BIND_MW:
             # the engine works on key-table entries; a window or MR closed before the bind
             # executes is no longer held by the table, and the bind fails (MW_BIND_ERR)
             info = w.bind_info
