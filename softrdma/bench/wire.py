@@ -23,9 +23,10 @@ from typing import Callable
 
 from ..wire.crc import CRC_IMPL, crc32
 from ..wire.headers import ROCE_V2_UDP_DPORT
-from ..wire.icrc import icrc_ipv4, icrc_ok_ipv4
+from ..wire.icrc import icrc_ipv4, icrc_ipv4_iov, icrc_ok_ipv4
+from ..wire.iov import ZERO_COPY_MIN, zero_copy_enabled
 from ..wire.opcodes import Opcode
-from ..wire.packet import REQUEST_BUILDERS, build, build_request, parse
+from ..wire.packet import REQUEST_BUILDERS, REQUEST_IOV_BUILDERS, build, build_request, parse
 
 __all__ = ["rate", "paired_rates", "run_wire_bench", "MAX_PAYLOAD", "TARGET_RATIO"]
 
@@ -105,20 +106,44 @@ def run_wire_bench(payload: int = 4096, seconds: float = 0.5, rounds: int = 5
     def softrdma_crc() -> None:
         crc32(frozen)
 
+    zero_copy = zero_copy_enabled() and payload >= ZERO_COPY_MIN
+    rxbuf = bytearray(65536)  # the transport's reused receive buffer
+    rxbuf[:len(frozen)] = frozen
+    rxview = memoryview(rxbuf)[:len(frozen)]
+    mr = memoryview(bytearray(payload + 64))  # the MR a WRITE's payload lands in
+    mr_src = memoryview(bytearray(data))  # the MR a requester sends from
+
     def parse_only() -> None:
         parse(frozen)
 
-    def parse_check() -> None:  # softrdma/soft/rx.py receive_packet
-        p = parse(frozen)
+    def parse_check() -> None:  # softrdma/soft/udp.py hands a view (a copy if zero copy off)
+        p = parse(rxview if zero_copy else bytes(rxview))
         if not icrc_ok_ipv4(p.buf, src, dst, sport, ROCE_V2_UDP_DPORT, 0):
             raise AssertionError("ICRC mismatch")
 
-    def build_icrc() -> None:  # the requester's _make_packet, then SoftDevice.send_packet
+    def parse_check_place() -> None:  # ... and the responder's one copy into the MR
+        p = parse(rxview if zero_copy else bytes(rxview))
+        if not icrc_ok_ipv4(p.buf, src, dst, sport, ROCE_V2_UDP_DPORT, 0):
+            raise AssertionError("ICRC mismatch")
+        mr[:payload] = p.payload
+
+    def build_copy() -> None:  # the copying requester, then SoftDevice.send_packet's bytes()
         b = build_req(op, 5, 0x12, True, False, 0x1000, 0x77, payload, 0, 0, 0, 0, 0, 0x13,
-                      data)
+                      mr_src)
         n = len(b)
         c = icrc_ipv4(b, src, dst, sport)
         b[n - 4:] = c.to_bytes(4, "little")
+        bytes(b)
+
+    def build_iov() -> None:  # zero copy: headers, a view of the MR, pad + ICRC
+        b = build_req_iov(op, 5, 0x12, True, False, 0x1000, 0x77, payload, 0, 0, 0, 0, 0,
+                          0x13, mr_src)
+        c = icrc_ipv4_iov(b, src, dst, sport)
+        tail = b[2]
+        t = len(tail)
+        b[2] = tail[:t - 4] + c.to_bytes(4, "little") if t > 4 else c.to_bytes(4, "little")
+
+    build_icrc = build_iov if zero_copy else build_copy
 
     def build_kw_icrc() -> None:  # the same through build()'s keywords (responder, tools)
         b = build(op, psn=5, dest_qp=0x12, ackreq=True, se=False, va=0x1000, rkey=0x77,
@@ -129,15 +154,24 @@ def run_wire_bench(payload: int = 4096, seconds: float = 0.5, rounds: int = 5
         b[n - 4:] = c.to_bytes(4, "little")
 
     build_req = REQUEST_BUILDERS[op]  # what the requester calls
+    build_req_iov = REQUEST_IOV_BUILDERS[op]
     parse_check()
+    want = build(op, psn=5, dest_qp=0x12, ackreq=True, va=0x1000, rkey=0x77, dma_len=payload,
+                 src_qp=0x13, payload=data)
     if build_request(op, 5, 0x12, True, False, 0x1000, 0x77, payload, 0, 0, 0, 0, 0, 0x13,
-                     data) != build(op, psn=5, dest_qp=0x12, ackreq=True, va=0x1000, rkey=0x77,
-                                    dma_len=payload, src_qp=0x13, payload=data):
+                     data) != want:
         raise AssertionError("build_request and build disagree")
-    rows = ((f"softrdma's crc32 ({CRC_IMPL})", softrdma_crc), ("parse only", parse_only), ("parse + ICRC check", parse_check),
-            ("build + ICRC", build_icrc), ("build() keywords + ICRC", build_kw_icrc))
+    iov = build_req_iov(op, 5, 0x12, True, False, 0x1000, 0x77, payload, 0, 0, 0, 0, 0, 0x13,
+                        mr_src)
+    if b"".join(iov)[:-4] != bytes(want)[:-4]:
+        raise AssertionError("the zero-copy builder and build disagree")
+    mode = "zero copy" if zero_copy else "copying"
+    rows = ((f"softrdma's crc32 ({CRC_IMPL})", softrdma_crc), ("parse only", parse_only),
+            ("parse + ICRC check", parse_check), ("... + placement into the MR", parse_check_place),
+            ("build + ICRC", build_icrc), ("build + ICRC, copying", build_copy),
+            ("build() keywords + ICRC", build_kw_icrc))
     print(f"softrdma wire benchmark: RC_RDMA_WRITE_ONLY, {payload} B payload, "
-          f"{len(frozen)} B packet; {rounds} rounds, {seconds:g} s per row per round, "
+          f"{len(frozen)} B packet ({mode}); {rounds} rounds, {seconds:g} s per row per round, "
           f"each row alternating with the bare CRC")
     crc_us: list[float] = []
     per_row: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in rows}
@@ -154,7 +188,7 @@ def run_wire_bench(payload: int = 4096, seconds: float = 0.5, rounds: int = 5
         results[name] = {"us": statistics.median(u for u, _ in samples),
                          "ratio": statistics.median(ratios), "lo": min(ratios),
                          "hi": max(ratios)}
-    print(f"{'measurement':<30}{'us/op':>8}{'x bare crc':>12}{'range':>15}  target")
+    print(f"{'measurement':<32}{'us/op':>8}{'x bare crc':>12}{'range':>15}  target")
     for name, r in results.items():
         spread = f"{r['lo']:.2f}..{r['hi']:.2f}"
         mark = ""
@@ -163,7 +197,7 @@ def run_wire_bench(payload: int = 4096, seconds: float = 0.5, rounds: int = 5
                                                 else "missed"))
             if r["hi"] >= TARGET_RATIO > r["ratio"]:
                 mark += " (not in every round)"
-        print(f"{name:<30}{r['us']:>8.2f}{r['ratio']:>12.2f}{spread:>15}  {mark}")
+        print(f"{name:<32}{r['us']:>8.2f}{r['ratio']:>12.2f}{spread:>15}  {mark}")
     own = results[f"softrdma's crc32 ({CRC_IMPL})"]["us"]
     print(f"wire-layer cost beyond softrdma's CRC of the packet ({own:.2f} us): parse + check "
           f"{results['parse + ICRC check']['us'] - own:.2f} us, build + ICRC "
