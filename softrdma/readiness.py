@@ -84,17 +84,23 @@ def busy_poll_window(waits: Sequence[float], factor: float = SPIN_FACTOR,
 class BusyPoll:
     """The busy-poll window of one waiter (a CQ a loop waits on), derived from the
     turnarounds it measured: :meth:`record` each wait that was not answered at once (how
-    long it took, sleeps included), read :attr:`window` before the next. With
-    ``SOFTRDMA_BUSY_POLL=0`` (or ``adaptive=False``) the window stays :data:`SPIN_MAX`."""
+    long it took, sleeps included), and ask :meth:`window` when the next wait starts
+    polling. With ``SOFTRDMA_BUSY_POLL=0`` (or ``adaptive=False``) the window stays
+    :data:`SPIN_MAX`.
 
-    __slots__ = ("window", "_waits", "_next", "_history", "_adaptive")
+    Recording only stores the number: the window is worked out when a wait begins (a
+    waiter has nothing better to do then), not as an answer arrives, where the time is
+    the program's next post."""
+
+    __slots__ = ("_window", "_waits", "_next", "_history", "_adaptive", "_stale")
 
     def __init__(self, adaptive: bool | None = None, history: int = SPIN_HISTORY) -> None:
         self._adaptive = BUSY_POLL if adaptive is None else adaptive
         self._history = max(1, history)
         self._waits: list[float] = []
         self._next = 0  # the oldest of a full history: replaced next
-        self.window = SPIN_MAX  #: seconds to poll before sleeping, for the next wait
+        self._window = SPIN_MAX
+        self._stale = False
 
     def record(self, waited: float) -> None:
         """A wait took ``waited`` seconds (from its first empty poll to its answer)."""
@@ -106,4 +112,17 @@ class BusyPoll:
         else:
             w[self._next] = waited
             self._next = (self._next + 1) % self._history
-        self.window = busy_poll_window(w)
+        self._stale = True
+
+    def window(self) -> float:
+        """Seconds to poll before sleeping, for the wait that starts now."""
+        if self._stale:
+            self._window = busy_poll_window(self._waits)
+            self._stale = False
+        return self._window
+
+    @property
+    def waits(self) -> list[float]:
+        """The recorded waits (seconds) the window is derived from, oldest first."""
+        w = self._waits
+        return w[self._next:] + w[:self._next]

@@ -68,17 +68,17 @@ def test_busy_poll_adapts_to_the_recent_turnarounds_only():
     """BusyPoll keeps the last ``history`` waits: fast answers shrink the window, and once
     a slow peer's waits fill the history they decide it (older ones are forgotten)."""
     b = BusyPoll(adaptive=True, history=4)
-    assert b.window == SPIN_MAX
+    assert b.window() == SPIN_MAX
     for _ in range(4):
         b.record(100e-6)
-    assert b.window == pytest.approx(4 * 100e-6)
+    assert b.window() == pytest.approx(4 * 100e-6)
     b.record(20e-3)
-    assert b.window == pytest.approx(4 * 100e-6)  # one slow answer of 4: still 100 us
+    assert b.window() == pytest.approx(4 * 100e-6)  # one slow answer of 4: still 100 us
     b.record(20e-3)
-    assert b.window == SPIN_MIN  # median of 2 fast, 2 slow: 10 ms, a slow peer
+    assert b.window() == SPIN_MIN  # median of 2 fast, 2 slow: 10 ms, a slow peer
     for _ in range(4):
         b.record(200e-6)
-    assert b.window == pytest.approx(4 * 200e-6)  # fast again: the slow ones are gone
+    assert b.window() == pytest.approx(4 * 200e-6)  # fast again: the slow ones are gone
 
 
 def test_switch_off_keeps_the_fixed_window():
@@ -86,7 +86,7 @@ def test_switch_off_keeps_the_fixed_window():
     b = BusyPoll(adaptive=False)
     for _ in range(20):
         b.record(100e-6)
-    assert b.window == SPIN_MAX
+    assert b.window() == SPIN_MAX
 
 
 @pytest.mark.parametrize("value, adaptive", [("0", False), ("1", True), (None, True)])
@@ -99,7 +99,7 @@ def test_environment_switch(value, adaptive):
     code = ("from softrdma.readiness import BusyPoll\n"
             "b = BusyPoll()\n"
             "[b.record(1e-4) for _ in range(8)]\n"
-            "print(b.window)")
+            "print(b.window())")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert float(out) == (pytest.approx(4e-4) if adaptive else SPIN_MAX)
@@ -156,8 +156,8 @@ def test_wait_one_fast_peer_is_polled_for_and_sets_the_window():
     assert Perf.wait_one(w, cq).wr_id == 7
     assert cq.polls == 6
     busy = w.busy[id(cq)]
-    assert SPIN_MIN <= busy.window <= SPIN_MAX
-    assert len(busy._waits) == 1
+    assert SPIN_MIN <= busy.window() <= SPIN_MAX
+    assert len(busy.waits) == 1
 
 
 @pytest.mark.parametrize("adaptive", [True, False])
@@ -181,7 +181,7 @@ def test_wait_one_slow_peer_sleeps_and_still_gets_its_completion(adaptive, monke
             timer.cancel()
         assert w.sleeps > before  # it slept at least once for this answer
     (busy,) = w.busy.values()
-    assert busy.window == (SPIN_MIN if adaptive else SPIN_MAX)
+    assert busy.window() == (SPIN_MIN if adaptive else SPIN_MAX)
 
 
 # -- the real tool, with a peer stopped for longer than any window ---------------------------

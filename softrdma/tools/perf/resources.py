@@ -243,7 +243,7 @@ class Perf:
                 busy = self.busy[id(cq)] = BusyPoll()
             clock = time.perf_counter
             start = clock()
-            spin_end = start + busy.window
+            spin_end = start + busy.window()
             while True:
                 n, wcs = cq.poll(1)
                 if n:
@@ -251,7 +251,7 @@ class Perf:
                     break
                 if clock() > spin_end:
                     self.idle()
-                    spin_end = clock() + busy.window
+                    spin_end = clock() + busy.window()
         wc = wcs[0]
         if wc.status:
             raise self.bad_completion(wc, "client" if not self.server else "server")
