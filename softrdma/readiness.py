@@ -56,29 +56,34 @@ SPIN_MAX = 0.002
 #: processes stay on-CPU, 61 us when each sleeps in recv: (61 - 17) / 2); polling for less
 #: than two of those saves nothing a sleep would cost
 SPIN_MIN = 50e-6
-#: an answer later than this many typical turnarounds is not coming soon (the peer lost
-#: its CPU, or is doing something else): sleep rather than spin on
-SPIN_FACTOR = 4.0
-#: how many recent waits the typical turnaround is the median of
+#: poll for this many times the 90th percentile of the recent waits: nine answers in ten
+#: come within the percentile, and the factor covers the scatter of the tenth without a
+#: sleep (a sleep and a wake-up cost more than the spin on this VM, see SPIN_MIN)
+SPIN_FACTOR = 2.0
+#: the share of recent waits the window must cover (before the factor)
+SPIN_PERCENTILE = 0.9
+#: how many recent waits the window is derived from
 SPIN_HISTORY = 16
 
 
 def busy_poll_window(waits: Sequence[float], factor: float = SPIN_FACTOR,
                      floor: float = SPIN_MIN, ceiling: float = SPIN_MAX) -> float:
     """How long (seconds) to poll for an answer before sleeping, given the durations of the
-    recent waits that had to wait at all: ``factor`` times their median, at least
-    ``floor``. A peer whose typical answer comes later than ``ceiling`` is a slow peer:
-    spinning for it would burn a CPU the peer may need, so the window is ``floor`` (the
-    wake-up is cheap next to the wait). No history yet: ``ceiling``, the fixed window of
-    before, until there is."""
+    recent waits that had to wait at all: ``factor`` times their 90th percentile, at
+    least ``floor``, at most ``ceiling``. A peer whose *typical* (median) answer comes
+    later than ``ceiling`` is a slow peer: spinning for it would burn a CPU the peer may
+    need, so the window is ``floor`` (the wake-up is cheap next to the wait). No history
+    yet: ``ceiling``, the fixed window of before, until there is."""
     if not waits:
         return ceiling
-    s = sorted(waits)  # the median, without statistics.median's cost on a hot path
-    k = len(s) // 2
-    typical = s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
+    s = sorted(waits)  # the order statistics, without statistics' cost on a hot path
+    n = len(s)
+    k = n // 2
+    typical = s[k] if n % 2 else (s[k - 1] + s[k]) / 2
     if typical > ceiling:
         return floor
-    return min(ceiling, max(floor, factor * typical))
+    high = s[min(n - 1, int(SPIN_PERCENTILE * n))]
+    return min(ceiling, max(floor, factor * high))
 
 
 class BusyPoll:

@@ -37,48 +37,49 @@ def test_no_history_polls_for_the_fixed_window_of_before():
     assert busy_poll_window([]) == SPIN_MAX == 0.002
 
 
-def test_window_is_a_multiple_of_the_median_turnaround():
-    """Typical answers in 100 us (one outlier at 1.9 ms does not move the median): poll for
-    4 x 100 us."""
-    waits = [90e-6, 100e-6, 110e-6, 1.9e-3, 100e-6]
-    assert busy_poll_window(waits) == pytest.approx(SPIN_FACTOR * 100e-6)
-    assert busy_poll_window(waits, factor=2.0) == pytest.approx(200e-6)
-    # an even count: the mean of the two middle ones
-    assert busy_poll_window([100e-6, 300e-6], factor=1.0, floor=0.0) == pytest.approx(200e-6)
+def test_window_is_a_multiple_of_the_90th_percentile():
+    """Answers in 100 us, nine in ten, and the rest in 150 us: poll for 2 x 150 us; one
+    outlier of 20 (1.9 ms) is past the percentile and does not move it."""
+    waits = [100e-6] * 9 + [150e-6]
+    assert busy_poll_window(waits) == pytest.approx(SPIN_FACTOR * 150e-6)
+    assert busy_poll_window(waits, factor=3.0) == pytest.approx(450e-6)
+    assert busy_poll_window([100e-6] * 19 + [1.9e-3]) == pytest.approx(SPIN_FACTOR * 100e-6)
 
 
 def test_window_never_below_the_cost_of_a_wake_up():
-    """Answers in 1 us would give 4 us of polling: less than a sleep and a wake-up cost,
+    """Answers in 1 us would give 2 us of polling: less than a sleep and a wake-up cost,
     so the floor (50 us) is polled."""
     assert busy_poll_window([1e-6] * 5) == SPIN_MIN
     assert busy_poll_window([1e-6], floor=10e-6) == 10e-6
 
 
 def test_window_capped_and_a_slow_peer_is_not_spun_for():
-    """Answers in 400 us: 4 x 400 us is 1.6 ms, under the 2 ms cap; in 1 ms: capped at
-    2 ms; typically later than the cap (a slow peer, 10 ms): spinning would only take a
-    CPU from it, so the window drops to the floor."""
-    assert busy_poll_window([400e-6] * 3) == pytest.approx(1.6e-3)
-    assert busy_poll_window([1e-3] * 3) == SPIN_MAX
+    """Answers in 400 us: 2 x 400 us, under the 2 ms cap; in 1.5 ms: capped at 2 ms;
+    typically later than the cap (a slow peer, 10 ms): spinning would only take a CPU from
+    it, so the window drops to the floor."""
+    assert busy_poll_window([400e-6] * 3) == pytest.approx(800e-6)
+    assert busy_poll_window([1.5e-3] * 3) == SPIN_MAX
     assert busy_poll_window([10e-3] * 3) == SPIN_MIN
     assert busy_poll_window([10e-3] * 3, floor=1e-4, ceiling=5e-3) == 1e-4
 
 
 def test_busy_poll_adapts_to_the_recent_turnarounds_only():
-    """BusyPoll keeps the last ``history`` waits: fast answers shrink the window, and once
-    a slow peer's waits fill the history they decide it (older ones are forgotten)."""
+    """BusyPoll keeps the last ``history`` waits: fast answers shrink the window, a late
+    one among them widens it (to the cap), and once a slow peer's waits are half the
+    history they decide it; older ones are forgotten."""
     b = BusyPoll(adaptive=True, history=4)
     assert b.window() == SPIN_MAX
     for _ in range(4):
         b.record(100e-6)
-    assert b.window() == pytest.approx(4 * 100e-6)
+    assert b.window() == pytest.approx(SPIN_FACTOR * 100e-6)
     b.record(20e-3)
-    assert b.window() == pytest.approx(4 * 100e-6)  # one slow answer of 4: still 100 us
+    assert b.window() == SPIN_MAX  # one late answer of 4: spin as long as allowed
     b.record(20e-3)
     assert b.window() == SPIN_MIN  # median of 2 fast, 2 slow: 10 ms, a slow peer
     for _ in range(4):
         b.record(200e-6)
-    assert b.window() == pytest.approx(4 * 200e-6)  # fast again: the slow ones are gone
+    assert b.window() == pytest.approx(SPIN_FACTOR * 200e-6)  # fast again: the slow ones are gone
+    assert b.waits == [200e-6] * 4
 
 
 def test_switch_off_keeps_the_fixed_window():
@@ -102,7 +103,7 @@ def test_environment_switch(value, adaptive):
             "print(b.window())")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
-    assert float(out) == (pytest.approx(4e-4) if adaptive else SPIN_MAX)
+    assert float(out) == (pytest.approx(SPIN_FACTOR * 1e-4) if adaptive else SPIN_MAX)
 
 
 # -- Perf.wait_one with fake CQs ------------------------------------------------------------
