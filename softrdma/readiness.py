@@ -93,11 +93,12 @@ class BusyPoll:
     polling. With ``SOFTRDMA_BUSY_POLL=0`` (or ``adaptive=False``) the window stays
     :data:`SPIN_MAX`.
 
-    Recording only stores the number: the window is worked out when a wait begins (a
-    waiter has nothing better to do then), not as an answer arrives, where the time is
-    the program's next post."""
+    Nothing of this is on the answer's path: a waiter that got its answer only notes how
+    long it took (:attr:`last`); the next wait files it (:meth:`settle`) once its first
+    poll came back empty, and asks for the window only when it has polled for
+    :data:`SPIN_MIN` (no window is shorter)."""
 
-    __slots__ = ("_window", "_waits", "_next", "_history", "_adaptive", "_stale")
+    __slots__ = ("_window", "_waits", "_next", "_history", "_adaptive", "_stale", "last")
 
     def __init__(self, adaptive: bool | None = None, history: int = SPIN_HISTORY) -> None:
         self._adaptive = BUSY_POLL if adaptive is None else adaptive
@@ -106,6 +107,13 @@ class BusyPoll:
         self._next = 0  # the oldest of a full history: replaced next
         self._window = SPIN_MAX
         self._stale = False
+        self.last: float | None = None  #: the latest wait, not yet filed (settle)
+
+    def settle(self) -> None:
+        """File :attr:`last` (if a wait left one) in the history."""
+        if self.last is not None:
+            self.record(self.last)
+            self.last = None
 
     def record(self, waited: float) -> None:
         """A wait took ``waited`` seconds (from its first empty poll to its answer)."""
@@ -121,6 +129,7 @@ class BusyPoll:
 
     def window(self) -> float:
         """Seconds to poll before sleeping, for the wait that starts now."""
+        self.settle()
         if self._stale:
             self._window = busy_poll_window(self._waits)
             self._stale = False
@@ -128,6 +137,7 @@ class BusyPoll:
 
     @property
     def waits(self) -> list[float]:
-        """The recorded waits (seconds) the window is derived from, oldest first."""
+        """The recorded waits (seconds) the window is derived from, oldest first (and
+        :attr:`last`, not yet filed)."""
         w = self._waits
-        return w[self._next:] + w[:self._next]
+        return w[self._next:] + w[:self._next] + ([] if self.last is None else [self.last])

@@ -9,7 +9,7 @@ import random
 import time
 from typing import Any
 
-from ...readiness import BusyPoll, readable
+from ...readiness import SPIN_MIN, BusyPoll, readable
 from ...enums import (
     IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE, IBV_QPT_RC, IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_WR_RDMA_READ,
@@ -232,26 +232,37 @@ class Perf:
     def wait_one(self, cq: Any) -> Any:
         """The next completion of ``cq``, making progress while there is none: polling,
         as perftest does (``cq.poll`` reads the socket on this thread, so an answer is
-        seen without a sleep and a wake-up), for the CQ's busy-poll window -- a multiple
-        of how long its recent waits took (:class:`softrdma.readiness.BusyPoll`;
+        seen without a sleep and a wake-up), for the CQ's busy-poll window -- derived from
+        how long its recent waits took (:class:`softrdma.readiness.BusyPoll`;
         ``SOFTRDMA_BUSY_POLL=0``: a fixed 2 ms) -- then sleeping in :meth:`idle` until
-        something arrives."""
+        something arrives. The bookkeeping stays off the answer's path: the wait's length
+        is taken at its last empty poll, filed when the next wait starts, and the window
+        looked up only once :data:`SPIN_MIN` is spent, the least any window is."""
         n, wcs = cq.poll(1)
         if not n:
             busy = self.busy.get(id(cq))
             if busy is None:
                 busy = self.busy[id(cq)] = BusyPoll()
             clock = time.perf_counter
-            start = clock()
-            spin_end = start + busy.window()
+            start = now = clock()
+            busy.settle()
+            spin_end = start + SPIN_MIN
+            windowed = False
             while True:
                 n, wcs = cq.poll(1)
                 if n:
-                    busy.record(clock() - start)
+                    busy.last = now - start
                     break
-                if clock() > spin_end:
+                now = clock()
+                if now > spin_end:
+                    if not windowed:
+                        windowed = True
+                        spin_end = start + busy.window()
+                        if now <= spin_end:
+                            continue
                     self.idle()
-                    spin_end = clock() + busy.window()
+                    now = clock()
+                    spin_end = now + busy.window()
         wc = wcs[0]
         if wc.status:
             raise self.bad_completion(wc, "client" if not self.server else "server")
