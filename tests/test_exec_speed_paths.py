@@ -5,10 +5,7 @@ empty CQ without the device lock -- sees 0 and an untouched array on an empty CQ
 completion of a batch once and in order when it polls a few at a time, a completion the
 progress thread took while the program slept on its first poll after; post lists with a
 bad WR in the middle stop there (EINVAL, ``bad_wr`` at it, the WRs before it posted and
-completed, none after); WRs of one SGE are read whole (``SOFTRDMA_EXEC_FAST_WR``) and
-land as the field-by-field reader put them (their payloads and lengths checked). Both ways
-of the switches. (tests/test_exec_verbs.py's program covers the rest of the fast WR path:
-immediate data, inline data from unregistered memory, RDMA WRITE and READ.)"""
+completed, none after). Both ways of the switch."""
 
 from __future__ import annotations
 
@@ -30,9 +27,8 @@ def program(tmp_path_factory):
 
 @pytest.mark.parametrize("fast, addr", [("1", "127.0.3.61"), ("0", "127.0.3.62")])
 def test_speed_paths_program(program, fast, addr):
-    """Every check of the program passes, with the fast paths on (the empty-first poll,
-    WRs read whole) and off."""
-    env = {**os.environ, "SOFTRDMA_EXEC_FAST_POLL": fast, "SOFTRDMA_EXEC_FAST_WR": fast}
+    """Every check of the program passes, with the fast poll on and off."""
+    env = {**os.environ, "SOFTRDMA_EXEC_FAST_POLL": fast}
     r = subprocess.run(exec_argv(addr, program), capture_output=True, text=True, timeout=120,
                        env=env)
     oks = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("OK ")]
@@ -40,13 +36,12 @@ def test_speed_paths_program(program, fast, addr):
     assert "Traceback" not in r.stderr
 
 
-def test_fast_path_switches_select_the_paths():
-    """SOFTRDMA_EXEC_FAST_POLL=0 gives a CQ record the soft CQ's own poll, and
-    SOFTRDMA_EXEC_FAST_WR=0 reads WRs field by field; 1, the fast ones (so the test above
-    ran both ways)."""
-    code = ("import softrdma.exec.queues as q; print(q.FAST_POLL and q.FAST_WR)")
+def test_fast_poll_switch_selects_the_path():
+    """SOFTRDMA_EXEC_FAST_POLL=0 gives a CQ record the soft CQ's own poll; unset, the
+    empty-first one (so the test above ran both paths)."""
+    code = ("import softrdma.exec.queues as q; print(q.FAST_POLL)")
     for value, want in (("0", "False"), ("1", "True")):
-        env = {**os.environ, "SOFTRDMA_EXEC_FAST_POLL": value, "SOFTRDMA_EXEC_FAST_WR": value}
+        env = {**os.environ, "SOFTRDMA_EXEC_FAST_POLL": value}
         out = subprocess.run([os.sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, check=True).stdout.strip()
         assert out == want

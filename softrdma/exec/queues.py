@@ -668,73 +668,6 @@ def _recv_wr(w: Any, max_sge: int) -> Any:
     return RecvWR(w.wr_id, n, _sges(w.sg_list, n) if n else ())
 
 
-# -- the WRs read whole ----------------------------------------------------------------------
-# A cffi attribute read costs about as much as a small Python call, and a WR and its SGE
-# take eight to ten of them. The common WR -- one SGE, no UD address, no atomic -- is read
-# instead as two runs of bytes (the WR's head, its SGE) unpacked with the offsets of the
-# installed header; every other WR goes through the field-by-field readers above.
-
-#: SOFTRDMA_EXEC_FAST_WR=0: every WR read field by field (_send_wr, _recv_wr)
-FAST_WR = os.environ.get("SOFTRDMA_EXEC_FAST_WR", "1") != "0"
-# struct ibv_send_wr up to the RDMA member of its union (what a SEND or an RDMA op uses)
-_SEND_FIELDS = (("wr_id", "Q"), ("sg_list", "Q"), ("num_sge", "i"), ("opcode", "I"),
-                ("send_flags", "I"), ("imm_data", "I"), ("wr.rdma.remote_addr", "Q"),
-                ("wr.rdma.rkey", "I"))
-_RECV_FIELDS = (("wr_id", "Q"), ("sg_list", "Q"), ("num_sge", "i"))
-_SGE_FIELDS = (("addr", "Q"), ("length", "I"), ("lkey", "I"))
-# the opcodes read whole: RDMA WRITE (with immediate), SEND (with immediate, with
-# invalidate), RDMA READ; atomics, binds and the rest have members of their own
-_PLAIN_OPS = frozenset({0, 1, 2, 3, 4, 9})
-_send_head: Any = None  # struct.Struct of _SEND_FIELDS (made by install)
-_recv_head: Any = None
-_sge_one: Any = None
-
-
-def _layout(ffi: Any, ctype: str, fields: tuple) -> Any:
-    """A struct.Struct reading ``fields`` of ``ctype`` (in header order) from its start."""
-    import struct
-    fmt, at = "<", 0
-    for name, code in fields:
-        off = ffi.offsetof(ctype, *name.split("."))
-        if off < at:
-            raise ValueError(f"{ctype}.{name} at {off}: not in header order")
-        fmt += "x" * (off - at) + code
-        at = off + struct.calcsize("<" + code)
-    return struct.Struct(fmt)
-
-
-def _send_wr_whole(w: Any, rec: QpRec) -> Any:
-    """:func:`_send_wr` for the common WR of an RC or UC QP, the same answers: its
-    head and its one SGE unpacked at once (any other WR: :func:`_send_wr`)."""
-    if rec.ud:
-        return _send_wr(w, rec)
-    ffi = shim.ffi
-    wr_id, _sg, n, op, flags, imm, remote_addr, rkey = \
-        _send_head.unpack_from(ffi.buffer(w, _send_head.size))
-    if n != 1 or op not in _PLAIN_OPS or rec.max_send_sge < 1:
-        return _send_wr(w, rec)
-    addr, length, lkey = _sge_one.unpack_from(ffi.buffer(w.sg_list, _sge_one.size))
-    if op in _IMM_OPS:
-        imm = _bswap32(imm)  # __be32 in the program's memory
-    if flags & _SEND_INLINE and op in _INLINE_OPS:
-        lkey = rec.inline_lkey
-        if lkey is None:
-            lkey = rec.inline_lkey = inline_lkey(rec.qp.pd)
-    wr = SendWR(wr_id, op, 1, imm, [SGE(addr, length, lkey)], flags)
-    wr.remote_addr, wr.rkey = remote_addr, rkey
-    return wr
-
-
-def _recv_wr_whole(w: Any, max_sge: int) -> Any:
-    """:func:`_recv_wr` for a WR of one SGE, read at once (any other: :func:`_recv_wr`)."""
-    ffi = shim.ffi
-    wr_id, _sg, n = _recv_head.unpack_from(ffi.buffer(w, _recv_head.size))
-    if n != 1 or max_sge < 1:
-        return _recv_wr(w, max_sge)
-    addr, length, lkey = _sge_one.unpack_from(ffi.buffer(w.sg_list, _sge_one.size))
-    return RecvWR(wr_id, 1, [SGE(addr, length, lkey)])
-
-
 def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -> int:
     """Convert the chain until a WR fails, post what came before it; on a failure
     ``*bad_wr`` is the first WR not posted and the errno is returned. A chain longer
@@ -848,14 +781,9 @@ _lib: Any = None
 
 def install(ffi: Any, lib: Any) -> None:
     """Define this part's functions and hook the context's creation."""
-    global _lib, SendWR, RecvWR, SGE, _wc_struct, _WC_SIZE, _send_head, _recv_head, _sge_one
+    global _lib, SendWR, RecvWR, SGE, _wc_struct, _WC_SIZE
     _lib = lib
     _wc_struct = _wc_layout(ffi)
-    _send_head = _layout(ffi, "struct ibv_send_wr", _SEND_FIELDS)
-    _recv_head = _layout(ffi, "struct ibv_recv_wr", _RECV_FIELDS)
-    _sge_one = _layout(ffi, "struct ibv_sge", _SGE_FIELDS)
-    send_wr = _send_wr_whole if FAST_WR else _send_wr
-    recv_wr = _recv_wr_whole if FAST_WR else _recv_wr
     _WC_SIZE = ffi.sizeof("struct ibv_wc")
     from ..verbs_api import SRQ, SGE, RecvWR, SendWR, SrqAttr, SrqInitAttr
     devices.ON_OPEN.append(_on_open)
@@ -1007,7 +935,7 @@ def install(ffi: Any, lib: Any) -> None:
         rec = _qps.get(int(ffi.cast("uintptr_t", qp)))
         if rec is None:
             raise Errno(EINVAL, "ibv_post_send: not a QP of softrdma exec")
-        return _post(wr, bad_wr, send_wr, rec, rec.post_send, rec.send_depth)
+        return _post(wr, bad_wr, _send_wr, rec, rec.post_send, rec.send_depth)
 
     @ffi.def_extern(name="softrdma_post_recv")
     @guard("errno")
@@ -1016,7 +944,7 @@ def install(ffi: Any, lib: Any) -> None:
         if rec is None:
             raise Errno(EINVAL, "ibv_post_recv: not a QP of softrdma exec")
         # (a QP with an SRQ has max_recv_sge 0: its receives go to the SRQ)
-        return _post(wr, bad_wr, recv_wr, rec.max_recv_sge, rec.post_recv, rec.recv_depth)
+        return _post(wr, bad_wr, _recv_wr, rec.max_recv_sge, rec.post_recv, rec.recv_depth)
 
     # ---- SRQs ----------------------------------------------------------------------------------
     @ffi.def_extern(name="ibv_create_srq")
