@@ -65,6 +65,9 @@ _RTS, _UD = int(S.IBV_QPS_RTS), T.IBV_QPT_UD
 _INT_TYPES = frozenset({int, W, F})
 _QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
 #: packets a post may leave queued (doorbell batching): one full train (UDP GSO segments)
+#: one WR per post without the chain walk (:meth:`SoftQP._post_one`); SOFTRDMA_SMALL_MSG=0: off
+SMALL_MSG = os.environ.get("SOFTRDMA_SMALL_MSG", "1").strip().lower() not in (
+    "0", "no", "off", "false")
 DOORBELL_BATCH = int(os.environ.get("SOFTRDMA_DOORBELL_BATCH", MAX_SEGMENTS))
 
 
@@ -344,8 +347,12 @@ class SoftQP:
         Every field of every WR is checked here, before it is queued (types, C widths,
         known flag bits, object classes; see :mod:`softrdma.verbs_api._check`): a WR the
         engines accept can no longer fail in a way that escapes its QP."""
-        check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
         dev = self.device
+        if type(wr) is SendWR and wr.next_wr is None and bad_wr is None and SMALL_MSG and \
+                dev.trace is None:
+            self._post_one(wr)
+            return
+        check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
         with dev.lock:
             busy = len(self.sq)  # WQEs this post finds queued or in flight
             for i, w in enumerate(wr_chain(wr)):
@@ -379,6 +386,30 @@ class SoftQP:
                 # Nor do more than a train's worth wait (DOORBELL_BATCH): the peer starts
                 # on a full train while the program posts the next.
                 n = dev.udp.pending
+                dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH)
+
+    def _post_one(self, w: SendWR) -> None:
+        """:meth:`post_send` of one WR (no chain, no ``bad_wr``, no trace): perftest's
+        message-rate loop. The same checks (:meth:`_make_send_wqe`), queueing, kick and
+        doorbell, without walking a chain (SOFTRDMA_SMALL_MSG=0: the general loop)."""
+        dev = self.device
+        with dev.lock:
+            sq = self.sq
+            busy = len(sq)
+            try:
+                wqe = self._make_send_wqe(w, 0)
+            except PyverbsRDMAError as e:
+                mark_bad(e, w, 0, None)
+                raise
+            sq.append(wqe)
+            if self.state == S.IBV_QPS_ERR:
+                self.flush()
+            else:
+                self.engine.kick()
+            dev.after_post()
+            udp = dev.udp
+            if udp is not None:
+                n = udp.pending  # the doorbell, as in post_send
                 dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH)
 
     def _make_send_wqe(self, w: Any, i: int = 0) -> SendWqe:
