@@ -294,9 +294,11 @@ class Requester:
                 (length >= ZERO_COPY_MIN and getattr(qp.device, "zero_copy", False)):
             return 0
         psn = self.psn
-        if rc and self._window_room() <= 0:
-            self.wait_psn = True
-            return -1
+        if rc:  # _window_room() <= 0, inline: psn_diff(psn, comp.psn + window) >= 1
+            d = (psn - qp.comp.psn - RXE_MAX_UNACKED_PSNS) & BTH_PSN_MASK
+            if 0 < d < 0x800000:
+                self.wait_psn = True
+                return -1
         opcode, may_solicit = only
         if not rc:
             opcode += _UC
@@ -305,8 +307,16 @@ class Requester:
         elif wqe.inline is not None:
             data = wqe.inline[:length]
         else:
+            sges = wqe.sges
             try:
-                data = gather(qp.device.keys, qp.pd, wqe.sges, 0, length)
+                if len(sges) == 1:  # gather's one-slice case, without the call
+                    addr, slen, lkey = sges[0]
+                    if length > slen:
+                        raise AccessError("range", "read past the end of the SGE list")
+                    data = bytes(qp.device.keys.resolve(lkey, qp.pd, addr, length, 0,
+                                                        remote=False))
+                else:
+                    data = gather(qp.device.keys, qp.pd, sges, 0, length)
             except AccessError:
                 self._error(wqe, WCS.IBV_WC_LOC_PROT_ERR)
                 return -1
