@@ -224,3 +224,55 @@ def test_a_joined_train_carries_each_segment_with_the_icrc_of_its_ip_id(monkeypa
     # a longer last packet is no train shape: the per-packet iov, not joined
     odd = pkts[:1] + [pkts[0] + b"\0\0\0\0"]
     assert len(train_iov(odd, True)) > 1
+
+
+def test_a_coalesced_ack_retires_the_same_wqes_either_way(udp_devices, monkeypatch):
+    """A post list of 40 SENDs and WRITEs (some signaled) leaves as one train over real UDP
+    (127.0.4.x) and comes back as coalesced ACKs: retired in one pass
+    (``Completer._retire_implied``) or one by one (off), the sender's completions are the
+    same, in order, CQEs only for the signaled WRs, and its send queue is left empty."""
+    from softrdma.harness.testing import Endpoint, connect
+    from softrdma.qp import completer
+    from softrdma.verbs_api import Context, QPCap
+
+    from .conftest import wait_until
+
+    cap = QPCap(max_send_wr=256, max_recv_wr=256, max_send_sge=4, max_recv_sge=4,
+                max_inline_data=64)
+    signaled = [i for i in range(40) if i % 7 == 0 or i == 39]
+    results = []
+    for k, on in enumerate((False, True)):
+        monkeypatch.setattr(completer, "SMALL_MSG", on)
+        retired = []
+        orig = completer.Completer._retire_implied
+
+        def spy(self, psn, orig=orig, retired=retired):
+            r = orig(self, psn)
+            retired.append(r)
+            return r
+        monkeypatch.setattr(completer.Completer, "_retire_implied", spy)
+        da = udp_devices(f"127.0.4.{20 + 2 * k}", f"smp-a{k}")
+        db = udp_devices(f"127.0.4.{21 + 2 * k}", f"smp-b{k}")
+        a = Endpoint(Context(name=da.name), "RC", 1 << 16, cap, 256)
+        b = Endpoint(Context(name=db.name), "RC", 1 << 16, cap, 256)
+        connect(a, b, 100, 200)
+        connect(b, a, 200, 100)
+        for i in range(40):
+            b.post_recv(b.sge(256 * i, 256), wr_id=1000 + i)
+        wrs = []
+        for i in range(40):
+            op = IBV_WR_SEND if i % 3 == 0 else IBV_WR_RDMA_WRITE
+            wr = SendWR(i, opcode=op, sg=[a.sge(64 * i, 64)],
+                        send_flags=SIGNALED if i in signaled else 0)
+            wr.set_wr_rdma(b.mr.rkey, b.mr.buf + 64 * i)
+            wrs.append(wr)
+        a.qp.post_send(wrs)
+        got = []
+        assert wait_until(lambda: got.extend(a.cq.poll_all()) or
+                          (len(got) >= len(signaled) and not a.qp.impl.engine.sq))
+        results.append([(wc.wr_id, wc.status, wc.opcode, wc.byte_len) for wc in got])
+        assert any(retired) == on  # the one-pass retire ran (on) or was skipped (off)
+        a.close()
+        b.close()
+    assert results[0] == results[1]
+    assert [r[0] for r in results[0]] == signaled and all(r[1] == 0 for r in results[0])
