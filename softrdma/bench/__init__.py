@@ -9,8 +9,9 @@ the same run:
 - :mod:`.udp`: ``softrdma perf`` between two processes on loopback, beside bare Python UDP;
 - :mod:`.verbs`: one pyverbs RDMA WRITE loop through softrdma and Debian's pyverbs, beside
   ib_write_bw, on one device;
-- :mod:`.cexec`: ib_write_bw under ``softrdma exec`` (both ends) beside ``softrdma perf
-  write``: the cost of crossing from C into Python;
+- :mod:`.cexec`: ib_write_bw and ib_send_lat under ``softrdma exec`` (both ends) beside
+  ``softrdma perf write`` / ``send --lat``: the cost of crossing from C into Python, against
+  issue 30's 0.8 targets (``run_exec_goals``);
 - :mod:`.scale`: 1,000 QPs streaming beside one, 65,536 QPs' memory, timer and dispatch
   costs with 65,536 QPs beside one, idle CPU with 1,000 QPs beside none;
 - :mod:`.capture`: a long capture (made by :mod:`.capgen` from real rxe captures, with

@@ -252,6 +252,31 @@ class _Notify:
         pass
 
 
+#: SOFTRDMA_EXEC_FAST_POLL=0: every ibv_poll_cq goes through the soft CQ's poll (which takes
+#: the device lock to look at the queue even when it is empty)
+FAST_POLL = os.environ.get("SOFTRDMA_EXEC_FAST_POLL", "1") != "0"
+_NO_WCS: tuple = ()
+
+
+def empty_first_poll(impl: Any) -> Any:
+    """``impl.poll`` (a soft CQ's) for a program that spins on ``ibv_poll_cq``: most of its
+    calls find the CQ empty, so one that does makes progress on the caller's thread
+    (``device.poll_nowait``: read the socket, which takes the device lock only if nobody
+    holds it) and, still empty, answers 0 without the lock -- a completion queued
+    meanwhile by the progress thread is there for the next call. Only a CQ with
+    completions takes the lock, to pop them (``impl.poll``)."""
+    dev = impl.device
+    full = impl.poll
+
+    def poll(n: int) -> tuple[int, Any]:
+        if not len(impl) and dev.udp is not None:
+            dev.poll_nowait()  # a failed device raises (DeviceFailed: an OSError)
+            if not len(impl):
+                return 0, _NO_WCS
+        return full(n)
+    return poll
+
+
 class CqRec:
     """A CQ: ``cq`` (the verbs_api CQ), ``struct`` (what the program holds: a ``struct
     ibv_cq *``), its channel record, the events got and not yet acknowledged."""
@@ -261,7 +286,8 @@ class CqRec:
     def __init__(self, cq: Any, struct: Any, mem: Any, channel: ChannelRec | None) -> None:
         self.cq, self.struct, self.mem, self.channel = cq, struct, mem, channel
         self.unacked = 0
-        self.poll = cq.impl.poll  # the soft CQ's poll: one call per ibv_poll_cq
+        # the soft CQ's poll: one call per ibv_poll_cq
+        self.poll = empty_first_poll(cq.impl) if FAST_POLL else cq.impl.poll
 
 
 class QpRec:

@@ -185,6 +185,8 @@ class SoftDevice:
         self._resp_queued: set[QpEngine] = set()
         # told when the first of them asks (the progress thread wakes up for it)
         self.on_schedule: Callable[[], None] | None = None
+        #: the progress thread's wake-up, for :meth:`blocking`
+        self.on_blocking: Callable[[], None] | None = None
         self.capture: Any = None  # a PacketCapture, when capturing
         self.verify_icrc = True  # transports that cannot see the IPv4 ID switch this off
         # fault injection (soft/faults.py, docs/faults.md): ``faults.tx`` / ``faults.rx``;
@@ -522,6 +524,15 @@ class SoftDevice:
         keep their packets until :meth:`progress`, so tests and lessons can step."""
         if self._rxq and self.udp is not None:
             self.run_local()
+
+    def blocking(self) -> None:
+        """The application stops polling and is about to block (``get_cq_event``): the
+        progress thread takes receiving back now, not when its grace after the last poll
+        runs out (softrdma.soft.progress)."""
+        if self.polled_at != float("-inf"):
+            self.polled_at = float("-inf")
+            if self.on_blocking is not None:
+                self.on_blocking()
 
     def poll_nowait(self) -> int:
         """Progress driven by a caller polling a CQ: read what arrived, handle loopback.

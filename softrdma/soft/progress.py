@@ -21,6 +21,9 @@ While the application polls a CQ (``poll_cq`` reads the socket on the caller's t
 :data:`POLL_GRACE` after the last poll it waits on timers and wake-ups only, so a
 packet the poller is about to read is not taken by the thread, handled there, and handed
 back across the GIL (the hand-off on the critical path of a polling program's latency).
+While the polls go on, it looks again after twice as long each time (up to
+:data:`POLL_GRACE_MAX`), without taking the device lock; a program about to block in
+``get_cq_event`` calls ``SoftDevice.blocking()``, which hands rx back to the thread at once.
 
 Manual mode (``SoftDevice.attach_udp(..., thread=False)``) has no thread: the program
 calls ``device.poll(timeout)`` to make progress, deterministically.
@@ -41,6 +44,12 @@ __all__ = ["Progress", "poll_once", "stop_all"]
 
 MAX_SLEEP = 0.05  # seconds; bounds the wait when no timer is armed
 POLL_GRACE = 0.001  # seconds after an application's last CQ poll the thread leaves rx to it
+# While the application keeps polling, the thread looks again after twice as long each time,
+# up to this: each look costs the poller a hand-over of the GIL (measured: 4 to 8 us off
+# the median round trip of a latency loop when the thread did not look every 1 ms). A
+# program about to block says so (SoftDevice.blocking), so only a program that stops
+# polling without blocking (a sleep, a computation) waits up to this for the thread.
+POLL_GRACE_MAX = 0.008
 log = logging.getLogger("softrdma")
 _running: "weakref.WeakSet[Progress]" = weakref.WeakSet()
 
@@ -82,6 +91,7 @@ class Progress(threading.Thread):
         self._logged: set[type] = set()
         device.timers.on_change = self._on_timer_change
         device.on_schedule = self._on_schedule
+        device.on_blocking = self._wake  # a program about to block: rx is ours again
         device.lock.on_defer = self._wake  # a post left packets queued: flush them now
 
     def start(self) -> None:
@@ -108,6 +118,7 @@ class Progress(threading.Thread):
     def run(self) -> None:
         dev = self.device
         dev.lock.flusher = threading.get_ident()  # never defers what it is woken to flush
+        grace = POLL_GRACE
         try:
             while not self._stopping:
                 with dev.lock:
@@ -115,10 +126,14 @@ class Progress(threading.Thread):
                 now = time.monotonic()
                 wait = MAX_SLEEP if dl is None else max(0.0, min(MAX_SLEEP, dl - now))
                 sel = self._sel
-                polled = dev.polled_at + POLL_GRACE - now
-                if polled > 0:  # the application is polling: rx is its job for now
+                polled = dev.polled_at + grace - now
+                standing_back = polled > 0
+                if standing_back:  # the application is polling: rx is its job for now
                     sel = self._wake_sel
                     wait = min(wait, polled)
+                    grace = min(grace * 2, max(POLL_GRACE, POLL_GRACE_MAX))  # polling still?
+                else:
+                    grace = POLL_GRACE
                 self._sleep_until = now + wait
                 ready = sel.select(wait)
                 self._sleep_until = 0.0
@@ -133,6 +148,8 @@ class Progress(threading.Thread):
                             pass
                     else:
                         rx = True
+                if not ready and standing_back and (dl is None or time.monotonic() < dl):
+                    continue  # only the grace ran out: look again, without the lock
                 self._step(rx)
         except BaseException as e:  # the loop itself broke: nobody may wait in vain
             if not self._stopping:
@@ -164,6 +181,8 @@ class Progress(threading.Thread):
             self.device.timers.on_change = None
         if self.device.on_schedule == self._on_schedule:
             self.device.on_schedule = None
+        if self.device.on_blocking == self._wake:
+            self.device.on_blocking = None
         lock = self.device.lock
         if lock.on_defer == self._wake:  # from now on nobody would flush a deferred post
             lock.on_defer = None

@@ -127,6 +127,7 @@ class SoftCompChannel:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (ev_cq := self._events.get()) is None:
             self._fatal(what)
+            self.device.blocking()  # the progress thread receives while we wait
             if deadline is not None and time.monotonic() >= deadline:
                 raise PyverbsRDMAError(f"{what}: timed out", errno.ETIMEDOUT)
             self._events.wait(deadline)
@@ -135,6 +136,7 @@ class SoftCompChannel:
     async def wait_async(self) -> "CQ":
         while not len(self._events):
             self._fatal("Failed to get CQ event")
+            self.device.blocking()  # the progress thread receives while we wait
             await self._events.wait_async()
         return self.get_cq_event()
 

@@ -9,7 +9,7 @@ import random
 import time
 from typing import Any
 
-from ...readiness import readable
+from ...readiness import SPIN_MIN, BusyPoll, readable
 from ...enums import (
     IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE, IBV_QPT_RC, IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_WR_RDMA_READ,
@@ -62,11 +62,6 @@ def inc(size: int, cache_line: int) -> int:
 
 
 
-# How long wait_one polls before it sleeps: a latency test's answer comes within a round
-# trip, and perftest polls for ever; past this, a stalled peer costs no CPU.
-SPIN = 0.002
-
-
 class Perf:
     """The resources of one perftest-style test, either role (perftest's
     ``pingpong_context``); the loops, reports and checks are functions of it."""
@@ -91,6 +86,8 @@ class Perf:
         # who knows roughly when the tool started can reproduce; ours come from the OS
         self.rng = random.SystemRandom()
         self.check_msgs: list[str] = []
+        # how long wait_one polls each CQ before it sleeps, from the turnarounds measured
+        self.busy: dict[int, BusyPoll] = {}
 
     # -- I/O while waiting ---------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
@@ -234,24 +231,42 @@ class Perf:
 
     def wait_one(self, cq: Any) -> Any:
         """The next completion of ``cq``, making progress while there is none: polling,
-        as perftest does, for up to :data:`SPIN` seconds (``cq.poll`` reads the socket on
-        this thread, so an answer is seen without a sleep and a wake-up), then sleeping in
-        :meth:`idle` until something arrives."""
-        clock = time.perf_counter
-        spin_end = 0.0
-        while True:
-            n, wcs = cq.poll(1)
-            if n:
-                wc = wcs[0]
-                if wc.status:
-                    raise self.bad_completion(wc, "client" if not self.server else "server")
-                return wc
-            now = clock()
-            if not spin_end:
-                spin_end = now + SPIN
-            elif now > spin_end:
-                self.idle()
-                spin_end = 0.0
+        as perftest does (``cq.poll`` reads the socket on this thread, so an answer is
+        seen without a sleep and a wake-up), for the CQ's busy-poll window -- derived from
+        how long its recent waits took (:class:`softrdma.readiness.BusyPoll`;
+        ``SOFTRDMA_BUSY_POLL=0``: a fixed 2 ms) -- then sleeping in :meth:`idle` until
+        something arrives. The bookkeeping stays off the answer's path: the wait's length
+        is taken at its last empty poll, filed when the next wait starts, and the window
+        looked up only once :data:`SPIN_MIN` is spent, the least any window is."""
+        n, wcs = cq.poll(1)
+        if not n:
+            busy = self.busy.get(id(cq))
+            if busy is None:
+                busy = self.busy[id(cq)] = BusyPoll()
+            clock = time.perf_counter
+            start = now = clock()
+            busy.settle()
+            spin_end = start + SPIN_MIN
+            windowed = False
+            while True:
+                n, wcs = cq.poll(1)
+                if n:
+                    busy.last = now - start
+                    break
+                now = clock()
+                if now > spin_end:
+                    if not windowed:
+                        windowed = True
+                        spin_end = start + busy.window()
+                        if now <= spin_end:
+                            continue
+                    self.idle()
+                    now = clock()
+                    spin_end = now + busy.window()
+        wc = wcs[0]
+        if wc.status:
+            raise self.bad_completion(wc, "client" if not self.server else "server")
+        return wc
 
     def wait_send(self) -> Any:
         return self.wait_one(self.scq)
