@@ -186,7 +186,8 @@ class Requester:
                     qp.trace("retry", f"retransmitting from PSN {self.psn}",
                              psn=self.psn, action="retransmit")
             if self.wqe_index >= len(sq):
-                self._check_drained()
+                if st == _SQD:  # the call only matters in SQD (every kick ends here)
+                    self._check_drained()
                 return
             wqe = sq[self.wqe_index]
             if fast and wqe.state == _POSTED and st == _RTS:
