@@ -413,6 +413,7 @@ def test_requester_fault_moves_only_its_qp_to_err(ctx, monkeypatch, caplog):
     events(ctx)
     before = n.dev.counters.qp_fatal
     _patch_to_raise(monkeypatch, Requester, "_make_packet", a1)
+    _patch_to_raise(monkeypatch, Requester, "_send_only", a1)  # the one-packet fast path
     caplog.set_level(logging.ERROR, logger="softrdma")
     a1.post_send([n.write_wr(1, 64), n.write_wr(2, 64)])  # posted: the fault is the QP's
     _check_contained(ctx, n, a1, [a2, b1, b2], caplog, before)

@@ -16,6 +16,7 @@ first unacknowledged packet.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from ..completion import AsyncEvent
@@ -68,6 +69,17 @@ _POSTED, _PROCESSING, _PENDING, _DONE, _ERROR = (
     WqeState.POSTED, WqeState.PROCESSING, WqeState.PENDING, WqeState.DONE, WqeState.ERROR)
 _CONTINUES = {O.RC_SEND_FIRST, O.RC_SEND_MIDDLE, O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE,
               O.UC_SEND_FIRST, O.UC_SEND_MIDDLE, O.UC_RDMA_WRITE_FIRST, O.UC_RDMA_WRITE_MIDDLE}
+
+
+#: the one-packet fast path (:meth:`Requester._send_only`); SOFTRDMA_SMALL_MSG=0 turns it off
+#: (read at import; tests set it to compare both paths)
+SMALL_MSG = os.environ.get("SOFTRDMA_SMALL_MSG", "1").strip().lower() not in (
+    "0", "no", "off", "false")
+# WR opcode -> (RC ONLY opcode, solicited allowed): the messages the fast path sends
+_ONLY = {int(W.IBV_WR_SEND): (int(O.RC_SEND_ONLY), True),
+         int(W.IBV_WR_SEND_WITH_IMM): (int(O.RC_SEND_ONLY_WITH_IMMEDIATE), True),
+         int(W.IBV_WR_RDMA_WRITE): (int(O.RC_RDMA_WRITE_ONLY), False),
+         int(W.IBV_WR_RDMA_WRITE_WITH_IMM): (int(O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE), True)}
 
 
 class Requester:
@@ -162,6 +174,7 @@ class Requester:
         qp = self.qp
         sq = qp.sq
         rc = qp.qp_type == _RC_QP
+        fast = SMALL_MSG and qp.qp_type != _UD_QP
         while True:
             st = qp.state
             if st != _RTS and st != _SQD:
@@ -173,9 +186,16 @@ class Requester:
                     qp.trace("retry", f"retransmitting from PSN {self.psn}",
                              psn=self.psn, action="retransmit")
             if self.wqe_index >= len(sq):
-                self._check_drained()
+                if st == _SQD:  # the call only matters in SQD (every kick ends here)
+                    self._check_drained()
                 return
             wqe = sq[self.wqe_index]
+            if fast and wqe.state == _POSTED and st == _RTS:
+                r = self._send_only(wqe, rc)
+                if r > 0:
+                    continue
+                if r < 0:
+                    return
             if st == _SQD and wqe.state == _POSTED:
                 # SQD: messages already under way finish; nothing new starts (rxe DRAIN)
                 self._check_drained()
@@ -258,6 +278,69 @@ class Requester:
                 qp.arm_retrans_if_idle()
             elif info.last:
                 qp.comp.retire()
+
+    def _send_only(self, wqe: SendWqe, rc: bool) -> int:
+        """The fast path of :meth:`run` for a posted RC/UC SEND or WRITE (with or without
+        immediate) that fits one packet and carries no fence: the same gates, PSN, AckReq,
+        state updates and packet (the same builder, fields in the same order) as the loop
+        below, without its general dispatch. Returns 1 when the packet left, 0 when the
+        WQE is not one of these (the general path takes it), -1 when a gate closed or it
+        failed (as ``run`` returns there)."""
+        only = _ONLY.get(wqe.opcode)
+        if only is None or wqe.send_flags & _FENCE:
+            return 0
+        qp = self.qp
+        length = wqe.length
+        if length > qp.mtu() or \
+                (length >= ZERO_COPY_MIN and getattr(qp.device, "zero_copy", False)):
+            return 0
+        psn = self.psn
+        if rc:  # _window_room() <= 0, inline: psn_diff(psn, comp.psn + window) >= 1
+            d = (psn - qp.comp.psn - RXE_MAX_UNACKED_PSNS) & BTH_PSN_MASK
+            if 0 < d < 0x800000:
+                self.wait_psn = True
+                return -1
+        opcode, may_solicit = only
+        if not rc:
+            opcode += _UC
+        if not length:
+            data = b""
+        elif wqe.inline is not None:
+            data = wqe.inline[:length]
+        else:
+            sges = wqe.sges
+            try:
+                if len(sges) == 1:  # gather's one-slice case, without the call
+                    addr, slen, lkey = sges[0]
+                    if length > slen:
+                        raise AccessError("range", "read past the end of the SGE list")
+                    data = bytes(qp.device.keys.resolve(lkey, qp.pd, addr, length, 0,
+                                                        remote=False))
+                else:
+                    data = gather(qp.device.keys, qp.pd, sges, 0, length)
+            except AccessError:
+                self._error(wqe, WCS.IBV_WC_LOC_PROT_ERR)
+                return -1
+        self.noack_pkts = 0  # _ackreq(last=True, rc)
+        solicited = may_solicit and bool(wqe.send_flags & _SOLICITED)
+        compare_add = wqe.compare_add
+        imm = wqe.imm
+        pkt = REQUEST_BUILDERS[opcode](opcode, psn, qp.attr.dest_qp_num, rc, solicited,
+                                       wqe.remote_addr, wqe.rkey, length, compare_add, 0,
+                                       imm, imm, wqe.remote_qkey, qp.qp_num, data)
+        wqe.state = _PENDING if rc else _DONE
+        wqe.first_psn = wqe.last_psn = psn
+        wqe.npkts = 1
+        self.psn = (psn + 1) & BTH_PSN_MASK
+        wqe.offset = length
+        self.opcode = opcode
+        self.wqe_index += 1
+        qp.device.send_packet(qp, pkt, qp.dst_ip, qp.tos)
+        if rc:
+            qp.arm_retrans_if_idle()
+        else:
+            qp.comp.retire()
+        return 1
 
     def _send_middles(self, wqe: SendWqe, opcode: int, mtu: int, rc: bool) -> None:
         """Send the MIDDLE packets of ``wqe`` that the window allows, up to (not including)

@@ -33,9 +33,11 @@ from .enums import (
     ibv_send_flags as F, ibv_wr_opcode as W,
 )
 from .mr import MR, MR_ACCESS_BITS, MW
-from .posting import check_send_scalars, check_wr_arg, mark_bad, recv_wqe, sge_list, wr_chain
+from .posting import (
+    MAX_MSG, check_send_scalars, check_wr_arg, mark_bad, recv_wqe, sge_list, wr_chain,
+)
 from .qp import check_cap
-from .wr import MWBindInfo, RecvWR, SendWR
+from .wr import SGE, MWBindInfo, RecvWR, SendWR
 
 __all__ = ["SoftQP"]
 
@@ -54,6 +56,9 @@ _ALLOWED_OPS = {
 _ATOMIC_OPS = {W.IBV_WR_ATOMIC_CMP_AND_SWP, W.IBV_WR_ATOMIC_FETCH_AND_ADD}
 _INLINE_OK = {W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM, W.IBV_WR_SEND,
               W.IBV_WR_SEND_WITH_IMM, W.IBV_WR_SEND_WITH_INV}
+# the opcodes of the one-SGE fast path in _make_send_wqe (SOFTRDMA_SMALL_MSG)
+_PLAIN_OPS = frozenset(int(o) for o in (W.IBV_WR_RDMA_WRITE, W.IBV_WR_RDMA_WRITE_WITH_IMM,
+                                        W.IBV_WR_SEND, W.IBV_WR_SEND_WITH_IMM))
 _SGE_SIZE = 16  # sizeof(struct ib_sge): rxe sizes the send WQE by SGEs or inline bytes
 _SEND_FLAGS = 0x1F  # FENCE | SIGNALED | SOLICITED | INLINE | IP_CSUM
 _INLINE, _SIGNALED = int(F.IBV_SEND_INLINE), int(F.IBV_SEND_SIGNALED)  # plain ints: per WR
@@ -65,6 +70,9 @@ _RTS, _UD = int(S.IBV_QPS_RTS), T.IBV_QPT_UD
 _INT_TYPES = frozenset({int, W, F})
 _QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
 #: packets a post may leave queued (doorbell batching): one full train (UDP GSO segments)
+#: one WR per post without the chain walk (:meth:`SoftQP._post_one`); SOFTRDMA_SMALL_MSG=0: off
+SMALL_MSG = os.environ.get("SOFTRDMA_SMALL_MSG", "1").strip().lower() not in (
+    "0", "no", "off", "false")
 DOORBELL_BATCH = int(os.environ.get("SOFTRDMA_DOORBELL_BATCH", MAX_SEGMENTS))
 
 
@@ -344,8 +352,12 @@ class SoftQP:
         Every field of every WR is checked here, before it is queued (types, C widths,
         known flag bits, object classes; see :mod:`softrdma.verbs_api._check`): a WR the
         engines accept can no longer fail in a way that escapes its QP."""
-        check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
         dev = self.device
+        if type(wr) is SendWR and wr.next_wr is None and bad_wr is None and SMALL_MSG and \
+                dev.trace is None:
+            self._post_one(wr)
+            return
+        check_wr_arg(wr, bad_wr, SendWR, "Failed to post send")
         with dev.lock:
             busy = len(self.sq)  # WQEs this post finds queued or in flight
             for i, w in enumerate(wr_chain(wr)):
@@ -381,6 +393,30 @@ class SoftQP:
                 n = dev.udp.pending
                 dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH)
 
+    def _post_one(self, w: SendWR) -> None:
+        """:meth:`post_send` of one WR (no chain, no ``bad_wr``, no trace): perftest's
+        message-rate loop. The same checks (:meth:`_make_send_wqe`), queueing, kick and
+        doorbell, without walking a chain (SOFTRDMA_SMALL_MSG=0: the general loop)."""
+        dev = self.device
+        with dev.lock:
+            sq = self.sq
+            busy = len(sq)
+            try:
+                wqe = self._make_send_wqe(w, 0)
+            except PyverbsRDMAError as e:
+                mark_bad(e, w, 0, None)
+                raise
+            sq.append(wqe)
+            if self.state == S.IBV_QPS_ERR:
+                self.flush()
+            else:
+                self.engine.kick()
+            dev.after_post()
+            udp = dev.udp
+            if udp is not None:
+                n = udp.pending  # the doorbell, as in post_send
+                dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH)
+
     def _make_send_wqe(self, w: Any, i: int = 0) -> SendWqe:
         what = "Failed to post send"
         f = f"wr[{i}]"
@@ -411,10 +447,32 @@ class SoftQP:
                 opname = str(opcode)
             raise PyverbsRDMAError(f"{what}: {f}.opcode {opname} is not supported on "
                                    f"{self.qp_type.name.removeprefix('IBV_QPT_')} QPs", errno.EINVAL)
-        if len(self.sq) >= self.cap.max_send_wr:
-            raise PyverbsRDMAError(f"{what}: the send queue is full ({self.cap.max_send_wr})",
+        cap = self.cap
+        if len(self.engine.sq) >= cap.max_send_wr:
+            raise PyverbsRDMAError(f"{what}: the send queue is full ({cap.max_send_wr})",
                                    errno.ENOMEM)
-        sges, total = sge_list(w, self.cap.max_send_sge, what, f)
+        if SMALL_MSG and opcode in _PLAIN_OPS and not send_flags & _INLINE and \
+                self.qp_type is not _UD:
+            # a SEND or WRITE from one plain SGE (perftest's shape): sge_list's checks on
+            # it inline, and nothing else applies (no inline data, atomics, FLUSH, BIND, AH)
+            sg = w.sg_list
+            n = w.num_sge
+            if type(sg) is list and len(sg) == 1 and type(n) is int and n == 1 and \
+                    cap.max_send_sge >= 1 and type(sg[0]) is SGE:
+                s = sg[0]
+                addr, length, lkey = s.addr, s.length, s.lkey
+                if type(addr) is int and type(length) is int and type(lkey) is int and \
+                        0 <= addr <= U64 and 0 <= length <= MAX_MSG and 0 <= lkey <= U32:
+                    wqe = SendWqe(wr_id, opcode, send_flags,
+                                  self.sq_sig_all or bool(send_flags & _SIGNALED),
+                                  [(addr, length, lkey)], None, length)
+                    wqe.imm = imm
+                    wqe.remote_addr = remote_addr
+                    wqe.rkey = rkey
+                    wqe.compare_add = compare_add
+                    wqe.swap = swap
+                    return wqe
+        sges, total = sge_list(w, cap.max_send_sge, what, f)
         inline = None
         data = getattr(w, "inline_data", None)
         if data is not None and send_flags & _INLINE and opcode in _INLINE_OK:

@@ -33,6 +33,7 @@ All of this is sans-IO: :func:`coalesce` groups a list of queued packets into tr
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import Any, Iterator, Sequence
 
@@ -47,6 +48,11 @@ __all__ = ["MAX_SEGMENTS", "MAX_TRAIN_BYTES", "coalesce", "ip_id_delta", "train_
 MAX_SEGMENTS = 64
 #: a UDP datagram's payload: 65535 - 8 (UDP) - 20 (IPv4); IPv6 allows 20 more, unused here
 MAX_TRAIN_BYTES = 65507
+#: a train of small packets (each at most this many bytes) is joined into one buffer and its
+#: ICRCs moved by one big-integer XOR (:func:`_joined_train`); SOFTRDMA_SMALL_MSG=0: per packet
+SMALL_PACKET = 512
+SMALL_MSG = os.environ.get("SOFTRDMA_SMALL_MSG", "1").strip().lower() not in (
+    "0", "no", "off", "false")
 _IPV4_ID_OFFSET = 8 + 4  # in the bytes the ICRC covers: 8 x 0xff, then the IPv4 header's ID
 
 
@@ -127,6 +133,11 @@ def train_iov(packets: list, ipv4: bool) -> list:
     if not any(type(p) is list for p in packets):
         if not ipv4:
             return packets
+        n = len(packets[0])
+        if SMALL_MSG and n <= SMALL_PACKET and len(packets) > 1:
+            joined = _joined_train(packets, n)
+            if joined is not None:
+                return joined
         iov = [packets[0]]
         for k in range(1, len(packets)):
             p = packets[k]
@@ -165,6 +176,36 @@ def train_iov(packets: list, ipv4: bool) -> list:
     if carry:
         iov.append(carry)
     return iov
+
+
+def _joined_train(packets: list, n: int) -> list | None:
+    """:func:`train_iov` of small IPv4 packets, each ``n`` bytes but a shorter last one:
+    the same bytes as one buffer. Per packet, moving an ICRC costs a few Python operations,
+    more than the packet's bytes; XORed as one integer with every packet's delta in place
+    (:func:`_id_mask`), a train of 64 costs about as much as 10. None if the sizes do not
+    fit that shape (the general loop takes it)."""
+    m = len(packets)
+    last = len(packets[-1])
+    if last > n:
+        return None
+    for k in range(1, m - 1):
+        if len(packets[k]) != n:
+            return None
+    joined = b"".join(packets)
+    size = len(joined)
+    return [(int.from_bytes(joined, "little") ^ _id_mask(n, m, last)).to_bytes(size, "little")]
+
+
+@lru_cache(maxsize=256)
+def _id_mask(n: int, m: int, last: int) -> int:
+    """The XOR that moves the ICRCs of a joined train of ``m`` packets (``n`` bytes each,
+    the last ``last``) from IP ID 0 to IDs 0, 1, ..., m - 1 (:func:`ip_id_delta`), as a
+    little-endian integer over the whole train."""
+    mask = 0
+    for k in range(1, m):
+        length = n if k < m - 1 else last
+        mask |= ip_id_delta(k, length) << (8 * (k * n + length - 4))
+    return mask
 
 
 def split(buf: memoryview, nbytes: int, gso_size: int) -> list[memoryview]:
