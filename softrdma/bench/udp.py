@@ -61,7 +61,8 @@ WIRE_GOALS = (("build + ICRC", "build + ICRC, 4 KiB / bare zlib.crc32"),
 NO_TRAINS = {"SOFTRDMA_GSO": "0", "SOFTRDMA_GRO": "0"}
 #: every fast path of the second speed step switched off: the "before" of ``--before``
 BEFORE_ENV = {"SOFTRDMA_CRC": "zlib", "SOFTRDMA_ZEROCOPY": "0", "SOFTRDMA_DOORBELL": "0",
-              "SOFTRDMA_ACK_COALESCE": "0", "SOFTRDMA_BUSY_POLL": "0"}
+              "SOFTRDMA_ACK_COALESCE": "0", "SOFTRDMA_BUSY_POLL": "0",
+              "SOFTRDMA_SMALL_MSG": "0"}
 #: the optional softrdma runs: (key suffix, label, environment)
 SIDES = {"packets": ("_packets", "trains off", NO_TRAINS),
          "before": ("_before", "step-2 paths off", BEFORE_ENV)}

@@ -389,12 +389,18 @@ class UdpTransport:
         key = sport | (tos & 0xFF) << 16 if tos else sport
         if self.gso:
             self._pending.append((data, dst_ip, key))
+            if type(data) is list:
+                self.views_pending = True
             if dev.lock.depth == 0:  # sent by someone not holding the lock: no flush coming
                 self.flush()
             return
         self._send_one(data, dst_ip, key)
 
     send.takes_iov = True  # type: ignore[attr-defined]  # SoftDevice.wire_send reads it
+
+    #: a queued packet holds a view of an MR (zero copy): it must leave within the device
+    #: lock's hold that computed its ICRC, so a post does not defer it (doorbell batching)
+    views_pending = False
 
     @property
     def pending(self) -> int:
@@ -412,6 +418,7 @@ class UdpTransport:
         if len(pending) > self.pending_peak:
             self.pending_peak = len(pending)
         self._pending = []
+        self.views_pending = False
         for dst_ip, key, size, packets in coalesce(pending):
             if len(packets) == 1:
                 self._send_one(packets[0], dst_ip, key)

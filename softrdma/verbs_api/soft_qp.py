@@ -389,9 +389,12 @@ class SoftQP:
                 # it, as one train. A post to an idle QP goes at once, as rxe runs its
                 # requester inline for a lone WQE: a latency-bound program pays nothing.
                 # Nor do more than a train's worth wait (DOORBELL_BATCH): the peer starts
-                # on a full train while the program posts the next.
-                n = dev.udp.pending
-                dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH)
+                # on a full train while the program posts the next. A packet holding a
+                # view of the MR (zero copy) leaves within this hold, as its ICRC assumes
+                # (docs/wire.md, "Zero copy").
+                udp = dev.udp
+                n = udp.pending
+                dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH and not udp.views_pending)
 
     def _post_one(self, w: SendWR) -> None:
         """:meth:`post_send` of one WR (no chain, no ``bad_wr``, no trace): perftest's
@@ -415,7 +418,7 @@ class SoftQP:
             udp = dev.udp
             if udp is not None:
                 n = udp.pending  # the doorbell, as in post_send
-                dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH)
+                dev.lock.ring(busy > 0 and 0 < n < DOORBELL_BATCH and not udp.views_pending)
 
     def _make_send_wqe(self, w: Any, i: int = 0) -> SendWqe:
         what = "Failed to post send"
