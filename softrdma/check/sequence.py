@@ -111,7 +111,16 @@ def on_request(st: FlowState, p: Packet, sink: Sink) -> str:
     return kind
 
 
+def _ip_id(st: FlowState, p: Packet) -> int:
+    """The request's IPv4 ID where the flow's IDs order its packets (rxe's counter), else
+    0, which every rule reads as "no ID" (softrdma's trains number their segments from 0
+    in each train: an ID then says nothing about what was sent first)."""
+    return p.ip.ip_id if st.numbered else 0
+
+
 def _classify(st: FlowState, p: Packet, sink: Sink) -> str:
+    if st.numbered and not p.ip.ip_id and p.ip.ip_version == 4:
+        st.numbered = False
     st.rec.span(p.ts)
     a = st.unwrap(p.psn)
     silence = p.ts - max(st.last_req_ts if st.last_req_ts is not None else p.ts,
@@ -121,7 +130,7 @@ def _classify(st: FlowState, p: Packet, sink: Sink) -> str:
     if st.first is None:
         st.first = a
     old = st.reqs.get(a)
-    ip_id, newest = p.ip.ip_id, st.max_ip_id
+    ip_id, newest = _ip_id(st, p), st.max_ip_id
     older = bool(ip_id) and newest is not None and 0 < (newest - ip_id) & 0xFFFF < 0x8000
     if not older and ip_id:
         st.max_ip_id = ip_id
@@ -162,7 +171,7 @@ def _hole(st: FlowState, p: Packet, a: int) -> None:
     start = st.next
     assert start is not None
     d = a - start
-    st.gaps.append(Gap(p.frame, p.ts, start, a, p.ip.ip_id))
+    st.gaps.append(Gap(p.frame, p.ts, start, a, _ip_id(st, p)))
     if len(st.missing) < _HOLE_MAX:
         st.add_missing(range(start, min(a, start + _HOLE_MAX)))
     what = ("the receiver drops what they belonged to; UC never resends" if not st.rc else
@@ -181,7 +190,7 @@ def _new(st: FlowState, p: Packet, a: int, sink: Sink, fill: bool = False) -> st
     small = bytes(payload) if b.payload_len <= _SMALL else None
     r = Req(p.frame, p.ts, b.opcode, _kind(info), info.first, info.last, n, b.payload_len,
             b.dma_len or 0, b.va or 0, b.rkey or 0, _masked_header(p),
-            crc32(payload), p.ip.ip_id, small)
+            crc32(payload), _ip_id(st, p), small)
     _seen(st, r, p, a)
     st.reqs[a] = r
     if n is not None and n > 1:
@@ -226,10 +235,10 @@ def _fill(st: FlowState, p: Packet, a: int, sink: Sink, silence: float) -> str:
     """A hole's PSN captured at last: resent after its loss before the capture point, or
     late (reordered)."""
     gap = next((g for g in st.gaps if g.start <= a < g.end), None)
-    if gap is not None and p.ip.ip_id and gap.ip_id:
+    if gap is not None and _ip_id(st, p) and gap.ip_id:
         # rxe numbers the IPv4 packets it sends: the original of a late packet has a lower
         # IP ID than the packet that showed the hole, a resend a higher one
-        resent = (p.ip.ip_id - gap.ip_id) & 0xFFFF < 0x8000
+        resent = (_ip_id(st, p) - gap.ip_id) & 0xFFFF < 0x8000
     elif gap is None or (st.retry_next is not None and st.retry_next <= a) or (
             st.nak is not None and st.nak.due <= a):
         resent = True
@@ -256,7 +265,7 @@ def _fill(st: FlowState, p: Packet, a: int, sink: Sink, silence: float) -> str:
 def _seen(st: FlowState, r: Req, p: Packet, a: int) -> None:
     """``r``'s PSN captured (again) by ``p``."""
     r.seen_frame, r.seen_ts, r.seen_resp = p.frame, p.ts, st.n_resp
-    r.seen_ip_id = p.ip.ip_id
+    r.seen_ip_id = _ip_id(st, p)
 
 
 def _late(st: FlowState, old: Req, p: Packet, a: int) -> bool:
@@ -264,8 +273,8 @@ def _late(st: FlowState, old: Req, p: Packet, a: int) -> bool:
     turns up after all: late, not lost. rxe's IPv4 IDs tell a late packet (an older ID
     than the copy captured since) from another resend; without IDs, the same bytes with no
     go-back under way do."""
-    if p.ip.ip_id and old.seen_ip_id:
-        late = (old.seen_ip_id - p.ip.ip_id) & 0xFFFF < 0x8000 and old.seen_ip_id != p.ip.ip_id
+    if _ip_id(st, p) and old.seen_ip_id:
+        late = (old.seen_ip_id - _ip_id(st, p)) & 0xFFFF < 0x8000 and old.seen_ip_id != _ip_id(st, p)
     else:
         late = st.retry_next != a and st.nak is None and _masked_header(p) == old.key
     if not late:
@@ -301,9 +310,9 @@ def _is_duplicate(st: FlowState, old: Req, p: Packet) -> bool:
         return False
     if crc32(p.bth.payload) != old.crc:
         return False
-    if p.ip.ip_id and p.ip.ip_id == old.seen_ip_id:
+    if _ip_id(st, p) and _ip_id(st, p) == old.seen_ip_id:
         return True
-    return (not p.ip.ip_id and p.ts - old.seen_ts < _DUP_WINDOW
+    return (not _ip_id(st, p) and p.ts - old.seen_ts < _DUP_WINDOW
             and st.n_resp == old.seen_resp)
 
 
@@ -426,7 +435,7 @@ def _go_back(st: FlowState, p: Packet, a: int, old: Req | None, sink: Sink, sile
     known = st.known_acked
     if cause in ("nak", "rnr-nak"):
         return  # judged against what it knew before this NAK: nothing new
-    if old is not None and p.ip.ip_id == 0 and old.seen_ip_id == 0:
+    if old is not None and _ip_id(st, p) == 0 and old.seen_ip_id == 0:
         return  # a resend and a late network duplicate look alike without IP IDs
     if known is not None and a <= known and old is not None:
         rd = st.find_read(a) if OPCODES[old.opcode].read else None

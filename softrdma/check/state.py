@@ -149,6 +149,10 @@ class FlowState:
     last_go_back_ts: float | None = None  # when a go-back last started
     last_req_ts: float | None = None
     max_ip_id: int | None = None  # the newest IPv4 ID of the requester's packets
+    # rxe numbers the IPv4 packets it sends (a per-destination counter, never 0 in
+    # practice); softrdma sends IP ID 0, and k for segment k of a train (softrdma.wire.
+    # trains). A request with ID 0 says the IDs are not a counter: ignore them from then on
+    numbered: bool = True
     pending_after: dict = field(default_factory=dict)  # NAK'd PSN -> (event, NAK frame):
     # a loss after the capture point, unless an ACK shows the packet was only late
     n_req: int = 0  # requests and responses captured so far
