@@ -69,10 +69,12 @@ _RTS, _UD = int(S.IBV_QPS_RTS), T.IBV_QPT_UD
 # the types a WR's scalar fields take on the fast path (anything else: the named checks)
 _INT_TYPES = frozenset({int, W, F})
 _QP_ACCESS = 0x3FF  # the ibv_access_flags bits a QP's qp_access_flags may carry
-#: packets a post may leave queued (doorbell batching): one full train (UDP GSO segments)
-#: one WR per post without the chain walk (:meth:`SoftQP._post_one`); SOFTRDMA_SMALL_MSG=0: off
+_QPS_RESET, _QPS_ERR = int(S.IBV_QPS_RESET), int(S.IBV_QPS_ERR)  # plain ints: cheap compares
+#: one WR per post without the chain walk (:meth:`SoftQP._post_one`, ``_post_recv_one``);
+#: SOFTRDMA_SMALL_MSG=0: off
 SMALL_MSG = os.environ.get("SOFTRDMA_SMALL_MSG", "1").strip().lower() not in (
     "0", "no", "off", "false")
+#: packets a post may leave queued (doorbell batching): one full train (UDP GSO segments)
 DOORBELL_BATCH = int(os.environ.get("SOFTRDMA_DOORBELL_BATCH", MAX_SEGMENTS))
 
 
@@ -318,6 +320,9 @@ class SoftQP:
         """Post receive WRs (a chain or a list). On failure raises PyverbsRDMAError with
         ``bad_wr`` (and ``bad_wr_index``) naming the first WR not posted; earlier WRs stay
         posted, as with ibv_post_recv. Every field is checked before the WR is queued."""
+        if type(wr) is RecvWR and wr.next_wr is None and bad_wr is None and SMALL_MSG and \
+                self.device.trace is None and self._post_recv_one(wr):
+            return
         check_wr_arg(wr, bad_wr, RecvWR, "Failed to post receive")
         with self.device.lock:
             for i, w in enumerate(wr_chain(wr)):
@@ -345,6 +350,40 @@ class SoftQP:
                                       wr_id=wqe.wr_id, len=wqe.length)
             if self.state == S.IBV_QPS_ERR:
                 self.flush()
+
+    def _post_recv_one(self, w: RecvWR) -> bool:
+        """:meth:`post_recv` of one plain WR (an int ``wr_id``, at most one SGE of plain
+        ints, in range) to a QP that takes it: queued, True. Anything else -- another
+        shape, a value to check by name, an error to report -- is left to the general
+        path (False, nothing done), which checks and reports exactly as before. A latency
+        loop reposts a receive per message (perftest's ib_send_lat before its SEND)."""
+        wr_id = w.wr_id
+        if type(wr_id) is not int or not 0 <= wr_id <= U64:
+            return False
+        sg = w.sg_list
+        n = w.num_sge
+        if type(sg) is not list or type(n) is not int or n > 1 or n > len(sg) or \
+                n > self.cap.max_recv_sge:
+            return False
+        if n:
+            s = sg[0]
+            if type(s) is not SGE:
+                return False
+            addr, length, lkey = s.addr, s.length, s.lkey
+            if not (type(addr) is int and type(length) is int and type(lkey) is int
+                    and 0 <= addr <= U64 and 0 <= length <= U32
+                    and 0 <= lkey <= U32 and length <= MAX_MSG):
+                return False
+            wqe = RecvWqe(wr_id, [(addr, length, lkey)], length)
+        else:
+            wqe = RecvWqe(wr_id, [], 0)
+        with self.device.lock:
+            st = self.state
+            if self.srq is not None or st == _QPS_RESET or st == _QPS_ERR \
+                    or len(self.rq) >= self.cap.max_recv_wr:
+                return False  # the general path says why, or flushes in ERR
+            self.rq.append(wqe)
+        return True
 
     def post_send(self, wr: SendWR | list[SendWR], bad_wr: SendWR | None = None) -> None:
         """Post send WRs (a chain or a list); errors as for :meth:`post_recv`.
