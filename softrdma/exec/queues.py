@@ -673,9 +673,9 @@ def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -
     ``*bad_wr`` is the first WR not posted and the errno is returned. A chain longer
     than the queue (``depth``; a cycle, say) stops there: that WR is ENOMEM, the queue
     being full, as it would be once the earlier ones are in."""
-    if wr and not wr.next:  # one WR, the common case: no lists to walk, and posted
-        try:  # alone, so the soft QP's one-WR paths take it (SOFTRDMA_SMALL_MSG)
-            post(convert(wr, arg))
+    if wr and not wr.next:  # one WR, the common case: no lists to walk
+        try:
+            post([convert(wr, arg)])
         except OSError as e:
             if bad_wr:
                 bad_wr[0] = wr
