@@ -454,6 +454,7 @@ def install(ffi: Any, lib: Any) -> None:
             return err
         if not wrs:
             return 0
+        queues.note_post()
         try:
             st.rec.post_send(wrs)
         except OSError as e:
@@ -504,6 +505,7 @@ def install(ffi: Any, lib: Any) -> None:
             return EINVAL
         new = (mw_ptr.rkey & ~0xFF) | ((mw_ptr.rkey + 1) & 0xFF)
         wr = send_wr_of_bind(mw_ptr, new, bind.bind_info, bind.wr_id, bind.send_flags)
+        queues.note_post()
         try:
             rec.post_send([wr])
         except OSError as e:

@@ -56,9 +56,11 @@ import fcntl
 import os
 import select
 import threading
+import time
 from collections import deque
 from typing import Any
 
+from ..readiness import BusyPoll, readable
 from . import devices, shim
 from .shim import Errno, errno_of, guard, handles, read_like_libc
 from .verbs import ah_attr_from_c, ah_attr_to_c, ah_of, forget, inline_lkey, \
@@ -255,6 +257,15 @@ class _Notify:
 #: SOFTRDMA_EXEC_FAST_POLL=0: every ibv_poll_cq goes through the soft CQ's poll (which takes
 #: the device lock to look at the queue even when it is empty)
 FAST_POLL = os.environ.get("SOFTRDMA_EXEC_FAST_POLL", "1") != "0"
+#: SOFTRDMA_EXEC_POLL_YIELD=0: an empty ibv_poll_cq always answers at once, however long the
+#: program has been spinning (a whole CPU for a program that waits by polling)
+POLL_YIELD = os.environ.get("SOFTRDMA_EXEC_POLL_YIELD", "1") != "0"
+#: the longest an empty ibv_poll_cq past its busy-poll window waits for the device's socket
+#: (poll(2) counts in milliseconds): an arrival ends the wait at once, so this only bounds
+#: what is not an arrival (a completion of the in-device loopback, a post by another thread
+#: of the program); against the about 10 us of CPU an empty call costs, a waiting program
+#: uses a few per cent of a CPU
+POLL_YIELD_SLICE = 0.001
 _NO_WCS: tuple = ()
 
 
@@ -264,17 +275,67 @@ def empty_first_poll(impl: Any) -> Any:
     (``device.poll_nowait``: read the socket, which takes the device lock only if nobody
     holds it) and, still empty, answers 0 without the lock -- a completion queued
     meanwhile by the progress thread is there for the next call. Only a CQ with
-    completions takes the lock, to pop them (``impl.poll``)."""
+    completions takes the lock, to pop them (``impl.poll``).
+
+    A program that waits by spinning (librdmacm's mckey spins until its messages come,
+    perftest between its iterations) would hold a CPU for as long as it waits: on a real
+    NIC that costs nothing else, here it takes the CPU from the device's peers on the same
+    machine (another softrdma process, or a VM running kernel rxe). So once the CQ has been
+    empty for longer than its busy-poll window (:class:`softrdma.readiness.BusyPoll`,
+    derived from how long its recent waits took, as ``softrdma perf`` does), each empty
+    call first waits for the device's socket, at most :data:`POLL_YIELD_SLICE` or until the
+    device's next timer. A short wait (ib_send_lat's round trip) stays within the window
+    and never sleeps."""
     dev = impl.device
     full = impl.poll
+    busy = BusyPoll()
+    clock = time.perf_counter
+    # the current wait: its first empty poll, and the program's post count then (a post
+    # since means the program did something else in between: a new wait starts)
+    wait: list = [None, -1]
 
     def poll(n: int) -> tuple[int, Any]:
         if not len(impl) and dev.udp is not None:
             dev.poll_nowait()  # a failed device raises (DeviceFailed: an OSError)
             if not len(impl):
+                if POLL_YIELD:
+                    now = clock()
+                    if wait[0] is None or wait[1] != _posts[0]:
+                        busy.settle()
+                        wait[0], wait[1] = now, _posts[0]
+                    elif now - wait[0] > busy.window():
+                        _yield(dev)
+                        dev.poll_nowait()
+                        if len(impl):
+                            return _taken(n)
+                    busy.last = now - wait[0]
                 return 0, _NO_WCS
+        return _taken(n)
+
+    def _taken(n: int) -> tuple[int, Any]:
+        wait[0] = None
         return full(n)
     return poll
+
+
+#: how many times the program posted (any QP, SRQ or extended WR list): a spinning poll's
+#: wait ends where the program does something else
+_posts = [0]
+
+
+def note_post() -> None:
+    """The program posted work (the extended verbs' ``wr_complete`` calls this too)."""
+    _posts[0] += 1
+
+
+def _yield(dev: Any) -> None:
+    """Wait for the device's socket, at most POLL_YIELD_SLICE or until its next timer."""
+    timeout = POLL_YIELD_SLICE
+    dl = dev.next_deadline()
+    if dl is not None:
+        timeout = max(0.0, min(timeout, dl - time.monotonic()))
+    if timeout:
+        readable([dev.udp.fileno()], timeout)
 
 
 class CqRec:
@@ -673,6 +734,7 @@ def _post(wr: Any, bad_wr: Any, convert: Any, arg: Any, post: Any, depth: int) -
     ``*bad_wr`` is the first WR not posted and the errno is returned. A chain longer
     than the queue (``depth``; a cycle, say) stops there: that WR is ENOMEM, the queue
     being full, as it would be once the earlier ones are in."""
+    _posts[0] += 1
     if wr and not wr.next:  # one WR, the common case: no lists to walk
         try:
             post([convert(wr, arg)])
