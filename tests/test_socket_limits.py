@@ -498,3 +498,32 @@ def test_an_rsocket_sender_with_keepalive_notices_its_receiver_killed(dev):
     finally:
         p.kill()
         p.wait(10)
+
+
+def test_a_sender_failed_before_its_established_was_seen_is_in_errors(dev, traced):
+    """A sender can break the protocol before the receiver saw its ESTABLISHED: its RTU
+    and its first records read in one pass of the receiver, the records failing it while
+    it is still half-open. Its error goes to ``Receiver.errors`` all the same (it was
+    dropped without a trace, and CI once saw the test above find ``errors`` empty).
+    Here the receiver answers the request, then stops reading while the blind sender's
+    RTU and announcements of 1 MiB frames (past the 2 MiB ``max_run``) pile up."""
+    dev("127.0.46.11", "lim-mq")
+    limit = 2 * MiB
+    with Receiver(("127.0.46.11", 9463), mem_limit=limit) as rx:
+        p = _endless("127.0.46.14", 9463, MiB, 40, "--blind")
+        try:
+            end = time.monotonic() + 60
+            while not len(rx.half_open) and time.monotonic() < end:
+                rx.progress()
+                time.sleep(0.001)
+            assert len(rx.half_open) == 1
+            time.sleep(1.0)  # the REP went: its RTU and records arrive, unread
+            outcome, _ = _drive(rx, p)
+        finally:
+            p.kill()
+            p.wait(10)
+        assert outcome.startswith("ERR ConnectionResetError"), outcome
+        (sender, error), = rx.errors
+        assert sender[0] == "127.0.46.14"
+        assert isinstance(error, rsock.ProtocolError) and "max_run" in str(error), error
+        assert rx.in_memory == 0 and not rx.conns and not len(rx.half_open)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -131,7 +132,8 @@ class Receiver:
         # senders answered with a REP, their RTU not yet in: at most ``backlog``, the
         # oldest evicted for a newer one, each for at most HANDSHAKE_TIMEOUT
         self.half_open: HalfOpenTable[Connection] = HalfOpenTable(
-            max(backlog, 1), ready=_established, release=_release_half_open)
+            max(backlog, 1), ready=_established,
+            release=functools.partial(_release_half_open, self.errors))
         self.hubs: dict[int, Hub] = {}  # by id(verbs context): one CQ per device
         self.conns: dict[int, tuple[Connection, tuple[str, int]]] = {}  # by id(conn)
         self.partial: dict[int, list[ReceivedMessage]] = {}  # frames of unfinished runs
@@ -335,5 +337,11 @@ def _established(conn: Connection) -> bool:
     return conn.established
 
 
-def _release_half_open(e: HalfOpen[Connection], reason: bytes) -> None:
+def _release_half_open(errors: deque, e: HalfOpen[Connection], reason: bytes) -> None:
+    """Turn away a half-open sender; why, if its connection broke, goes to ``errors``
+    (:attr:`Receiver.errors`) as for an established one: a sender can break the protocol
+    before the receiver saw its ESTABLISHED (the RTU and the sender's first records read
+    in one pass, the records first failing it)."""
+    if e.conn.error is not None:
+        errors.append((e.peer, e.conn.error))
     reject_and_release(e.conn, reason)
