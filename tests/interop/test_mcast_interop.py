@@ -119,8 +119,10 @@ def _rxe_sends(lab, receiver: str) -> tuple[str, int, Result, Result, int]:
         try:
             _until(lambda: f"{group}:4791" in lab.host(["ss", "-Huln"], timeout=10).stdout
                    or srv.poll() is not None, f"softrdma joining {group}")
-            rxe = lab.guest(0, f"timeout 60 mckey -m {group} -b {G0} -s -C {RXE_COUNT}",
-                            timeout=70)
+            # mckey at the lowest priority: rxe's send task (a kworker) runs ahead of it,
+            # before mckey's teardown takes the QP away (see the test's docstring)
+            rxe = lab.guest(0, f"timeout 60 nice -n 19 mckey -m {group} -b {G0} -s "
+                               f"-C {RXE_COUNT}", timeout=70)
             sent = lab.rdma_statistics(0).get("sent_pkts", 0) - before
             srv.wait(timeout=100)
         finally:
