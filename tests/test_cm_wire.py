@@ -678,6 +678,9 @@ def test_dissect_text_of_the_capture():
     # frames that are not on QP1 print exactly as before the CM decoder existed
     stats = DissectStats()
     plain = [format_record(rec) for rec in dissect_records(read_pcap(CAPTURE), stats)]
+    # (the tool's lines have a time column after the frame number, which format_record
+    # leaves out unless given one)
+    lines = [ln[:5] + ln[5 + 11:] for ln in lines]
     for i, (ours, before) in enumerate(zip(lines, plain), 1):
         if i in QP1:
             assert ours.startswith(before + " | CM ")

@@ -241,10 +241,10 @@ def test_capture_faults_and_trace_reach_a_c_programs_device(tmp_path):
     d = _run(SOFTRDMA + ["dissect", str(pcap)])
     assert d.returncode == 0, d.stderr
     lines = d.stdout.splitlines()
-    sends = [ln for ln in lines if "127.0.5.25" in ln.split()[1] and "RC_SEND_LAST" in ln]
+    sends = [ln for ln in lines if "127.0.5.25" in ln.split()[2] and "RC_SEND_LAST" in ln]
     assert len(sends) >= 3, d.stdout  # the dropped one never reached the server
     psns = [re.search(r"psn=(\d+)", ln).group(1) for ln in lines
-            if "127.0.5.25" in ln.split()[1] and "RC_SEND_FIRST" in ln]
+            if "127.0.5.25" in ln.split()[2] and "RC_SEND_FIRST" in ln]
     assert len(set(psns)) == 3 and psns.count(psns[0]) >= 2, d.stdout
     assert any("RC_ACKNOWLEDGE" in ln for ln in lines)
     assert "injected" in log.read_text()

@@ -18,6 +18,7 @@ from .headers import HEADERS
 from .opcodes import lookup
 from .packet import DecodeError, RocePacket, parse
 from .pcap import PcapRecord
+from .wireshark import wireshark_name
 
 __all__ = ["DissectStats", "PayloadDissector", "frame_record", "format_record", "packet_line",
            "dissect_records"]
@@ -123,13 +124,17 @@ def packet_line(pkt: RocePacket) -> str:
     return " ".join(parts)
 
 
-def format_record(rec: dict[str, Any], payload: Sequence[PayloadDissector] = ()) -> str:
+def format_record(rec: dict[str, Any], payload: Sequence[PayloadDissector] = (), *,
+                  time: str | None = None, wireshark_names: bool = False) -> str:
     """One human line for a record made by :func:`frame_record`; a payload dissector's
-    text follows after `` | ``."""
+    text follows after `` | ``. ``time``: a time column after the frame number (as
+    tshark's); ``wireshark_names``: the opcode as Wireshark names it (``RC Send First``)."""
     ends = f"{rec['src']}:{rec['sport']} > {rec['dst']}"
     flags = ("A" if rec["ackreq"] else "-") + ("S" if rec["se"] else "-")
-    parts = [f"{rec['index']:5d}", f"{ends:<32}", f"{rec['opcode_name']:<34}",
-             f"qpn=0x{rec['qpn']:06x}", f"psn={rec['psn']:<8d}", flags]
+    name = wireshark_name(rec["opcode"]) if wireshark_names else rec["opcode_name"]
+    parts = [f"{rec['index']:5d}"] + ([time] if time is not None else [])
+    parts += [f"{ends:<32}", f"{name:<34}",
+              f"qpn=0x{rec['qpn']:06x}", f"psn={rec['psn']:<8d}", flags]
     parts += _ext_headers(rec["opcode"], lambda h, f: rec[h.record_key(f)])
     parts.append(f"len={rec['payload_len']}")
     parts.append("icrc=ok" if rec["icrc_ok"] else f"icrc=BAD({rec['icrc']}!={rec['icrc_expected']})")
