@@ -19,13 +19,14 @@ from typing import NoReturn, Sequence
 
 from . import __version__
 from .errors import PyverbsRDMAError
+from .run import add_parser as run_add_parser
 from .tools import (
     bench, check, cmatose, demo, devinfo, diagram, dissect, exectool, fuzz, labcmd, mckey, mq,
     perf, pingpong, replay, rping, udaddy,
 )
 from .tools.common import ToolError, UsageError, apply_fault_options
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser", "subcommand_parsers"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,9 +57,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for tool in TOOLS:
         tool.add_parser(sub)
-    sub.add_parser("run", help="run an unchanged pyverbs program on softrdma "
-                               "(softrdma run prog.py [args]; docs/pyverbs.md)", add_help=False)
+    run_add_parser(sub)
+    _remember_parsers(p)
     return p
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand's parser a default naming itself, so that an error found after
+    parsing (an unknown option) is reported by the parser of the subcommand it belongs to:
+    the innermost subcommand chosen sets the default last."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                subparser.set_defaults(_cli_parser=subparser)
+                _remember_parsers(subparser)
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser | None = None,
+                       ) -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every subcommand of ``softrdma``, nested ones too, as (``"bench wire"``, its parser),
+    in the order of the help pages (for tests and completion: a new subcommand is in it)."""
+    parser = parser or build_parser()
+    found: list[tuple[str, argparse.ArgumentParser]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                found.append((subparser.prog.removeprefix("softrdma "), subparser))
+                found += subcommand_parsers(subparser)
+    return found
 
 
 _TRACE_OPTS = ("--trace", "--trace-format", "--trace-file", "--trace-qpn")
@@ -133,19 +159,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and getattr(args, "servername", "x") is None and len(extra) == 1 \
             and not extra[0].startswith("-"):
         args.servername = extra[0]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:  # the subcommand's parser reports it, so the error names its help page
+        getattr(args, "_cli_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    who = getattr(args, "_cli_parser", parser).prog  # "softrdma bench wire"
     try:
         apply_fault_options(args)
         return args.func(args)
     except UsageError as e:
-        print(f"softrdma {args.command}: {e}", file=sys.stderr)
+        print(f"{who}: {e}", file=sys.stderr)
         return 2
     except (ToolError, PyverbsRDMAError) as e:
-        print(f"softrdma {args.command}: {e}", file=sys.stderr)
+        print(f"{who}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -164,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             what = "out of memory"
         else:
             what = f"unexpected error: {type(e).__name__}: {e}"
-        print(f"softrdma {args.command}: {what} (SOFTRDMA_DEBUG=1 shows the traceback)",
+        print(f"{who}: {what} (SOFTRDMA_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 1
 
