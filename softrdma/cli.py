@@ -26,7 +26,7 @@ from .tools import (
 )
 from .tools.common import ToolError, UsageError, apply_fault_options
 
-__all__ = ["main", "build_parser", "subcommand_parsers"]
+__all__ = ["main", "build_parser"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,20 +71,6 @@ def _remember_parsers(parser: argparse.ArgumentParser) -> None:
             for subparser in action.choices.values():
                 subparser.set_defaults(_cli_parser=subparser)
                 _remember_parsers(subparser)
-
-
-def subcommand_parsers(parser: argparse.ArgumentParser | None = None,
-                       ) -> list[tuple[str, argparse.ArgumentParser]]:
-    """Every subcommand of ``softrdma``, nested ones too, as (``"bench wire"``, its parser),
-    in the order of the help pages (for tests and completion: a new subcommand is in it)."""
-    parser = parser or build_parser()
-    found: list[tuple[str, argparse.ArgumentParser]] = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, subparser in action.choices.items():
-                found.append((subparser.prog.removeprefix("softrdma "), subparser))
-                found += subcommand_parsers(subparser)
-    return found
 
 
 _TRACE_OPTS = ("--trace", "--trace-format", "--trace-file", "--trace-qpn")
@@ -144,23 +130,66 @@ def _looks_like_kinds(text: str) -> bool:
     return all(k in KINDS or k == "all" for k in text.split(",") if k)
 
 
+def _run_position(argv: list[str]) -> int | None:
+    """Where ``run`` is on a ``softrdma [tracing options] run ...`` line, else None (the
+    program's own options must not be read as softrdma's)."""
+    i = 0
+    while i < len(argv):
+        name, eq, _ = argv[i].partition("=")
+        if argv[i] == "run":
+            return i
+        if name not in _TRACE_OPTS:
+            return None
+        if eq:
+            i += 1
+        elif name == "--trace":  # its KINDS are optional
+            i += 2 if i + 1 < len(argv) and _looks_like_kinds(argv[i + 1]) else 1
+        else:
+            i += 2
+    return None
+
+
+def _trace_options_or_status(argv: list[str], parser: argparse.ArgumentParser | None,
+                             ) -> int | None:
+    """Take the tracing options out of ``argv`` (in place) and turn tracing on; the exit
+    status if they are wrong (one line said)."""
+    try:
+        argv[:] = _take_trace_options(argv)
+    except ValueError as e:
+        if parser is None:
+            print(f"softrdma: error: {e} (see softrdma --help)", file=sys.stderr)
+            return 2
+        parser.error(str(e))
+    except OSError as e:  # --trace-file in a directory that is not there, or not writable
+        print(f"softrdma: --trace-file: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 1
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["run"]:  # everything after "run" belongs to the program
+    run_at = _run_position(argv)
+    if run_at is not None:  # everything after "run" belongs to the program
+        status = _trace_options_or_status(argv[:run_at], None)
+        if status is not None:
+            return status
         from .run import main as run_main
-        return run_main(argv[1:])
+        return run_main(argv[run_at + 1:])
     parser = build_parser()
-    try:
-        argv = _take_trace_options(argv)
-    except ValueError as e:
-        parser.error(str(e))
+    status = _trace_options_or_status(argv, parser)
+    if status is not None:
+        return status
     args, extra = parser.parse_known_args(argv)
     # rdma-core tools take the server name after the options: "pingpong rc -n 5 HOST"
     if extra and getattr(args, "servername", "x") is None and len(extra) == 1 \
             and not extra[0].startswith("-"):
         args.servername = extra[0]
     elif extra:  # the subcommand's parser reports it, so the error names its help page
-        getattr(args, "_cli_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        parser_of_extra = getattr(args, "_cli_parser", parser)
+        command = getattr(args, "command", None)
+        if command in argv and any(x in argv[:argv.index(command)] for x in extra):
+            parser_of_extra = parser  # before the subcommand: softrdma's own options
+        parser_of_extra.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

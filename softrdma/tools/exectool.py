@@ -27,7 +27,7 @@ import os
 import shlex
 from typing import Any
 
-from .common import ToolError, add_fault_option
+from .common import ToolError, UsageError, add_fault_option
 
 __all__ = ["add_parser", "exec_environment"]
 
@@ -127,13 +127,13 @@ def exec_environment(addr: str | None = None, rebuild: bool = False,
 
 def run(a: argparse.Namespace) -> int:
     prog = a.program[1:] if a.program[:1] == ["--"] else a.program
+    if not prog and not a.print_env:  # a usage error: before building the library
+        raise UsageError("no program given (softrdma exec -- PROGRAM [ARGS])")
     env = exec_environment(a.addr, a.rebuild, a.pcap, a.ld_library_path, a.profile)
     if a.print_env:
         for k, v in env.items():
             print(f"export {k}={shlex.quote(v)}")
         return 0
-    if not prog:
-        raise ToolError("no program given (softrdma exec -- PROGRAM [ARGS])")
     from ..exec.process import python_mismatch
     why = python_mismatch(prog[0])
     if why:
