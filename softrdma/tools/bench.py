@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from ..bench.capgen import write_long_capture
@@ -18,6 +19,7 @@ from ..bench.udp import run_udp_bench
 from ..bench.verbs import run_verbs_bench
 from ..bench.wire import MAX_PAYLOAD, run_wire_bench
 from .argtypes import int_range, positive_float
+from .common import UsageError
 
 __all__ = ["add_parser"]
 
@@ -196,6 +198,9 @@ def _scale(a: argparse.Namespace) -> int:
 
 
 def _capture(a: argparse.Namespace) -> int:
+    if a.file and not os.path.isfile(a.file):  # status 2, as dissect and check say it
+        raise UsageError(f"{a.file}: " + ("is a directory" if os.path.isdir(a.file)
+                                           else "no such file"))
     if a.make:
         losses = LossStats()
         n = write_long_capture(a.make, a.packets, loss_every=a.loss_every, losses=losses)
