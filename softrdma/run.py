@@ -97,6 +97,15 @@ def _split(args: list[str]) -> tuple[str | None, str | None, list[str]]:
     return None, first, args[1:]
 
 
+def _check_module_name(name: str) -> None:
+    """Names ``-m`` cannot take, found before anything is imported."""
+    if name.startswith("."):
+        raise _UsageError(f"{PROG}: {name}: a relative module name (give the package too)")
+    if name.endswith(".py"):  # python would import the file as a package first: run it
+        raise _UsageError(f"{PROG}: {name}: a file name, not a module name (softrdma run "
+                          f"{name}, or -m {name[:-3]})")
+
+
 def _check_module(name: str) -> None:
     """Fail in one line, as ``python -m`` does, when softrdma cannot find ``name``'s code;
     an exception raised while importing the program's own packages is the program's."""
@@ -155,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         module, prog, rest = _split(args)
         if prog is not None:
             _check_program(prog)
+        else:
+            assert module is not None
+            _check_module_name(module)
     except _UsageError as e:
         print(e, file=sys.stderr)
         return 2

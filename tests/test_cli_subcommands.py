@@ -229,6 +229,22 @@ def test_run_usage_errors_are_one_line(softrdma, argv, message):
     assert out == ""
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["-m", "prog.py"], "softrdma run: prog.py: a file name, not a module name (softrdma run "
+                        "prog.py, or -m prog)"),
+    (["-m", ".relative"], "softrdma run: .relative: a relative module name (give the package "
+                          "too)"),
+    ([MISSING], f"softrdma run: {MISSING}: no such file"),
+])
+def test_run_cannot_start_it_in_one_line(softrdma, argv, line):
+    """What ``softrdma run`` refuses before importing anything: a file name given to -m
+    (python would import it as a package, running it), a relative module name (a traceback
+    of importlib's before the fix), a program that is not there."""
+    status, out, err = softrdma("run", *argv)
+    assert status == 2 and out == ""
+    assert _one_line(err) == line
+
+
 def _softrdma_run(tmp_path, *argv: str) -> subprocess.CompletedProcess:
     """``python -m softrdma run ARGV`` from tmp_path (it puts pyverbs under the program:
     not in this process)."""
