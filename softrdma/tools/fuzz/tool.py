@@ -76,7 +76,8 @@ peer may write (remote write/atomic), the receive buffers and the sink that RDMA
 atomic results land in. Everything else is filled with a seeded pattern and compared byte
 for byte at the end.
 
-Seed frames are every RoCE packet in the captures under pcaps/. Each frame sent is a
+Seed frames are every RoCE packet in the captures under pcaps/ (a source checkout's;
+installed, the reference captures shipped with softrdma) or --pcaps. Each frame sent is a
 seed retargeted at a live QP (its QPN, PSNs at or near the one expected, the rkey and
 addresses of a real MR some of the time, so the responder's and completer's deep paths are
 reached), mutated field by field (PSN, QPN, RETH va/rkey/length, AETH, atomic operands,
