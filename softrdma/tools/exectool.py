@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 from typing import Any
 
 from .common import ToolError, UsageError, add_fault_option
@@ -127,8 +128,13 @@ def exec_environment(addr: str | None = None, rebuild: bool = False,
 
 def run(a: argparse.Namespace) -> int:
     prog = a.program[1:] if a.program[:1] == ["--"] else a.program
-    if not prog and not a.print_env:  # a usage error: before building the library
-        raise UsageError("no program given (softrdma exec -- PROGRAM [ARGS])")
+    if not a.print_env:  # what is wrong with the line, before building the library
+        if not prog:
+            raise UsageError("no program given (softrdma exec -- PROGRAM [ARGS])")
+        if os.sep in prog[0] and not os.path.exists(prog[0]):
+            raise ToolError(f"{prog[0]}: No such file or directory")
+        if os.sep not in prog[0] and shutil.which(prog[0]) is None:
+            raise ToolError(f"{prog[0]}: command not found")
     env = exec_environment(a.addr, a.rebuild, a.pcap, a.ld_library_path, a.profile)
     if a.print_env:
         for k, v in env.items():
