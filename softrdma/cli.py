@@ -19,13 +19,14 @@ from typing import NoReturn, Sequence
 
 from . import __version__
 from .errors import PyverbsRDMAError
+from .run import add_parser as run_add_parser
 from .tools import (
     bench, check, cmatose, demo, devinfo, diagram, dissect, exectool, fuzz, labcmd, mckey, mq,
     perf, pingpong, replay, rping, udaddy,
 )
 from .tools.common import ToolError, UsageError, apply_fault_options
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,9 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for tool in TOOLS:
         tool.add_parser(sub)
-    sub.add_parser("run", help="run an unchanged pyverbs program on softrdma "
-                               "(softrdma run prog.py [args]; docs/pyverbs.md)", add_help=False)
+    run_add_parser(sub)
+    _remember_parsers(p)
     return p
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand's parser a default naming itself, so that an error found after
+    parsing (an unknown option) is reported by the parser of the subcommand it belongs to:
+    the innermost subcommand chosen sets the default last."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                subparser.set_defaults(_cli_parser=subparser)
+                _remember_parsers(subparser)
 
 
 _TRACE_OPTS = ("--trace", "--trace-format", "--trace-file", "--trace-qpn")
@@ -118,34 +130,78 @@ def _looks_like_kinds(text: str) -> bool:
     return all(k in KINDS or k == "all" for k in text.split(",") if k)
 
 
+def _run_position(argv: list[str]) -> int | None:
+    """Where ``run`` is on a ``softrdma [tracing options] run ...`` line, else None (the
+    program's own options must not be read as softrdma's)."""
+    i = 0
+    while i < len(argv):
+        name, eq, _ = argv[i].partition("=")
+        if argv[i] == "run":
+            return i
+        if name not in _TRACE_OPTS:
+            return None
+        if eq:
+            i += 1
+        elif name == "--trace":  # its KINDS are optional
+            i += 2 if i + 1 < len(argv) and _looks_like_kinds(argv[i + 1]) else 1
+        else:
+            i += 2
+    return None
+
+
+def _trace_options_or_status(argv: list[str], parser: argparse.ArgumentParser | None,
+                             ) -> int | None:
+    """Take the tracing options out of ``argv`` (in place) and turn tracing on; the exit
+    status if they are wrong (one line said)."""
+    try:
+        argv[:] = _take_trace_options(argv)
+    except ValueError as e:
+        if parser is None:
+            print(f"softrdma: error: {e} (see softrdma --help)", file=sys.stderr)
+            return 2
+        parser.error(str(e))
+    except OSError as e:  # --trace-file in a directory that is not there, or not writable
+        print(f"softrdma: --trace-file: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 1
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["run"]:  # everything after "run" belongs to the program
+    run_at = _run_position(argv)
+    if run_at is not None:  # everything after "run" belongs to the program
+        status = _trace_options_or_status(argv[:run_at], None)
+        if status is not None:
+            return status
         from .run import main as run_main
-        return run_main(argv[1:])
+        return run_main(argv[run_at + 1:])
     parser = build_parser()
-    try:
-        argv = _take_trace_options(argv)
-    except ValueError as e:
-        parser.error(str(e))
+    status = _trace_options_or_status(argv, parser)
+    if status is not None:
+        return status
     args, extra = parser.parse_known_args(argv)
     # rdma-core tools take the server name after the options: "pingpong rc -n 5 HOST"
     if extra and getattr(args, "servername", "x") is None and len(extra) == 1 \
             and not extra[0].startswith("-"):
         args.servername = extra[0]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:  # the subcommand's parser reports it, so the error names its help page
+        parser_of_extra = getattr(args, "_cli_parser", parser)
+        command = getattr(args, "command", None)
+        if command in argv and any(x in argv[:argv.index(command)] for x in extra):
+            parser_of_extra = parser  # before the subcommand: softrdma's own options
+        parser_of_extra.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    who = getattr(args, "_cli_parser", parser).prog  # "softrdma bench wire"
     try:
         apply_fault_options(args)
         return args.func(args)
     except UsageError as e:
-        print(f"softrdma {args.command}: {e}", file=sys.stderr)
+        print(f"{who}: {e}", file=sys.stderr)
         return 2
     except (ToolError, PyverbsRDMAError) as e:
-        print(f"softrdma {args.command}: {e}", file=sys.stderr)
+        print(f"{who}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -164,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             what = "out of memory"
         else:
             what = f"unexpected error: {type(e).__name__}: {e}"
-        print(f"softrdma {args.command}: {what} (SOFTRDMA_DEBUG=1 shows the traceback)",
+        print(f"{who}: {what} (SOFTRDMA_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 1
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from ..bench.capgen import write_long_capture
@@ -18,13 +19,17 @@ from ..bench.udp import run_udp_bench
 from ..bench.verbs import run_verbs_bench
 from ..bench.wire import MAX_PAYLOAD, run_wire_bench
 from .argtypes import int_range, positive_float
+from .common import UsageError
 
 __all__ = ["add_parser"]
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks beside their baselines: wire, engines, qps, "
                                      "udp, socket, verbs, exec, scale, capture",
-                       description=__doc__)
+                       description="The benchmarks of softrdma (softrdma bench wire, "
+                                   "engines, qps, udp, socket, verbs, exec, scale or "
+                                   "capture), each printing its numbers beside a baseline "
+                                   "measured in the same run. docs/perf.md has the results.")
     b = p.add_subparsers(dest="bench_cmd",
                          metavar="{wire,engines,qps,udp,socket,verbs,exec,scale,capture}",
                          required=True)
@@ -122,7 +127,7 @@ def add_parser(sub: Any) -> None:
                                  "(t_typical), between two processes on two loopback "
                                  "addresses, in interleaved rounds: the cost of crossing from "
                                  "C into Python (ratios: median and spread of the rounds, "
-                                 "against issue 30's 0.8 targets; exit 1 if one is missed).")
+                                 "against the 0.8 targets; exit 1 if one is missed).")
     x.add_argument("--small-iters", type=int_range(5, None), default=5000,
                    help="64-byte writes per run (default 5000)")
     x.add_argument("--big-iters", type=int_range(5, None), default=1000,
@@ -140,7 +145,7 @@ def add_parser(sub: Any) -> None:
     x.set_defaults(func=_exec)
 
     s = b.add_parser("scale", help="1,000 QPs streaming, 65,536 QPs, timers, idle CPU",
-                     description="Issue 18's scale and idle goals, each beside its baseline, in "
+                     description="The scale and idle goals, each beside its baseline, in "
                                  "rounds (median and spread): N QPs streaming RDMA WRITEs vs "
                                  "one QP (>= 0.8 of its throughput, no QP starved), 65,536 QPs "
                                  "in one process (< 500 MB), timer and dispatch costs with "
@@ -193,6 +198,9 @@ def _scale(a: argparse.Namespace) -> int:
 
 
 def _capture(a: argparse.Namespace) -> int:
+    if a.file and not os.path.isfile(a.file):  # status 2, as dissect and check say it
+        raise UsageError(f"{a.file}: " + ("is a directory" if os.path.isdir(a.file)
+                                           else "no such file"))
     if a.make:
         losses = LossStats()
         n = write_long_capture(a.make, a.packets, loss_every=a.loss_every, losses=losses)

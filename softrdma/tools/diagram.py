@@ -29,11 +29,23 @@ __all__ = ["add_parser", "run"]
 
 DEFAULT_MAX_PACKETS = 200
 
+#: the help page's text (the module docstring is for readers of the code)
+DESCRIPTION = (
+    "Draw what happened between the endpoints of a capture. The output's suffix picks the "
+    "format: .html (a page with the diagram and the packets as a table), .svg (the picture "
+    "alone), .mmd (Mermaid text, for documentation); --format overrides it, and without -o "
+    "Mermaid goes to standard output. --frames A-B / --time T0-T1 draw a stretch of a long "
+    "capture (read only up to its end); --recovery marks the arrows with the checker's "
+    "recovery report (losses, NAKs, go-backs, timeouts, duplicates) and its violations. "
+    "Exit status 0 when written, 2 when the capture cannot be read or an option is wrong "
+    "(one line on stderr), 1 when the output cannot be written. docs/diagrams.md explains "
+    "the pictures.")
+
 
 
 def add_parser(sub: Any) -> None:
     d = sub.add_parser("diagram", help="draw a capture as a sequence diagram (HTML, SVG, Mermaid)",
-                       description=__doc__)
+                       description=DESCRIPTION)
     d.add_argument("pcap", help="capture file (pcap or pcapng)")
     d.add_argument("-o", "--output", metavar="OUT",
                    help="file to write; .html, .svg or .mmd picks the format (default: "

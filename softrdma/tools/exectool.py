@@ -25,16 +25,39 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 from typing import Any
 
-from .common import ToolError, add_fault_option
+from .common import ToolError, UsageError, add_fault_option
 
 __all__ = ["add_parser", "exec_environment"]
 
 
+#: the help page's text (the module docstring is for readers of the code)
+DESCRIPTION = """\
+Run an unmodified C/C++ RDMA program on softrdma devices.
+
+    softrdma exec -- ibv_devices
+    softrdma exec --addr 127.0.0.2 -- ibv_rc_pingpong -g 1
+    softrdma exec --pcap rc.pcap --fault 'tx:loss=0.05' -- ib_write_bw -n 50
+    softrdma exec --trace packet --addr 127.0.0.3 -- ibv_rc_pingpong -g 1 127.0.0.2
+    softrdma exec --profile srv.prof --addr 127.0.0.2 -- ib_write_bw -n 5000 -s 64
+
+The program runs with softrdma's preload library in LD_PRELOAD: its libibverbs and
+librdmacm calls are answered by softrdma in its own process, as an ordinary user, with no
+kernel module. The device lives in the program, so what softrdma's devices read from the
+environment works for it too: --pcap (every packet the program's device sends and
+receives), --fault and the tracing options are handed to it as SOFTRDMA_PCAP,
+SOFTRDMA_FAULTS and SOFTRDMA_TRACE*; --profile runs cProfile in it. --print-env prints the
+environment instead, for launchers that start programs their own way (mpirun, test
+runners); --ld-library-path uses a directory of softrdma's libibverbs.so.1 and
+librdmacm.so.1 instead of the preload; --dev-infiniband gives the program
+/dev/infiniband/uverbs* nodes, which UCX checks for. docs/exec.md is the guide."""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("exec", help="run an unmodified C/C++ RDMA program on softrdma "
-                                    "(softrdma exec -- PROGRAM [ARGS])", description=__doc__,
+                                    "(softrdma exec -- PROGRAM [ARGS])", description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--addr", metavar="IP", help="the device's address (SOFTRDMA_IP); "
                    "default: the first free loopback address")
@@ -105,13 +128,18 @@ def exec_environment(addr: str | None = None, rebuild: bool = False,
 
 def run(a: argparse.Namespace) -> int:
     prog = a.program[1:] if a.program[:1] == ["--"] else a.program
+    if not a.print_env:  # what is wrong with the line, before building the library
+        if not prog:
+            raise UsageError("no program given (softrdma exec -- PROGRAM [ARGS])")
+        if os.sep in prog[0] and not os.path.exists(prog[0]):
+            raise ToolError(f"{prog[0]}: No such file or directory")
+        if os.sep not in prog[0] and shutil.which(prog[0]) is None:
+            raise ToolError(f"{prog[0]}: command not found")
     env = exec_environment(a.addr, a.rebuild, a.pcap, a.ld_library_path, a.profile)
     if a.print_env:
         for k, v in env.items():
             print(f"export {k}={shlex.quote(v)}")
         return 0
-    if not prog:
-        raise ToolError("no program given (softrdma exec -- PROGRAM [ARGS])")
     from ..exec.process import python_mismatch
     why = python_mismatch(prog[0])
     if why:

@@ -32,9 +32,23 @@ MAX_GUESTS = 244  # guest i is 10.77.0.(11 + i)
 _GUESTS = int_range(1, MAX_GUESTS)
 
 
+#: the help page's text (the module docstring is for readers of the code)
+DESCRIPTION = """\
+The real Linux rxe peers of the interop tests, for your own experiments.
+
+    softrdma lab run --guest-cmd "ibv_rc_pingpong -g 1" -- softrdma pingpong rc 10.77.0.11
+    softrdma lab shell                 # a shell in the lab's network (softrdma side: 10.77.0.1)
+        (inside) softrdma lab guest 0 -- ibv_devinfo -d rxe0
+    softrdma lab --kernel 6.12 shell   # the guests on Linux 6.12's rxe (default: 6.1)
+    softrdma lab kernels               # the guest kernels this machine can boot
+
+--kernel takes a series ("6.1", "6.12") or an image path (/boot/vmlinuz-...); without it,
+$SOFTRDMA_LAB_KERNEL or 6.1 (docs/lab.md: what differs between the two)."""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("lab", help="boot Linux rxe peers in VMs next to softrdma (needs root)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _kernel_option(p, None)
     ls = p.add_subparsers(dest="lab_cmd", metavar="{run,shell,guest,kernels}", required=True)
     k = ls.add_parser("kernels", help="list the guest kernels this machine can boot")

@@ -35,9 +35,24 @@ def _address(text: str) -> tuple[str, int]:
     return host.strip("[]"), p
 
 
+#: the help page's text (the module docstring is for readers of the code)
+DESCRIPTION = """\
+Watch several senders feed one receiver (the message queue of softrdma.socket) across
+processes.
+
+    softrdma mq recv 127.0.0.1:7500                       # prints what arrives
+    softrdma mq send 127.0.0.1:7500 hello "second one"    # each word a message
+    softrdma mq send 127.0.0.1:7500 --frames a b c        # one message in three frames
+
+recv prints one line per frame, "<sender ip>:<port> <text>" (with "+" after the sender
+while more frames of the same message follow), and stops after --count messages or
+--timeout seconds of silence. send takes --bind for its own address (else the default
+device)."""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("mq", help="the many-senders message queue of softrdma.socket: recv "
-                                  "and send", description=__doc__,
+                                  "and send", description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     m = p.add_subparsers(dest="mq_cmd", metavar="{recv,send}", required=True)
     r = m.add_parser("recv", help="be the receiver: print every message, with its sender")

@@ -62,10 +62,59 @@ from .seeds import default_pcap_dir, load_seeds
 __all__ = ["add_parser", "run", "run_fuzz"]
 
 
+#: the help page's text (the module docstring is for readers of the code)
+DESCRIPTION = """\
+Fire mutated RoCE frames at live soft devices, then check they survived.
+
+Two soft devices are bound to UDP 4791 on loopback addresses (127.0.10.1 and 127.0.10.2 by
+default) with their progress threads, and connected by one QP pair of each kind: RC, UC,
+UD, and RC whose receive side is an SRQ. Each device owns an arena: one bytearray out of
+which its MRs are carved, each MR between guard areas, plus MRs that peers may not write
+(remote read only, local write only, no access, full access but in another PD) and a
+stretch that is never registered. Only three ranges of an arena may change: the MR the
+peer may write (remote write/atomic), the receive buffers and the sink that RDMA READ and
+atomic results land in. Everything else is filled with a seeded pattern and compared byte
+for byte at the end.
+
+Seed frames are every RoCE packet in the captures under pcaps/ (a source checkout's;
+installed, the reference captures shipped with softrdma) or --pcaps. Each frame sent is a
+seed retargeted at a live QP (its QPN, PSNs at or near the one expected, the rkey and
+addresses of a real MR some of the time, so the responder's and completer's deep paths are
+reached), mutated field by field (PSN, QPN, RETH va/rkey/length, AETH, atomic operands,
+DETH, pad, payload size, opcode) and byte by byte (bit flips, byte values, truncation,
+extension), given a correct ICRC most of the time and a broken one otherwise, and sent over
+real UDP from a socket bound to the peer device's address (so the source-address check
+passes) or from a stranger's. Legitimate traffic runs alongside, so requests are in flight
+when forged responses arrive; QPs the fuzzing legitimately moves to ERR are reset and
+reconnected, as a user would.
+
+At the end: the progress threads are alive and no thread raised; the sentinels are
+unchanged; threads, descriptors, allocated memory blocks and RSS are flat against a
+baseline taken after a warm-up; and every QP pair (re-created if the fuzzing broke it)
+completes a normal RDMA WRITE, SEND and READ in both directions (UC: WRITE and SEND; UD:
+SEND). Exit status 0 if every check passed, 1 otherwise with one line naming the check.
+
+With --icrc auto (the default) devices receive through a raw socket when the process
+may open one (root or CAP_NET_RAW), which is the only way an IPv4 device sees the IP ID and
+can verify ICRCs; otherwise ICRCs go unchecked (icrc_unchecked) and the summary says so.
+
+--target cm fires mutated CM MADs (REQ, MRA, REP, RTU, REJ, DREQ, DREP, SIDR_REQ/REP,
+from the captures and built; aimed at live comm IDs, fields at their edges, timeouts 0/31,
+retries 15, broken cma headers and hellos, wrong attribute IDs, MADs not 256 bytes) at QP1
+of two devices, one listening with rdma_cm and both holding an established connection;
+it checks that no exception was caught by a device, the CM ids are back near their
+baseline, every rdma_cm event was read, the connection (or its replacement) moves data
+and a fresh one is made in time. --target records sends forged socket-layer hellos and
+records over real connections to a softrdma.socket.Receiver while a legitimate sender
+uses it (and gives clients damaged hellos in a forged server's REP); it checks that the
+sender is heard, dropped connections end with a ConnectionError, none is kept, and
+recv raises nothing unexpected. Both also check threads, memory and descriptors."""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("fuzz", help="fire mutated frames from pcaps/ at live devices, then "
                                     "check they still work and nothing leaked or changed",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", choices=TARGETS, default="data",
                    help="data: RoCE frames at live QPs (default); cm: CM MADs at QP1 of "
                         "devices with a listener and an established connection; records: "
