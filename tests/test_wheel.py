@@ -137,12 +137,26 @@ def test_dissect_and_check_an_installed_capture(wheel_env):
     _ok(wheel_env["run"]("softrdma", "check", path))
 
 
-def test_fuzz_seeds_from_the_installed_captures(wheel_env):
-    """``softrdma fuzz`` with no ``--pcaps``, outside a checkout: its seeds come from the
-    13 installed captures, and a short run passes its checks."""
-    out = _ok(wheel_env["run"]("softrdma", "fuzz", "--seconds", "2", "--addrs", "127.0.2.11",
-                               "127.0.2.12", timeout=120))
-    assert re.search(rf"^seeds: \d+ RoCE frames from {len(CAPTURES)} captures", out, re.M), out
+@pytest.mark.parametrize("target,addr,seeds", [
+    ("data", 11, "RoCE frames from 13 captures"),
+    ("cm", 21, r"CM MADs \(3 captures")],  # the README's three rdma_cm captures hold MADs
+    ids=["data", "cm"])
+def test_fuzz_seeds_from_the_installed_captures(wheel_env, target, addr, seeds):
+    """``softrdma fuzz`` (RoCE frames, and CM MADs) with no ``--pcaps``, outside a checkout:
+    its seeds come from the installed captures, and a short run passes its checks."""
+    out = _ok(wheel_env["run"]("softrdma", "fuzz", "--target", target, "--seconds", "2",
+                               "--addrs", f"127.0.2.{addr}", f"127.0.2.{addr + 1}",
+                               timeout=120))
+    assert re.search(r"^seeds: \d+ " + seeds, out, re.M), out
+
+
+def test_bench_makes_a_capture_from_the_installed_templates(wheel_env):
+    """``softrdma bench capture --make`` tiles the installed rxe captures into a longer one
+    (no checkout needed), which ``softrdma check`` finds clean."""
+    path = wheel_env["home"] / "long.pcap"
+    _ok(wheel_env["run"]("softrdma", "bench", "capture", "--packets", "500", "--make",
+                         str(path)))
+    _ok(wheel_env["run"]("softrdma", "check", str(path)))
 
 
 def test_the_pytest_plugin_examples(wheel_env):
