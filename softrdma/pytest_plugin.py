@@ -177,9 +177,11 @@ def soft_device(softrdma_seed: int, softrdma_capture: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def softrdma_replay() -> Any:
-    """``softrdma_replay.assert_matches("rc_pingpong.pcap", "10.77.0.11")``: replay a real
-    capture with softrdma as one endpoint; a difference fails with a readable diff
-    (:class:`~softrdma.harness.fixtures.Replay`; ``.run(pcap, ip)`` returns the diff)."""
+    """``softrdma_replay.assert_matches("linux-rxe/rc_pingpong.pcap", "10.77.0.11")``:
+    replay a real capture with softrdma as one endpoint; a difference fails with a readable
+    diff (:class:`~softrdma.harness.fixtures.Replay`; ``.run(pcap, ip)`` returns the diff).
+    ``pcap`` is a path, or the name of a capture installed with softrdma
+    (:mod:`softrdma.data`), so a test needs no source checkout."""
     from softrdma.harness.fixtures import Replay
     return Replay()
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
 
+from ..data import reference_pcap_dir
 from ..wire.frames import decode_frame, ip_checksum
 from ..wire.headers import Hdr
 from ..wire.icrc import icrc_ipv4
@@ -48,8 +49,8 @@ __all__ = ["Tile", "load_tile", "tile_copies", "long_capture", "write_long_captu
            "lossy_template",
            "DEFAULT_TEMPLATES", "PCAP_DIR"]
 
-#: the real captures shipped with softrdma (pcaps/linux-rxe in a source checkout)
-PCAP_DIR = Path(__file__).resolve().parents[2] / "pcaps" / "linux-rxe"
+#: the real captures installed with softrdma (a copy of pcaps/linux-rxe: softrdma.data)
+PCAP_DIR = reference_pcap_dir() / "linux-rxe"
 #: RDMA WRITE, READ and SEND streams of perftest between two kernel rxe hosts
 DEFAULT_TEMPLATES = tuple(PCAP_DIR / f"{n}.pcap" for n in ("write_bw", "read_bw", "send_bw"))
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..data import find_capture
 from ..soft.device import SoftDevice
 from ..verbs_api import Context, QPCap
 from ..verbs_api.device import find_device, register_device, unregister_device
@@ -242,6 +243,7 @@ class Replay:
         """Replay softrdma as ``ip`` in ``pcap``; the :class:`ReplayDiff` (``.ok``,
         ``.packets``, ``.format()``). ``kw`` go to ``replay_side`` (``inline``, ``rx_depth``,
         ``max_rd_atomic``, ``max_dest_rd_atomic``)."""
+        pcap = find_capture(pcap)  # a path, or the name of a capture installed with softrdma
         res = replay_side(load_capture(str(pcap)), ip, device_name=next(device_names("replay")),
                           **kw)
         return diff_replay(res, ip, str(pcap))

@@ -4,7 +4,8 @@ What the tool does, for its user, is the doc of :mod:`.tool` (``softrdma fuzz --
 docs/fuzz.md). The package is split by job:
 
 - :mod:`.tool`: the command line (options, their checks, the order of a run);
-- :mod:`.seeds`: the seed frames, every RoCE packet of the captures under ``pcaps/``;
+- :mod:`.seeds`: the seed frames, every RoCE packet of the captures under ``pcaps/`` (or
+  of the reference captures installed with softrdma, :mod:`softrdma.data`);
 - :mod:`.live`: the devices' arenas, MRs and QP pairs;
 - :mod:`.mutators`: the named mutators, each a small function naming what it attacks,
   in tables with their weights;

@@ -1,10 +1,12 @@
-"""The fuzzer's seed frames: every RoCE packet of the captures under ``pcaps/``."""
+"""The fuzzer's seed frames: every RoCE packet of the captures under ``pcaps/`` (a source
+checkout's, or the reference captures installed with softrdma: :mod:`softrdma.data`)."""
 
 from __future__ import annotations
 
 import glob
 import os
 
+from ... import data
 from ...wire.frames import FrameError, decode_frame
 from ...wire.packet import DecodeError, parse
 from ...wire.pcap import PcapError, read_pcap
@@ -13,9 +15,9 @@ __all__ = ["default_pcap_dir", "load_seeds", "capture_paths"]
 
 
 def default_pcap_dir() -> str:
-    """The repository's ``pcaps/``."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.normpath(os.path.join(here, "..", "..", "..", "pcaps"))
+    """The checkout's ``pcaps/`` when softrdma runs from a source checkout, else the
+    captures installed with it (:func:`softrdma.data.default_pcap_dir`)."""
+    return str(data.default_pcap_dir())
 
 
 def capture_paths(root: str) -> list[str]:

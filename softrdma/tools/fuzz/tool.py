@@ -10,7 +10,8 @@ peer may write (remote write/atomic), the receive buffers and the sink that RDMA
 atomic results land in. Everything else is filled with a seeded pattern and compared byte
 for byte at the end.
 
-Seed frames are every RoCE packet in the captures under ``pcaps/``. Each frame sent is a
+Seed frames are every RoCE packet in the captures under ``pcaps/`` (a source checkout's;
+installed, the reference captures shipped with softrdma, softrdma.data). Each frame sent is a
 seed retargeted at a live QP (its QPN, PSNs at or near the one expected, the rkey and
 addresses of a real MR some of the time, so the responder's and completer's deep paths are
 reached), mutated field by field (PSN, QPN, RETH va/rkey/length, AETH, atomic operands,
@@ -128,7 +129,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stranger", default=None, metavar="IP",
                    help="an address that is no device's peer (default: the second address + 1)")
     p.add_argument("--pcaps", default=None, metavar="DIR",
-                   help="directory searched recursively for seed captures (default: pcaps/)")
+                   help="directory searched recursively for seed captures (default: a "
+                        "checkout's pcaps/, else the captures installed with softrdma)")
     p.add_argument("--icrc", choices=["auto", "raw", "off"], default="auto",
                    help="raw: receive through a raw socket so ICRCs are verified (needs "
                         "CAP_NET_RAW); off: plain UDP sockets; auto: raw when allowed")
