@@ -104,7 +104,9 @@ def add_parser(sub: Any) -> None:
                                  "selects), through Debian's pyverbs and beside perftest's "
                                  "ib_write_bw, on one device, in one run.")
     v.add_argument("-d", "--device", default="softrdma0",
-                   help="device name (default softrdma0; rxe0 in a lab guest)")
+                   metavar="NAME", help="device name: softrdma0 (the default device), "
+                   "softrdma-<IP> (the device on address IP) or a kernel one (rxe0 in a lab "
+                   "guest)")
     v.add_argument("-g", "--gid-index", type=int_range(0, 255), default=None,
                    help="GID index (default 1 on a real device, 0 on a soft one)")
     v.add_argument("--small-iters", type=int_range(1, None), default=5000,
