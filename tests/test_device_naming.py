@@ -187,7 +187,8 @@ def test_unknown_name_is_one_line_naming_it_and_the_spellings():
            "try:\n    Context(name='mlx5_9')\n"
            "except Exception as e:\n    raise SystemExit(str(e))\n")
     for argv in (soft("pingpong", "rc", "-d", "mlx5_9"), soft("perf", "write", "-d", "mlx5_9"),
-                 soft("devinfo", "-d", "mlx5_9"), [sys.executable, "-c", api]):
+                 soft("devinfo", "-d", "mlx5_9"), soft("bench", "verbs", "-d", "mlx5_9"),
+                 [sys.executable, "-c", api]):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         assert r.returncode == 1, (argv, r)
         lines = r.stderr.splitlines()

@@ -285,6 +285,7 @@ def _forget_if_unused(dev: SoftDevice) -> None:
     with _registry_lock:
         if dev.name in _made_by_name and not dev.contexts and _registry.get(dev.name) is dev:
             del _registry[dev.name]
+            _made.pop(dev.name, None)
             _made_by_name.discard(dev.name)
 
 
