@@ -26,7 +26,9 @@ from typing import Any
 
 from ..errors import PyverbsRDMAError
 from ..soft.netdev import IFF_UP, interface_of
-from ..verbs_api.device import add_device, find_device, soft_devices, unregister_device
+from ..verbs_api.device import (
+    add_device, device_name_for, find_device, soft_devices, unregister_device,
+)
 from .device import CmaDevice
 
 __all__ = ["Route", "flow_label", "device_for_ip", "device_for_dst", "route_source",
@@ -125,7 +127,7 @@ def interface_device(ip: IPAddress, keep: list[CmaDevice]) -> Any | None:
     held = interface_of(str(ip))
     if held is None or not held[1] & IFF_UP:
         return None
-    name = f"softrdma-{ip}"
+    name = device_name_for(str(ip))
     with _auto_lock:
         dev = find_device(name)
         made = dev is None

@@ -16,10 +16,11 @@ from ..bench.socket import run_socket_bench
 from ..bench.qps import QP_TARGET_BYTES, QP_TARGET_COUNT, QP_TARGET_SECONDS, run_qp_bench
 from ..bench.scale import MAX_QP, run_scale_bench
 from ..bench.udp import run_udp_bench
-from ..bench.verbs import run_verbs_bench
+from ..bench.verbs import is_real_device, run_verbs_bench
 from ..bench.wire import MAX_PAYLOAD, run_wire_bench
+from ..verbs_api.device import DEFAULT_NAME, address_of_name
 from .argtypes import int_range, positive_float
-from .common import UsageError
+from .common import UsageError, unknown_device
 
 __all__ = ["add_parser"]
 
@@ -109,7 +110,9 @@ def add_parser(sub: Any) -> None:
                                  "selects), through Debian's pyverbs and beside perftest's "
                                  "ib_write_bw, on one device, in one run.")
     v.add_argument("-d", "--device", default="softrdma0",
-                   help="device name (default softrdma0; rxe0 in a lab guest)")
+                   metavar="NAME", help="device name: softrdma0 (the default device), "
+                   "softrdma-<IP> (the device on address IP) or a kernel one (rxe0 in a lab "
+                   "guest)")
     v.add_argument("-g", "--gid-index", type=int_range(0, 255), default=None,
                    help="GID index (default 1 on a real device, 0 on a soft one)")
     v.add_argument("--small-iters", type=int_range(1, None), default=5000,
@@ -212,6 +215,10 @@ def _capture(a: argparse.Namespace) -> int:
 
 
 def _verbs(a: argparse.Namespace) -> int:
+    # a name that is neither a soft device's nor the kernel's: one line, before any run
+    if a.device != DEFAULT_NAME and address_of_name(a.device) is None \
+            and not is_real_device(a.device):
+        raise unknown_device(a.device)
     r = run_verbs_bench(a.device, a.gid_index, a.small_iters, a.big_iters)
     return 1 if any("error" in x for x in r["softrdma"].values()) else 0
 

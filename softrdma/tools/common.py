@@ -12,11 +12,19 @@ from typing import Any, Iterator
 
 from ..soft.faults import ENV_FAULTS
 from ..soft.udp import TransportError
-from ..verbs_api.device import add_device, find_device, unregister_device
+from ..verbs_api.device import (
+    DEFAULT_NAME, NAME_RULE, add_device, address_of_name, device_name_for, find_device,
+    unregister_device,
+)
 from .argtypes import fault_spec
 
-__all__ = ["ToolError", "UsageError", "open_device", "tcp_listen", "tcp_connect", "recv_exact",
-           "local_address_towards", "add_fault_option", "apply_fault_options"]
+__all__ = ["ToolError", "UsageError", "open_device", "unknown_device", "tcp_listen",
+           "tcp_connect", "recv_exact", "local_address_towards", "add_fault_option",
+           "apply_fault_options", "DEVICE_HELP"]
+
+#: the ``-d`` help of every tool that takes a device name
+DEVICE_HELP = "use this device: softrdma0 (the default: the device picked with no -d) or " \
+              "softrdma-<IP> (the device on address IP, as --addr IP)"
 
 
 class ToolError(Exception):
@@ -88,21 +96,26 @@ def open_device(name: str | None, addr: str | None, peer: str | None = None,
                 mtu: int | None = None) -> Any:
     """The soft device the tool runs on, bound to UDP 4791 in manual (no-thread) mode.
 
-    ``--addr`` picks the local address; ``-d`` a device by name (``softrdma-IP`` or an
-    existing name). With neither: SOFTRDMA_IP, else the address towards the peer, else
-    127.0.0.1. A loopback address already taken by another softrdma (two processes on one
-    host) moves to the next one, 127.0.0.2, 127.0.0.3...
+    ``name`` is the tool's ``-d``, spelled as everywhere in softrdma (docs/device.md,
+    "Names"): ``softrdma0`` is the device the tool picks by itself, as with no ``-d``;
+    ``softrdma-<IP>`` is the device on IP, as ``--addr IP``. The tool picks ``addr`` (its
+    ``--addr``), else SOFTRDMA_IP, else the address towards the peer, else 127.0.0.1; a
+    loopback address it picked that is taken by another softrdma (two processes on one
+    host) moves on to the next one, 127.0.0.2, 127.0.0.3... Unknown names are a ToolError
+    naming the name and the two spellings.
     """
-    if name and not addr:
-        dev = find_device(name)
-        if dev is not None:
+    if name is not None and name != DEFAULT_NAME:
+        ip = address_of_name(name)
+        if ip is None:
+            dev = find_device(name)  # a device made in this process (a test's, a program's)
+            if dev is None:
+                raise unknown_device(name)
             _bind(dev)
             return dev
-        if name.startswith("softrdma-"):
-            addr = name[len("softrdma-"):]
-        else:
-            raise ToolError(f"unknown device {name!r} (softrdma devices are named softrdma-<IP>; "
-                            f"use --addr IP)")
+        if addr is not None and ipaddress.ip_address(addr) != ipaddress.ip_address(ip):
+            raise UsageError(f"-d {name} is the device on {ip}, the address option says "
+                             f"{addr}: give one of them")
+        addr = ip
     explicit = addr is not None
     if addr is None:
         addr = os.environ.get("SOFTRDMA_IP")
@@ -117,7 +130,7 @@ def open_device(name: str | None, addr: str | None, peer: str | None = None,
     last: Exception | None = None
     for i in range(tries):
         cand = str(ipaddress.ip_address(int(ip) + i)) if i else str(ip)
-        dname = f"softrdma-{cand}"
+        dname = device_name_for(cand)
         dev = find_device(dname) or add_device(cand, name=dname, mtu=mtu)
         try:
             _bind(dev)
@@ -128,6 +141,11 @@ def open_device(name: str | None, addr: str | None, peer: str | None = None,
             if e.errno != errno.EADDRINUSE:
                 break
     raise ToolError(str(last.args[1] if last and len(last.args) > 1 else last))
+
+
+def unknown_device(name: str) -> ToolError:
+    """The one-line error for a ``-d`` that names no device: the name and the spellings."""
+    return ToolError(f"unknown device {name!r}; softrdma's devices are {NAME_RULE}")
 
 
 def _bind(dev: Any) -> None:
@@ -199,4 +217,4 @@ def cm_device_for(addr: str | None) -> None:
     for dev in soft_devices():
         if ipaddress.ip_address(dev.ip) == ip:
             return
-    add_device(str(ip), name=f"softrdma-{ip}")
+    add_device(str(ip), name=device_name_for(str(ip)))

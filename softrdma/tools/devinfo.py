@@ -1,7 +1,13 @@
 """``softrdma devices`` and ``softrdma devinfo``: ibv_devices and ibv_devinfo, in softrdma.
 
-Devices are the soft devices of this process: the embedded default on 127.0.0.1 (or
-SOFTRDMA_IP), and one per ``--addr`` given."""
+Devices are the soft devices of this process: the embedded default ``softrdma0`` on
+127.0.0.1 (or SOFTRDMA_IP), one ``softrdma-<IP>`` per ``--addr`` given, and for
+``devinfo -d softrdma-<IP>`` the device on that address (any local address); then the
+libibverbs devices, if any. Both commands only describe: a soft device's attributes, GIDs
+and node GUID follow from its address, so nothing is bound, and a device another process
+holds (a pingpong server on 127.0.0.1) is described as it is, not moved to a free address.
+``devices`` prints the node GUID as 16 hex digits and ``devinfo`` as four groups, as
+ibv_devices and ibv_devinfo do."""
 
 from __future__ import annotations
 
@@ -11,7 +17,10 @@ from typing import Any
 
 from ..enums import ibv_port_state, mtu_to_bytes
 from ..verbs_api import Context
-from ..verbs_api.device import add_device, find_device, get_device_list
+from ..verbs_api.device import (
+    DEFAULT_NAME, NAME_RULE, add_device, address_of_name, device_name_for, find_device,
+    get_device_list, get_soft_device,
+)
 from .argtypes import ip_address
 from .common import ToolError
 
@@ -24,7 +33,9 @@ def add_parser(sub: Any) -> None:
                    help="also make a device for this IP address (repeatable)")
     d.set_defaults(func=run_devices)
     v = sub.add_parser("devinfo", help="device and port attributes (like ibv_devinfo)")
-    v.add_argument("-d", "--ib-dev", help="only this device")
+    v.add_argument("-d", "--ib-dev", metavar="NAME",
+                   help="only this device: softrdma0 (the default device), softrdma-<IP> (the "
+                        "device on IP, any local address) or a libibverbs device (rxe0)")
     v.add_argument("-a", "--addr", action="append", default=[], type=ip_address,
                    help="also make a device for this IP address (repeatable)")
     v.add_argument("-v", "--verbose", action="store_true", help="all attributes, GIDs, counters")
@@ -32,11 +43,40 @@ def add_parser(sub: Any) -> None:
 
 
 def _make(addrs: list[str]) -> None:
-    get_device_list()
+    # queried only: no socket, no progress thread, no moving to a free address
+    get_soft_device(DEFAULT_NAME).live = False
     for ip in addrs:
-        name = f"softrdma-{ip}"
+        name = device_name_for(ip)
         if find_device(name) is None:
-            add_device(ip, name=name, live=False)  # queried only: no socket
+            add_device(ip, name=name, live=False)
+
+
+def _is_local(ip: str) -> bool:
+    """Whether this host holds address ``ip`` (a socket can be bound to it; port 0, so
+    UDP 4791 and whoever holds it are left alone)."""
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((ip, 0))
+            return True
+        except OSError:
+            return False
+
+
+def _only(name: str, names: list[str]) -> str:
+    """The device ``devinfo -d name`` describes (made, query-only, for an address name)."""
+    ip = address_of_name(name)
+    if ip is not None:
+        canonical = device_name_for(ip)
+        if canonical not in names:
+            if not _is_local(ip) and ip != get_soft_device(DEFAULT_NAME).ip:
+                raise ToolError(f"IB device '{name}' wasn't found: {ip} is not an address of "
+                                f"this host")
+            add_device(ip, name=canonical, live=False)
+        return canonical
+    if name not in names:
+        raise ToolError(f"IB device '{name}' wasn't found; softrdma's devices are {NAME_RULE}")
+    return name
 
 
 def _guid(g: int) -> str:
@@ -57,9 +97,7 @@ def run_devinfo(a: argparse.Namespace) -> int:
     _make(a.addr)
     names = [d.name.decode() for d in get_device_list()]
     if a.ib_dev:
-        if a.ib_dev not in names:
-            raise ToolError(f"IB device '{a.ib_dev}' wasn't found")
-        names = [a.ib_dev]
+        names = [_only(a.ib_dev, names)]
     for name in names:
         with Context(name=name) as ctx:
             at = ctx.query_device()

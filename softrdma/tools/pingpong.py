@@ -41,7 +41,7 @@ from ..verbs_api import (
 )
 from .argtypes import c_int, choice_int, int_range, ip_address
 from .common import (
-    add_fault_option,
+    DEVICE_HELP, add_fault_option,
     ToolError, UsageError, open_device, recv_exact, resolve, tcp_connect, tcp_listen,
 )
 
@@ -90,7 +90,7 @@ def add_parser(sub: Any) -> None:
     # rather than wrapped or read as 0.
     p.add_argument("-p", "--port", type=int_range(1, 65535), default=18515,
                    help="listen on/connect to port (18515)")
-    p.add_argument("-d", "--ib-dev", help="use this device (softrdma-<IP>)")
+    p.add_argument("-d", "--ib-dev", metavar="NAME", help=DEVICE_HELP)
     p.add_argument("-a", "--addr", type=ip_address, help="local IP address for the soft device")
     p.add_argument("-i", "--ib-port", type=int_range(1, None), default=1,
                    help="port of the device (1)")
@@ -105,8 +105,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("-l", "--sl", type=int_range(0, 15), default=0, help="service level 0..15 (0)")
     p.add_argument("-e", "--events", action="store_true", help="sleep on CQ events")
     p.add_argument("-g", "--gid-idx", type=c_int, default=1,
-                   help="local GID index (1: the IPv4/IPv6 address; negative: none; rdma-core's "
-                        "default is none)")
+                   help="local GID index, as softrdma devinfo -v lists the device's GIDs (1: "
+                        "the IPv4/IPv6 address, 0: the link-local one; negative: none; "
+                        "rdma-core's default is none)")
     p.add_argument("-c", "--chk", action="store_true", help="validate the received buffer")
     p.add_argument("-q", "--num-qp", type=int_range(1, UINT_MAX), default=16,
                    help=f"srq: number of QPs, less than {SRQ_MAX_QP} (16)")

@@ -20,6 +20,12 @@ lists and opens only libibverbs devices (``Context()`` is the first of them); ``
 (the default) opens soft names first, then libibverbs names, and ``Context()`` is the
 soft default device. A machine without libibverbs or devices sees only soft devices.
 
+**Names.** A soft device has two spellings, accepted wherever a device is named (here, by
+every tool's ``-d``, by ``softrdma devinfo -d``): ``softrdma0``, the default device, and
+``softrdma-<IP>``, the device on address IP (:func:`device_name_for`). ``Context(name=
+"softrdma-127.0.0.5")`` opens the device of this process on that address, or makes one
+there (a live device, pinned to the address) when there is none.
+
 More devices can be made for other addresses with :func:`add_device`::
 
     from softrdma.verbs_api import Context, add_device
@@ -57,7 +63,8 @@ from .enums import (
 
 __all__ = ["Device", "Context", "DeviceAttr", "PortAttr", "AsyncEvent", "get_device_list",
            "add_device", "remove_device", "get_soft_device", "soft_devices", "set_backend",
-           "get_backend", "SoftContext", "RXE_DEVICE_CAP_FLAGS_EX"]
+           "get_backend", "SoftContext", "RXE_DEVICE_CAP_FLAGS_EX", "DEFAULT_NAME",
+           "NAME_RULE", "device_name_for", "address_of_name"]
 
 BACKENDS = ("auto", "soft", "ibverbs")
 _backend: str | None = None  # set_backend's choice; None: SOFTRDMA_BACKEND, else auto
@@ -92,21 +99,51 @@ def _hw_devices() -> list[Any]:
 
 
 def _is_soft_name(name: str) -> bool:
+    if address_of_name(name) is not None:
+        return True
     with _registry_lock:
         return name in _registry or name == DEFAULT_NAME
 
 _registry: dict[str, SoftDevice] = {}
 _registry_lock = threading.Lock()
+
+#: the embedded default device (in a tool: the device the tool picks when given no -d)
 DEFAULT_NAME = "softrdma0"
+#: the spelling of a device named after its address
+ADDRESS_PREFIX = "softrdma-"
+#: the naming rule in a few words, for the messages that refuse a name
+NAME_RULE = "softrdma0 (the default device) or softrdma-<IP> (the device on address IP)"
+
+
+def device_name_for(ip: str) -> str:
+    """``softrdma-<IP>``: the name of the soft device on address ``ip``, the address spelled
+    as Python's ``ipaddress`` spells it (``softrdma-::1``, ``softrdma-127.0.0.2``)."""
+    return ADDRESS_PREFIX + str(ipaddress.ip_address(ip))
+
+
+def address_of_name(name: str) -> str | None:
+    """The address a ``softrdma-<IP>`` name stands for (normalised), or None when ``name``
+    is not spelled that way (``softrdma0``, ``rxe0``, ``softrdma-foo``)."""
+    if not name.startswith(ADDRESS_PREFIX):
+        return None
+    try:
+        return str(ipaddress.ip_address(name[len(ADDRESS_PREFIX):]))
+    except ValueError:
+        return None
+
+
+def _progress_mode() -> str:
+    mode = os.environ.get("SOFTRDMA_PROGRESS", "thread").strip().lower()
+    if mode not in ("thread", "manual"):
+        raise PyverbsRDMAError(f"SOFTRDMA_PROGRESS={mode!r}: expected 'thread' or 'manual'",
+                               errno.EINVAL)
+    return mode
 
 
 def _ensure_default() -> None:
     if not _registry:
         pinned = os.environ.get("SOFTRDMA_IP")
-        mode = os.environ.get("SOFTRDMA_PROGRESS", "thread").strip().lower()
-        if mode not in ("thread", "manual"):
-            raise PyverbsRDMAError(f"SOFTRDMA_PROGRESS={mode!r}: expected 'thread' or 'manual'",
-                                   errno.EINVAL)
+        mode = _progress_mode()
         # a forked child's default device starts at the pinned address but moves on if
         # it is taken: the parent, still alive, holds it (softrdma exec -- a forking program)
         _registry[DEFAULT_NAME] = SoftDevice(DEFAULT_NAME, _child_start(pinned or "127.0.0.1"),
@@ -212,14 +249,55 @@ def remove_device(name: str) -> None:
 
 
 def get_soft_device(name: str | None = None) -> SoftDevice:
+    """The soft device called ``name`` (None: the default one). A ``softrdma-<IP>`` name
+    that no device is registered under is the device of this process on that address,
+    made there if there is none (see the module docstring); any other unknown name is
+    ENODEV."""
+    ip = address_of_name(name) if name is not None else None
     with _registry_lock:
         _ensure_default()
         if name is None:
             return next(iter(_registry.values()))
         dev = _registry.get(name)
+        if dev is None and ip is not None:
+            dev = _registry.get(device_name_for(ip)) or _settled_on(ip)
+    if dev is None and ip is not None:
+        try:
+            dev = add_device(ip, name=device_name_for(ip), live=_progress_mode() == "thread")
+            _made_by_name.add(dev.name)
+            return dev
+        except PyverbsRDMAError as e:
+            if e.error_code != errno.EEXIST:  # (else another thread made it meanwhile)
+                raise
+            return get_soft_device(name)
     if dev is None:
-        raise PyverbsRDMAError(f"Failed to open device {name}: no such device", errno.ENODEV)
+        raise PyverbsRDMAError(f"Failed to open device {name}: no such device; soft devices "
+                               f"are {NAME_RULE}", errno.ENODEV)
     return dev
+
+
+_made_by_name: set[str] = set()  # devices get_soft_device made for a softrdma-<IP> name
+
+
+def _forget_if_unused(dev: SoftDevice) -> None:
+    """A device made for a ``softrdma-<IP>`` name that could not open (an address this
+    host does not hold, UDP 4791 taken) is not left in the device list."""
+    with _registry_lock:
+        if dev.name in _made_by_name and not dev.contexts and _registry.get(dev.name) is dev:
+            del _registry[dev.name]
+            _made.pop(dev.name, None)
+            _made_by_name.discard(dev.name)
+
+
+def _settled_on(ip: str) -> SoftDevice | None:
+    """A registered device that is on ``ip`` for good: not a default device that has yet
+    to find its address (it may move on to the next loopback address when opened)."""
+    want = ipaddress.ip_address(ip)
+    for dev in _registry.values():
+        moving = dev.live and dev.auto_address and dev.udp is None
+        if ipaddress.ip_address(dev.ip) == want and not moving:
+            return dev
+    return None
 
 
 def soft_devices() -> list[SoftDevice]:
@@ -503,6 +581,7 @@ class SoftContext:
         except TransportError as e:
             self._events.close()
             self.closed = True
+            _forget_if_unused(self.device)
             hint = " (SOFTRDMA_IP pins it)" if self.device.name == DEFAULT_NAME and \
                 os.environ.get("SOFTRDMA_IP") else ""
             raise PyverbsRDMAError(f"Failed to open device {self.name}: "

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from ..argtypes import c_int, int_range, ip_address, perftest_size
-from ..common import ToolError, add_fault_option
+from ..common import DEVICE_HELP, ToolError, add_fault_option
 
 __all__ = ["add_arguments", "force_dependencies", "check_device", "set_mtu"]
 
@@ -62,7 +62,7 @@ def add_arguments(sub: Any) -> argparse.ArgumentParser:
 
     p.add_argument("-p", "--port", type=int_range(1, 65535), default=DEF_PORT,
                    help=f"listen on/connect to port (default {DEF_PORT})")
-    p.add_argument("-d", "--ib-dev", help="use this device (softrdma-<IP>)")
+    p.add_argument("-d", "--ib-dev", metavar="NAME", help=DEVICE_HELP)
     p.add_argument("--addr", type=ip_address,
                    help="local IP address for the soft device (perftest has none; its -a is "
                         "--all)")
@@ -76,7 +76,8 @@ def add_arguments(sub: Any) -> argparse.ArgumentParser:
                    type=int_range(1, None, "Duration period must be positive (got {v})"))
     p.add_argument("-m", "--mtu", type=c_int, default=0, help="path MTU 256..4096 (port MTU)")
     p.add_argument("-x", "--gid-index", type=rng(MIN_GID_IX, MAX_GID_IX, "Gid index"), default=1,
-                   help="GID index (default 1: the device's IP address)")
+                   help="GID index, as softrdma devinfo -v lists the device's GIDs (default "
+                        "1: the device's IP address; 0: its link-local GID)")
     p.add_argument("-F", "--CPU-freq", action="store_true", help="ignored (perftest compatibility)")
     p.add_argument("-a", "--all", action="store_true", help="run sizes 2 .. 2^23")
     p.add_argument("-t", "--tx-depth", type=rng(MIN_TX, MAX_TX, "Tx depth"),
