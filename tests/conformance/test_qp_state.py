@@ -7,6 +7,7 @@ what was set."""
 from __future__ import annotations
 
 import errno
+import time
 
 import pytest
 
@@ -40,14 +41,31 @@ def step(res, qp, target: str) -> None:
               REQUIRED[(int(qp.qp_type), target)])
 
 
+#: the longest an empty send queue may take to drain after RTS -> SQD: softrdma drains it
+#: at once, rxe in its send task (a kworker), which a loaded machine runs late
+DRAIN_WAIT = 10.0
+
+
+def to_sqd(qp) -> None:
+    """RTS -> SQD, then wait until the send queue is drained (``sq_draining`` clear), as a
+    program waits for IBV_EVENT_SQ_DRAINED: while it drains, rxe refuses every transition
+    out of SQD but the one to ERR (EINVAL), and CI's guest once ran the drain late enough
+    for SQD -> RESET to meet it."""
+    qp.modify(QPAttr(qp_state=S.IBV_QPS_SQD), M.IBV_QP_STATE)
+    deadline = time.monotonic() + DRAIN_WAIT
+    while qp.sq_draining:
+        assert time.monotonic() < deadline, f"the empty send queue still drains after {DRAIN_WAIT} s"
+        time.sleep(0.001)
+
+
 def to(res, qp, target: str) -> None:
-    """From RESET along RESET -> INIT -> RTR -> RTS (-> SQD)."""
+    """From RESET along RESET -> INIT -> RTR -> RTS (-> SQD, drained)."""
     for s in ("INIT", "RTR", "RTS"):
         step(res, qp, s)
         if s == target:
             return
     if target == "SQD":
-        qp.modify(QPAttr(qp_state=S.IBV_QPS_SQD), M.IBV_QP_STATE)
+        to_sqd(qp)
         return
     if target == "ERR":
         qp.modify(QPAttr(qp_state=S.IBV_QPS_ERR), M.IBV_QP_STATE)
@@ -106,8 +124,8 @@ def test_legal_path_with_required_masks_and_query(res, qpt):
         qp.modify(rts, M.IBV_QP_ACCESS_FLAGS)
         assert qp.query(M.IBV_QP_ACCESS_FLAGS)[0].qp_access_flags == rts.qp_access_flags
     assert qp_state(qp) == S.IBV_QPS_RTS
-    # RTS -> SQD -> RTS
-    qp.modify(QPAttr(qp_state=S.IBV_QPS_SQD), M.IBV_QP_STATE)
+    # RTS -> SQD (drained) -> RTS
+    to_sqd(qp)
     assert qp_state(qp) == S.IBV_QPS_SQD
     qp.modify(QPAttr(qp_state=S.IBV_QPS_RTS), M.IBV_QP_STATE)
     assert qp_state(qp) == S.IBV_QPS_RTS
