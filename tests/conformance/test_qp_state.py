@@ -54,7 +54,7 @@ def to_sqd(qp) -> None:
     qp.modify(QPAttr(qp_state=S.IBV_QPS_SQD), M.IBV_QP_STATE)
     deadline = time.monotonic() + DRAIN_WAIT
     while qp.sq_draining:
-        assert time.monotonic() < deadline, f"the empty send queue still drains after {DRAIN_WAIT} s"
+        assert time.monotonic() < deadline, f"the empty SQ still drains after {DRAIN_WAIT} s"
         time.sleep(0.001)
 
 
