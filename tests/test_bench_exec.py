@@ -79,3 +79,11 @@ def test_exec_profile_writes_the_programs_statistics_at_exit(tmp_path):
     assert calls.get("post_send", 0) >= 40, calls  # one call per 64-byte write
     assert calls.get("poll_cq", 0) >= 1, calls
     assert calls.get("receive_ready", 0) >= 1, calls  # the progress thread's (ACKs)
+
+
+def test_a_ratio_below_its_target_never_prints_as_the_target():
+    """The goal lines print ratios rounded down: CI once saw a ratio of about 0.796 printed
+    as "0.80" beside "MISSED" (rounded to nearest), which reads as a met target."""
+    from softrdma.bench.cexec import _ratio
+    assert [_ratio(x) for x in (0.7999, 0.795, 0.8, 0.29, 1.0, 1.2345)] == \
+        ["0.79", "0.79", "0.80", "0.29", "1.00", "1.23"]

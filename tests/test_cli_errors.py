@@ -26,7 +26,8 @@ import pytest
 TIMEOUT = 20
 
 # (argv after "softrdma", exit status, what the one line must name)
-# Addresses 127.0.0.2xx: devices these cases bring up, away from the other tests' 127.0.0.1.
+# Addresses 127.0.0.2xx: devices these cases bring up, away from the other tests' 127.0.0.1;
+# one per case, as the cases run four at a time (two on one address raced for UDP 4791 in CI)
 CASES = [
     # -- the cases a first user review found -------------------------------------------------------------
     (["devices", "-a", "notip"], 2, "-a/--addr"),
@@ -64,8 +65,8 @@ CASES = [
     (["pingpong", "srq", "-q", "20", "-r", "10"], 1, "rx_depth 10 is too small for 20 QPs"),
     (["pingpong", "srq", "-q", "256"], 1, "num_qp 256 must be less than 255"),
     (["pingpong", "rc", "-g", "7", "-a", "127.0.0.201"], 1, "can't read sgid of index 7"),
-    (["pingpong", "rc", "-r", "20000", "-a", "127.0.0.201"], 1, "Couldn't create QP"),
-    (["pingpong", "rc", "-s", "9000000", "-a", "127.0.0.201"], 1, "max_msg_sz"),
+    (["pingpong", "rc", "-r", "20000", "-a", "127.0.0.204"], 1, "Couldn't create QP"),
+    (["pingpong", "rc", "-s", "9000000", "-a", "127.0.0.205"], 1, "max_msg_sz"),
     # -- perf: perftest's parse-time ranges (usage) -------------------------------------------
     (["perf", "write", "-s", "0"], 2, "-s/--size"),
     (["perf", "send", "-s", "-1"], 2, "-s/--size"),
@@ -95,7 +96,7 @@ CASES = [
     (["perf", "send", "-A", "CMP_AND_SWAP"], 1, "atomic"),
     (["perf", "write", "-a", "-D", "2"], 1, "Duration mode"),
     (["perf", "write", "-x", "9", "--addr", "127.0.0.202"], 1, "GID index 9"),
-    (["perf", "write", "-i", "2", "--addr", "127.0.0.202"], 1, "port 2"),
+    (["perf", "write", "-i", "2", "--addr", "127.0.0.206"], 1, "port 2"),
     # -- bench --------------------------------------------------------------------------------
     (["bench", "wire", "--seconds", "0"], 2, "--seconds"),
     (["bench", "wire", "--seconds", "nan"], 2, "--seconds"),
