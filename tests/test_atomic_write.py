@@ -219,3 +219,29 @@ def test_check_rules_fire_on_crafted_packets(udp_devices, tmp_path):
     assert rules(m.edit(recs, 3, va=b.mr.buf + 36)) == ["ATOMIC-WRITE-FORM"]
     assert rules(m.edit(recs, 4, payload=b"\0" * 8)) == ["A19-RESPONSE"]
     assert "A19-RESPONSE" in rules(m.edit(recs, 4, opcode=0x12, orig=0))
+
+
+def test_a_short_atomic_write_payload_is_nakd_not_a_fault(udp_devices, tmp_path):
+    """An ATOMIC WRITE whose payload is not the 8 bytes it stores (the fuzzer sent one of
+    4 with a RETH length of 4: the 8-byte store raised, the QP was faulted with a traceback) is a
+    length error: NAK invalid request (AETH 0x61), as for a WRITE of the wrong length."""
+    import socket
+    import time
+    pcap = tmp_path / "s.pcap"
+    da, db, a, b = _pair(udp_devices, 11, pcap)
+    _atomic_write(a, b, 0)
+    assert [x.status for x in _wcs(a)] == [IBV_WC_SUCCESS]
+    recs = m.load(pcap)
+    i = next(k for k, r in enumerate(_roce(pcap), 1) if r[0] == 0x1D)
+    short = m.edit(recs, i, payload=VALUE[:4], dma_len=4, psn=PSN + 1)  # a consistent RETH
+    frame = decode_frame(short[i - 1].data)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((da.ip, 0))
+        s.sendto(bytes(frame.payload), (db.ip, 4791))
+    deadline = time.monotonic() + 10
+    naks: list = []
+    while not naks and time.monotonic() < deadline:
+        time.sleep(0.05)
+        naks = [r for r in _roce(pcap) if r[0] == 0x11 and r[12] == 0x61]
+    assert naks, [r[0] for r in _roce(pcap)]
+    assert db.counters.qp_fatal == 0

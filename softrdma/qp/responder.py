@@ -599,6 +599,8 @@ class Responder:
             bad = n == 0 or n > mtu
         else:
             bad = False
+        if info.atomic_write and n != 8:
+            bad = True  # IBTA A19.4.2: its payload is exactly the 8 bytes it stores
         if bad and (info.send or info.write or info.atomic_write):
             raise _Err(RespErr.LENGTH)
         if pkt.dma_len is not None and pkt.dma_len > (1 << 31):  # any RETH (C9-94)
