@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from .exec_pair import LIMIT, Server, exec_argv, line as printed, pair, run_until, started
+from .exec_pair import LIMIT, Readiness, Server, exec_argv, line as printed, pair, run_until, \
+    started
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM = str(ROOT / "tests" / "programs" / "rsocket_stream.py")
@@ -57,12 +58,23 @@ def _refused(r: subprocess.CompletedProcess) -> bool:
 LISTENING = printed("listening", "stdout")
 
 
-def _run_pair(server: list[str], client: list[str], python_server: bool = False
-              ) -> tuple[subprocess.CompletedProcess, tuple]:
-    """``server`` until it listens (a C tool says nothing: its client is run again while
-    refused), then ``client``; the client's result and the server's (rc, out, err)."""
-    cli, res = pair(server, client, LISTENING if python_server else started,
-                    again=None if python_server else _refused, server_env=_env(SERVER),
+#: riostream's server sets its options -- RDMA_IOMAPSIZE among them -- on its listener
+#: after rlisten. A connection the listen service accepts before that has no iomap (as
+#: with librdmacm, whose service answers at once too), and the client's riomap fails
+#: with ENOMEM. Its server is ready once SOFTRDMA_EXEC_CM_TRACE says the option is set.
+IOMAP_SET = printed("RDMA_IOMAPSIZE, 1) -> 0", "stderr")
+
+
+def _run_pair(server: list[str], client: list[str], python_server: bool = False,
+              ready: Readiness | None = None) -> tuple[subprocess.CompletedProcess, tuple]:
+    """``server`` until it listens (``ready``; a C tool says nothing by default: its
+    client is run again while refused), then ``client``; the client's result and the
+    server's (rc, out, err)."""
+    env = _env(SERVER)
+    if ready is not None:
+        env["SOFTRDMA_EXEC_CM_TRACE"] = "1"
+    cli, res = pair(server, client, ready or (LISTENING if python_server else started),
+                    again=None if python_server else _refused, server_env=env,
                     client_env=_env(CLIENT), cwd=str(ROOT), timeout=LIMIT)
     return cli, (res.returncode, res.stdout, res.stderr)
 
@@ -71,7 +83,8 @@ def _pair(tool: str, args: list[str]) -> tuple[subprocess.CompletedProcess, tupl
     """``tool`` as server and client, both under softrdma exec."""
     port = str(_port())
     return _run_pair(_exec(SERVER, tool, "-b", SERVER, "-p", port, *args),
-                     _exec(CLIENT, tool, "-s", SERVER, "-p", port, *args))
+                     _exec(CLIENT, tool, "-s", SERVER, "-p", port, *args),
+                     ready=IOMAP_SET if tool == "riostream" else None)
 
 
 def _perf_line(out: str, size: int, count: int) -> str:
@@ -171,7 +184,8 @@ def test_tool_against_softrdma_python_rsocket(tool, c_role):
                                                       sout, src, serr)
     else:
         cli, (src, sout, serr) = _run_pair(_exec(SERVER, tool, "-b", SERVER, *c_args),
-                                           [x if x else "client" for x in py])
+                                           [x if x else "client" for x in py],
+                                           ready=IOMAP_SET if tool == "riostream" else None)
         c_out, c_rc, c_err, py_out, py_rc, py_err = (sout, src, serr, cli.stdout,
                                                       cli.returncode, cli.stderr)
     assert c_rc == 0, c_err + c_out

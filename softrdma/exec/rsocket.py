@@ -35,6 +35,7 @@ Not here: SOCK_DGRAM rsockets (librdmacm's UDP over UD QPs; EOPNOTSUPP), AF_IB a
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import select
@@ -141,10 +142,62 @@ def lookup(fd: int) -> _Entry:
     return e
 
 
-def _rguard(fail: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+#: ``SOFTRDMA_EXEC_CM_TRACE=1`` (rdma_cm's trace, :mod:`.cma`) also prints one line per
+#: rsocket call that sets a socket up (rsocket, rbind, rlisten, raccept, rconnect,
+#: rsetsockopt, rfcntl, riomap, riounmap, rshutdown, rclose) and its outcome. A call that
+#: would block (EAGAIN) is not traced: programs spin on it.
+TRACE = bool(os.environ.get("SOFTRDMA_EXEC_CM_TRACE"))
+
+_LEVELS = {SOL_SOCKET: "SOL_SOCKET", SOL_RDMA: "SOL_RDMA", IPPROTO_TCP: "IPPROTO_TCP",
+           IPPROTO_IP: "IPPROTO_IP", IPPROTO_IPV6: "IPPROTO_IPV6"}
+_OPTIONS = {
+    SOL_SOCKET: {SO_REUSEADDR: "SO_REUSEADDR", SO_ERROR: "SO_ERROR", SO_SNDBUF: "SO_SNDBUF",
+                 SO_RCVBUF: "SO_RCVBUF", SO_KEEPALIVE: "SO_KEEPALIVE",
+                 SO_OOBINLINE: "SO_OOBINLINE", SO_LINGER: "SO_LINGER"},
+    SOL_RDMA: {RDMA_SQSIZE: "RDMA_SQSIZE", RDMA_RQSIZE: "RDMA_RQSIZE",
+               RDMA_INLINE: "RDMA_INLINE", RDMA_IOMAPSIZE: "RDMA_IOMAPSIZE",
+               RDMA_ROUTE: "RDMA_ROUTE"},
+    IPPROTO_TCP: {TCP_NODELAY: "TCP_NODELAY", TCP_MAXSEG: "TCP_MAXSEG",
+                  TCP_KEEPIDLE: "TCP_KEEPIDLE", TCP_KEEPINTVL: "TCP_KEEPINTVL",
+                  TCP_KEEPCNT: "TCP_KEEPCNT", TCP_CONGESTION: "TCP_CONGESTION"},
+    IPPROTO_IP: {IP_TOS: "IP_TOS"}, IPPROTO_IPV6: {IPV6_V6ONLY: "IPV6_V6ONLY"},
+}
+_FCNTL = {F_GETFD: "F_GETFD", F_SETFD: "F_SETFD", F_GETFL: "F_GETFL", F_SETFL: "F_SETFL"}
+
+
+def option_name(level: int, name: int) -> str:
+    """``SOL_RDMA, RDMA_IOMAPSIZE`` for the trace (numbers where Linux's name is unknown)."""
+    return f"{_LEVELS.get(level, level)}, {_OPTIONS.get(level, {}).get(name, name)}"
+
+
+def _trace(call: str, outcome: str) -> None:
+    print(f"softrdma exec: {time.monotonic():.3f} {call} -> {outcome}", file=sys.stderr,
+          flush=True)
+
+
+def _rguard(fail: Any, show: Callable[..., str] | None = None
+            ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """:func:`shim.guard` where any OSError with an errno is the socket's answer (EAGAIN,
-    ECONNREFUSED, EPIPE...), not softrdma's failure: errno set, nothing logged."""
-    return shim.guard(fail, answers=(OSError,))
+    ECONNREFUSED, EPIPE...), not softrdma's failure: errno set, nothing logged. With
+    ``show`` (the call's arguments as text) the call is traced under :data:`TRACE`."""
+    guarded = shim.guard(fail, answers=(OSError,))
+    if show is None or not TRACE:
+        return guarded
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def traced(*args: Any) -> Any:
+            try:
+                r = fn(*args)
+            except OSError as exc:
+                code = getattr(exc, "error_code", None) or exc.errno
+                if code not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    _trace(show(*args), f"-1 {errno.errorcode.get(code, code)}")
+                raise
+            _trace(show(*args), str(r))
+            return r
+        return guarded(traced)
+    return wrap
 
 
 # ---- addresses --------------------------------------------------------------------------
@@ -386,7 +439,7 @@ def install(ffi: Any, lib: Any) -> None:
         raise shim.Errno(errno.EOPNOTSUPP, what)
 
     @ffi.def_extern(name="rsocket")
-    @_rguard(-1)
+    @_rguard(-1, lambda d, t, p: f"rsocket({d}, {t}, {p})")
     def rsocket(domain: int, type_: int, protocol: int) -> int:
         if domain not in (AF_INET, AF_INET6, AF_IB) or type_ not in (SOCK_STREAM, SOCK_DGRAM) \
                 or (type_ == SOCK_STREAM and protocol not in (0, IPPROTO_TCP)):
@@ -401,14 +454,14 @@ def install(ffi: Any, lib: Any) -> None:
         return fd
 
     @ffi.def_extern(name="rbind")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd, a, n: f"rbind({fd})")
     def rbind(fd: int, addr: Any, addrlen: int) -> int:
         e = lookup(fd)
         e.sock.bind(_read_addr(ffi, addr, addrlen, e.family))
         return 0
 
     @ffi.def_extern(name="rlisten")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd, backlog: f"rlisten({fd}, {backlog})")
     def rlisten(fd: int, backlog: int) -> int:
         e = lookup(fd)
         with e.lock:
@@ -419,7 +472,7 @@ def install(ffi: Any, lib: Any) -> None:
         return 0
 
     @ffi.def_extern(name="raccept")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd, a, n: f"raccept({fd})")
     def raccept(fd: int, addr: Any, addrlen: Any) -> int:
         e = lookup(fd)
         if not e.sock.listening:
@@ -436,7 +489,7 @@ def install(ffi: Any, lib: Any) -> None:
         return nfd
 
     @ffi.def_extern(name="rconnect")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd, a, n: f"rconnect({fd})")
     def rconnect(fd: int, addr: Any, addrlen: int) -> int:
         e = lookup(fd)
         if e.connecting is not None and e.connecting.is_alive():
@@ -459,7 +512,7 @@ def install(ffi: Any, lib: Any) -> None:
         return 0
 
     @ffi.def_extern(name="rshutdown")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd, how: f"rshutdown({fd}, {how})")
     def rshutdown(fd: int, how: int) -> int:
         e = lookup(fd)
         if how not in (0, 1, 2):
@@ -478,7 +531,7 @@ def install(ffi: Any, lib: Any) -> None:
         return 0
 
     @ffi.def_extern(name="rclose")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd: f"rclose({fd})")
     def rclose(fd: int) -> int:
         e = lookup(fd)
         del _socks[fd]
@@ -723,7 +776,9 @@ def install(ffi: Any, lib: Any) -> None:
         return e.connecting is not None or e.sock.connected
 
     @ffi.def_extern(name="rsetsockopt")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd, level, name, val, vlen:
+             f"rsetsockopt({fd}, {option_name(level, name)}"
+             + (f", {int_at(val, vlen)})" if val != NULL and vlen == 4 else ")"))
     def rsetsockopt(fd: int, level: int, name: int, val: Any, vlen: int) -> int:
         e = lookup(fd)
         o = e.sock.options
@@ -842,7 +897,7 @@ def install(ffi: Any, lib: Any) -> None:
         return 0
 
     @ffi.def_extern(name="softrdma_rfcntl")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd, cmd, arg: f"rfcntl({fd}, {_FCNTL.get(cmd, cmd)}, {arg:#x})")
     def rfcntl(fd: int, cmd: int, arg: int) -> int:
         e = lookup(fd)
         if cmd == F_GETFL:
@@ -863,7 +918,7 @@ def install(ffi: Any, lib: Any) -> None:
     # ---- riomap / riowrite ------------------------------------------------------------
 
     @ffi.def_extern(name="riomap")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd, buf, n, prot, flags, off: f"riomap({fd}, {n}, {prot}, {off})")
     def riomap(fd: int, buf: Any, length: int, prot: int, flags: int, offset: int) -> int:
         e = lookup(fd)
         sock = _ready(e)
@@ -882,7 +937,7 @@ def install(ffi: Any, lib: Any) -> None:
         return offset
 
     @ffi.def_extern(name="riounmap")
-    @_rguard(-1)
+    @_rguard(-1, lambda fd, buf, n: f"riounmap({fd}, {n})")
     def riounmap(fd: int, buf: Any, length: int) -> int:
         e = lookup(fd)
         key = (shim.address(buf), length)
