@@ -13,11 +13,12 @@ import ipaddress
 import math
 from typing import Callable
 
+from ..data import find_capture
 from ..soft.faultrules import FaultError
 from ..soft.faultspec import parse_spec
 
 __all__ = ["c_int", "int_range", "choice_int", "positive_float", "ip_address", "perftest_size",
-           "fault_spec", "qp_number"]
+           "fault_spec", "qp_number", "capture_file", "CAPTURE_HELP"]
 
 
 def c_int(text: str) -> int:
@@ -119,3 +120,20 @@ def fault_spec(text: str) -> str:
     except FaultError as e:
         raise argparse.ArgumentTypeError(f"bad fault spec: {e}") from None
     return text
+
+
+#: what a capture argument takes, for the tools' help pages
+CAPTURE_HELP = ("a pcap/pcapng file, or the name of a capture shipped with softrdma "
+                "(linux-rxe/rc_pingpong.pcap: softrdma.data)")
+
+
+def capture_file(text: str) -> str:
+    """A capture argument of dissect, check, replay and diagram: the file as given if it is
+    there, else the capture shipped with softrdma of that name (``linux-rxe/NAME.pcap``, or
+    ``pcaps/linux-rxe/NAME.pcap`` as a checkout spells it), so the guides' commands run
+    from an installed softrdma too. Anything else is returned as given: the tool says
+    "no such file" when it opens it."""
+    try:
+        return str(find_capture(text))
+    except FileNotFoundError:
+        return text

@@ -18,6 +18,7 @@ from typing import Any
 from ..check import RULES, check_captures
 from ..check.report import json_lines, text_lines
 from .common import UsageError, capture_file_errors
+from .argtypes import CAPTURE_HELP, capture_file
 
 __all__ = ["add_parser", "run"]
 
@@ -52,9 +53,9 @@ def add_parser(sub: Any) -> None:
                                    "fields, UDP ports) with its frame number. Exit status 0 "
                                    "clean, 1 violations, 2 unreadable file. Rules: "
                                    "docs/check.md.")
-    d.add_argument("pcap", nargs="*", help="capture file (pcap or pcapng); several "
-                                           "captures of one conversation taken at different "
-                                           "points are merged by time and checked as one")
+    d.add_argument("pcap", nargs="*", type=capture_file,
+                   help=CAPTURE_HELP + "; several captures of one conversation taken at "
+                        "different points are merged by time and checked as one")
     d.add_argument("--json", action="store_true",
                    help="JSON lines: one object per violation, then per-flow summaries")
     d.add_argument("--mtu", type=_mtu, default=None,

@@ -22,7 +22,7 @@ from ..diagram import FORMATS, format_for, render
 from ..diagram.annotate import Mark, annotate, recovery_marks
 from ..diagram.capture import ConversationError, from_capture, load
 from ..diagram.stretch import Stretch
-from .argtypes import int_range, qp_number
+from .argtypes import CAPTURE_HELP, capture_file, int_range, qp_number
 from .common import UsageError, capture_file_errors
 
 __all__ = ["add_parser", "run"]
@@ -46,7 +46,7 @@ DESCRIPTION = (
 def add_parser(sub: Any) -> None:
     d = sub.add_parser("diagram", help="draw a capture as a sequence diagram (HTML, SVG, Mermaid)",
                        description=DESCRIPTION)
-    d.add_argument("pcap", help="capture file (pcap or pcapng)")
+    d.add_argument("pcap", type=capture_file, help=CAPTURE_HELP)
     d.add_argument("-o", "--output", metavar="OUT",
                    help="file to write; .html, .svg or .mmd picks the format (default: "
                         "Mermaid on standard output)")

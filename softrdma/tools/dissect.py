@@ -27,7 +27,7 @@ from ..wire.dfilter import DisplayFilter, FilterError, compile_filter
 from ..wire.dissect import DissectStats, dissect_records, format_record
 from ..wire.pcap import PcapRecord, read_pcap
 from ..wire.pcapmerge import MergedRecord, MergeReport, merge_captures, point_name
-from .argtypes import int_range
+from .argtypes import CAPTURE_HELP, capture_file, int_range
 from .common import UsageError, capture_file_errors
 
 __all__ = ["add_parser", "run", "TIME_FORMATS", "format_time"]
@@ -78,10 +78,10 @@ def add_parser(sub: Any) -> None:
                                        "(like tshark -r)",
                        description=_DESCRIPTION, epilog=_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("pcap", nargs="*", metavar="FILE",
-                   help="capture file (pcap or pcapng); several: captures of one "
+    d.add_argument("pcap", nargs="*", metavar="FILE", type=capture_file,
+                   help=CAPTURE_HELP + "; several: captures of one "
                         "conversation at several points, merged by time")
-    d.add_argument("-r", dest="read_file", metavar="FILE",
+    d.add_argument("-r", dest="read_file", metavar="FILE", type=capture_file,
                    help="the capture file, as tshark -r (or give it without -r)")
     d.add_argument("-Y", dest="display_filter", type=_filter, metavar="FILTER",
                    help="show only the frames that match FILTER (below)")

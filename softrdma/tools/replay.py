@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from .argtypes import int_range, ip_address, qp_number
+from .argtypes import CAPTURE_HELP, capture_file, int_range, ip_address, qp_number
 from .common import UsageError, capture_file_errors
 
 __all__ = ["add_parser", "run"]
@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
                                    "chosen by --ip/--qpn) and report where what softrdma sends "
                                    "differs from what the captured endpoint sent. Exit status 0 "
                                    "identical, 1 different, 2 unreadable file or bad option.")
-    d.add_argument("pcap", help="capture file (pcap or pcapng)")
+    d.add_argument("pcap", type=capture_file, help=CAPTURE_HELP)
     d.add_argument("--ip", type=ip_address, help="stand in for the endpoint with this address")
     d.add_argument("--qpn", type=qp_number, help="stand in for the endpoint with this QP number")
     d.add_argument("--inline", action="store_true",
