@@ -204,3 +204,14 @@ def test_the_readmes_first_program(wheel_env):
     want = re.search(r"# (0 b'[^']*')", program).group(1)
     out = _ok(wheel_env["run"]("python", "-c", program, env={"SOFTRDMA_IP": "127.0.2.20"}))
     assert out.strip() == want
+
+
+def test_the_wheel_carries_its_license(wheel_env):
+    """The wheel declares MIT (an SPDX expression) and carries the LICENSE file's text."""
+    import zipfile
+    with zipfile.ZipFile(wheel_env["wheel"]) as whl:
+        names = whl.namelist()
+        (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        assert "License-Expression: MIT" in whl.read(meta).decode().splitlines()
+        (lic,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert whl.read(lic).decode() == (ROOT / "LICENSE").read_text()
